@@ -1,3 +1,118 @@
-fn main() {
-    println!("Hello, world!");
+//! The `modstream` binary: parses the command line and calls the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use modstream::config::{InferenceSettings, Settings, TelemetrySettings};
+use modstream::inference::Model;
+use modstream::shutdown::Shutdown;
+
+#[derive(Parser)]
+#[command(name = "modstream", version, about = "Content moderation at stream scale: Kafka in, ONNX model, verdicts out")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Join the consumer group and moderate events until SIGINT/SIGTERM.
+    Run {
+        /// Configuration file (default: config/modstream.toml if present).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Load a model, print its inputs and outputs, and score the given texts.
+    CheckModel {
+        #[arg(long, default_value = "models/profanity-check")]
+        model: PathBuf,
+        texts: Vec<String>,
+    },
+    /// Run the pipeline on an embedded Kafka cluster with generated posts.
+    Demo {
+        /// Events to produce.
+        #[arg(long, default_value_t = 5000)]
+        events: usize,
+        /// Give up waiting for verdicts after this many seconds.
+        #[arg(long, default_value_t = 120)]
+        max_seconds: u64,
+        #[arg(long)]
+        model: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run { config } => run(config),
+        Command::CheckModel { model, texts } => check_model(model, texts),
+        Command::Demo { events, max_seconds, model } => demo(events, max_seconds, model),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("modstream: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")
+}
+
+fn run(config: Option<PathBuf>) -> anyhow::Result<()> {
+    let settings = Settings::load(config.as_deref())?;
+    modstream::telemetry::init_logging(&settings.telemetry);
+    modstream::telemetry::describe_metrics();
+    runtime()?.block_on(async {
+        let shutdown = Shutdown::new();
+        shutdown.listen_for_signals();
+        modstream::pipeline::run(settings, shutdown).await?;
+        Ok(())
+    })
+}
+
+fn check_model(model_dir: PathBuf, mut texts: Vec<String>) -> anyhow::Result<()> {
+    modstream::telemetry::init_logging(&TelemetrySettings {
+        log_level: "warn".into(),
+        ..Default::default()
+    });
+    let settings = InferenceSettings {
+        model_dir,
+        ..Default::default()
+    };
+    let mut model = Model::load(&settings)?;
+    let m = &model.manifest;
+    println!("model {} {} ({})", m.name, m.version, settings.model_dir.display());
+    for line in model.describe() {
+        println!("  {line}");
+    }
+    println!("  labels {:?}, verdict from {:?}", m.labels, m.score_label);
+    let labels = m.labels.clone();
+    let scores = model.score(&mut texts)?;
+    let policy = modstream::config::Policy::default();
+    let index = model.manifest.score_index();
+    for (text, s) in texts.iter().zip(scores) {
+        let verdict = modstream::verdict::decide(&policy, s[index]);
+        let pairs: Vec<String> = labels.iter().zip(&s).map(|(l, p)| format!("{l}={p:.3}")).collect();
+        println!("{verdict:<6} {}  {text}", pairs.join(" "));
+    }
+    Ok(())
+}
+
+fn demo(events: usize, max_seconds: u64, model: Option<PathBuf>) -> anyhow::Result<()> {
+    modstream::telemetry::init_logging(&TelemetrySettings {
+        log_level: "warn".into(),
+        ..Default::default()
+    });
+    runtime()?.block_on(modstream::demo::run(modstream::demo::DemoOptions {
+        events,
+        max_duration: Duration::from_secs(max_seconds),
+        model_dir: model,
+    }))
 }

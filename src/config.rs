@@ -1,0 +1,469 @@
+//! Settings: `config/modstream.toml` (or `--config PATH`) layered with
+//! environment variables `MODSTREAM__SECTION__KEY`.
+//!
+//! Guarantee: a `Settings` value that left [`Settings::load`] is valid. Every
+//! problem is reported with its key and the reason before any connection is
+//! made, and librdkafka properties that would break at-least-once delivery are
+//! refused here rather than discovered in production.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("invalid configuration: {key}: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        reason: reason.into(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub kafka: KafkaSettings,
+    pub input: InputSettings,
+    #[serde(default)]
+    pub output: OutputSettings,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub batching: BatchingSettings,
+    #[serde(default)]
+    pub inference: InferenceSettings,
+    #[serde(default)]
+    pub policy: Policy,
+    #[serde(default)]
+    pub telemetry: TelemetrySettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    pub bootstrap_servers: String,
+    #[serde(default = "default_group_id")]
+    pub group_id: String,
+    /// How long a revoke may wait for in-flight work before giving up on it.
+    #[serde(default = "default_drain_timeout", with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// How often stored offsets are committed.
+    #[serde(default = "default_commit_interval", with = "humantime_serde")]
+    pub commit_interval: Duration,
+    /// Extra librdkafka consumer properties, passed through.
+    #[serde(default, deserialize_with = "properties")]
+    pub consumer: BTreeMap<String, String>,
+    /// Extra librdkafka producer properties, passed through.
+    #[serde(default, deserialize_with = "properties")]
+    pub producer: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSettings {
+    #[serde(deserialize_with = "one_or_many")]
+    pub topics: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputSettings {
+    pub topic: String,
+    pub dlq_topic: String,
+}
+
+impl Default for OutputSettings {
+    fn default() -> Self {
+        OutputSettings {
+            topic: "moderation.verdicts".to_string(),
+            dlq_topic: "moderation.dlq".to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    pub max_payload_bytes: usize,
+    pub max_text_bytes: usize,
+    /// Events consumed but not yet delivered; past this the partitions pause.
+    pub max_in_flight: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_payload_bytes: 256 * 1024,
+            max_text_bytes: 64 * 1024,
+            max_in_flight: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchingSettings {
+    pub max_batch_size: usize,
+    #[serde(with = "humantime_serde")]
+    pub max_batch_delay: Duration,
+}
+
+impl Default for BatchingSettings {
+    fn default() -> Self {
+        BatchingSettings {
+            max_batch_size: 64,
+            max_batch_delay: Duration::from_millis(20),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InferenceSettings {
+    pub model_dir: PathBuf,
+    pub workers: usize,
+    pub intra_threads: usize,
+    /// Path of libonnxruntime.so; `ORT_DYLIB_PATH` wins over it.
+    pub runtime_library: Option<PathBuf>,
+    /// Execution providers in order of preference: "cuda", "tensorrt", "cpu".
+    pub execution_providers: Vec<String>,
+}
+
+impl Default for InferenceSettings {
+    fn default() -> Self {
+        InferenceSettings {
+            model_dir: PathBuf::from("models/profanity-check"),
+            workers: 1,
+            intra_threads: 1,
+            runtime_library: None,
+            execution_providers: vec!["cpu".to_string()],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    pub review_at: f32,
+    pub block_at: f32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            review_at: 0.5,
+            block_at: 0.85,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetrySettings {
+    /// "text" or "json".
+    pub log_format: String,
+    /// Used when RUST_LOG is not set.
+    pub log_level: String,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        TelemetrySettings {
+            log_format: "text".to_string(),
+            log_level: "info".to_string(),
+        }
+    }
+}
+
+fn default_group_id() -> String {
+    "modstream".to_string()
+}
+fn default_drain_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_commit_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
+/// A list, or one string (from an env var) holding comma-separated names.
+fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    let names = match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => s.split(',').map(str::to_string).collect(),
+        OneOrMany::Many(v) => v,
+    };
+    Ok(names
+        .into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect())
+}
+
+/// librdkafka properties: values may be strings, numbers or booleans; keys
+/// from env vars spell dots as underscores (`FETCH_WAIT_MAX_MS`).
+fn properties<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    let raw = BTreeMap::<String, serde_json::Value>::deserialize(d)?;
+    raw.into_iter()
+        .map(|(k, v)| {
+            let value = match v {
+                serde_json::Value::String(s) => s,
+                serde_json::Value::Number(n) => n.to_string(),
+                serde_json::Value::Bool(b) => b.to_string(),
+                other => {
+                    return Err(serde::de::Error::custom(format!(
+                        "property {k}: expected a string, number or boolean, got {other}"
+                    )));
+                }
+            };
+            Ok((k.replace('_', "."), value))
+        })
+        .collect()
+}
+
+/// Consumer properties modstream sets itself: overriding them would break the
+/// at-least-once guarantee or the meaning of another setting.
+const RESERVED_CONSUMER: &[(&str, &str)] = &[
+    ("enable.auto.offset.store", "offsets are stored only after delivery"),
+    ("enable.auto.commit", "modstream commits stored offsets itself (kafka.commit_interval)"),
+    ("group.id", "use kafka.group_id"),
+    ("bootstrap.servers", "use kafka.bootstrap_servers"),
+    ("enable.partition.eof", "modstream does not handle EOF events"),
+];
+const RESERVED_PRODUCER: &[(&str, &str)] = &[
+    ("bootstrap.servers", "use kafka.bootstrap_servers"),
+    ("transactional.id", "modstream does not use transactions"),
+];
+
+impl Settings {
+    /// Load from an optional file, then `MODSTREAM__*` env vars, then validate.
+    pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
+        let mut builder = config::Config::builder();
+        match path {
+            Some(p) => builder = builder.add_source(config::File::from(p).required(true)),
+            None => {
+                builder =
+                    builder.add_source(config::File::with_name("config/modstream").required(false))
+            }
+        }
+        let built = builder
+            .add_source(
+                config::Environment::with_prefix("MODSTREAM")
+                    .prefix_separator("__")
+                    .separator("__"),
+            )
+            .build()?;
+        let settings: Settings = built.try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Parse TOML text (tests and embedded defaults), then validate.
+    pub fn from_toml(text: &str) -> Result<Settings, ConfigError> {
+        let built = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()?;
+        let settings: Settings = built.try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.kafka.bootstrap_servers.trim().is_empty() {
+            return Err(invalid("kafka.bootstrap_servers", "must not be empty"));
+        }
+        if self.kafka.group_id.trim().is_empty() {
+            return Err(invalid("kafka.group_id", "must not be empty"));
+        }
+        if self.input.topics.is_empty() {
+            return Err(invalid("input.topics", "name at least one topic"));
+        }
+        for (key, topic) in [("output.topic", &self.output.topic), ("output.dlq_topic", &self.output.dlq_topic)] {
+            if topic.trim().is_empty() {
+                return Err(invalid(key, "must not be empty"));
+            }
+            if self.input.topics.contains(topic) {
+                return Err(invalid(key, "must differ from every input topic (it would feed itself)"));
+            }
+        }
+        if self.output.topic == self.output.dlq_topic {
+            return Err(invalid("output.dlq_topic", "must differ from output.topic"));
+        }
+        for (key, value) in &self.kafka.consumer {
+            if let Some((_, why)) = RESERVED_CONSUMER.iter().find(|(k, _)| k == key) {
+                return Err(invalid(&format!("kafka.consumer.{key}"), format!("cannot be set: {why}")));
+            }
+            if key == "isolation.level" && value != "read_committed" && value != "read_uncommitted" {
+                return Err(invalid("kafka.consumer.isolation.level", "must be read_committed or read_uncommitted"));
+            }
+            if key == "group.protocol" && value != "classic" {
+                return Err(invalid("kafka.consumer.group.protocol", "only the classic protocol is supported"));
+            }
+        }
+        for (key, value) in &self.kafka.producer {
+            if let Some((_, why)) = RESERVED_PRODUCER.iter().find(|(k, _)| k == key) {
+                return Err(invalid(&format!("kafka.producer.{key}"), format!("cannot be set: {why}")));
+            }
+            if key == "enable.idempotence" && value != "true" {
+                return Err(invalid("kafka.producer.enable.idempotence", "must stay true: retries must not duplicate or reorder verdicts"));
+            }
+            if (key == "acks" || key == "request.required.acks") && value != "all" && value != "-1" {
+                return Err(invalid(&format!("kafka.producer.{key}"), "must be all (-1): a verdict counts as delivered only when every in-sync replica has it"));
+            }
+        }
+        let session_timeout_ms: u64 = match self.kafka.consumer.get("session.timeout.ms") {
+            Some(v) => v
+                .parse()
+                .map_err(|_| invalid("kafka.consumer.session.timeout.ms", "must be a whole number of milliseconds"))?,
+            None => 45_000,
+        };
+        if self.kafka.drain_timeout.as_millis() as u64 >= session_timeout_ms {
+            return Err(invalid(
+                "kafka.drain_timeout",
+                format!("must be below session.timeout.ms ({session_timeout_ms} ms), or the group evicts this member while it drains"),
+            ));
+        }
+        if self.kafka.drain_timeout.is_zero() {
+            return Err(invalid("kafka.drain_timeout", "must be greater than zero"));
+        }
+        if self.kafka.commit_interval.is_zero() {
+            return Err(invalid("kafka.commit_interval", "must be greater than zero"));
+        }
+        if self.batching.max_batch_size == 0 || self.batching.max_batch_size > 4096 {
+            return Err(invalid("batching.max_batch_size", "must be between 1 and 4096"));
+        }
+        if self.limits.max_payload_bytes == 0 {
+            return Err(invalid("limits.max_payload_bytes", "must be greater than zero"));
+        }
+        if self.limits.max_text_bytes == 0 || self.limits.max_text_bytes > self.limits.max_payload_bytes {
+            return Err(invalid("limits.max_text_bytes", "must be between 1 and limits.max_payload_bytes"));
+        }
+        if self.limits.max_in_flight < self.batching.max_batch_size {
+            return Err(invalid("limits.max_in_flight", "must be at least batching.max_batch_size"));
+        }
+        if self.inference.workers == 0 || self.inference.workers > 64 {
+            return Err(invalid("inference.workers", "must be between 1 and 64"));
+        }
+        if self.inference.intra_threads == 0 {
+            return Err(invalid("inference.intra_threads", "must be at least 1"));
+        }
+        if self.inference.execution_providers.is_empty() {
+            return Err(invalid("inference.execution_providers", "name at least one (e.g. [\"cpu\"])"));
+        }
+        for ep in &self.inference.execution_providers {
+            if !matches!(ep.as_str(), "cpu" | "cuda" | "tensorrt") {
+                return Err(invalid("inference.execution_providers", format!("unknown provider {ep:?}; use cpu, cuda or tensorrt")));
+            }
+        }
+        let p = &self.policy;
+        if !(0.0..=1.0).contains(&p.review_at) || !(0.0..=1.0).contains(&p.block_at) || p.review_at > p.block_at {
+            return Err(invalid("policy", "need 0 <= review_at <= block_at <= 1"));
+        }
+        if !matches!(self.telemetry.log_format.as_str(), "text" | "json") {
+            return Err(invalid("telemetry.log_format", "must be \"text\" or \"json\""));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [kafka]
+        bootstrap_servers = "127.0.0.1:9092"
+        [input]
+        topics = ["posts"]
+        [output]
+    "#;
+
+    fn with(extra: &str) -> Result<Settings, ConfigError> {
+        Settings::from_toml(&format!("{MINIMAL}\n{extra}"))
+    }
+
+    fn invalid_key(r: Result<Settings, ConfigError>) -> String {
+        match r {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("expected an invalid-config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn minimal_config_gets_documented_defaults() {
+        let s = with("").unwrap();
+        assert_eq!(s.kafka.group_id, "modstream");
+        assert_eq!(s.limits.max_payload_bytes, 256 * 1024);
+        assert_eq!(s.limits.max_text_bytes, 64 * 1024);
+        assert_eq!(s.output.dlq_topic, "moderation.dlq");
+        assert_eq!(s.batching.max_batch_size, 64);
+    }
+
+    #[test]
+    fn the_shipped_config_file_is_valid() {
+        let text = include_str!("../config/modstream.toml");
+        let s = Settings::from_toml(text).unwrap();
+        assert_eq!(s.input.topics, vec!["moderation.events".to_string()]);
+    }
+
+    #[test]
+    fn topics_given_as_one_string_become_a_list() {
+        let s = Settings::from_toml(&MINIMAL.replace(r#"["posts"]"#, r#""posts, comments""#)).unwrap();
+        assert_eq!(s.input.topics, vec!["posts".to_string(), "comments".to_string()]);
+    }
+
+    #[test]
+    fn properties_that_break_at_least_once_are_refused() {
+        let key = invalid_key(with("[kafka.consumer]\n\"enable.auto.offset.store\" = true"));
+        assert_eq!(key, "kafka.consumer.enable.auto.offset.store");
+        let key = invalid_key(with("[kafka.consumer]\nenable_auto_commit = \"true\""));
+        assert_eq!(key, "kafka.consumer.enable.auto.commit");
+        let key = invalid_key(with("[kafka.producer]\nacks = 1"));
+        assert_eq!(key, "kafka.producer.acks");
+        let key = invalid_key(with("[kafka.producer]\n\"enable.idempotence\" = false"));
+        assert_eq!(key, "kafka.producer.enable.idempotence");
+    }
+
+    #[test]
+    fn harmless_properties_pass_through_with_dots() {
+        let s = with("[kafka.consumer]\nfetch_wait_max_ms = 10\n\"client.id\" = \"x\"").unwrap();
+        assert_eq!(s.kafka.consumer.get("fetch.wait.max.ms").map(String::as_str), Some("10"));
+        assert_eq!(s.kafka.consumer.get("client.id").map(String::as_str), Some("x"));
+    }
+
+    #[test]
+    fn drain_timeout_must_stay_below_session_timeout() {
+        let key = invalid_key(with("[kafka.consumer]\n\"session.timeout.ms\" = 6000\n").map(|mut s| {
+            s.kafka.drain_timeout = Duration::from_secs(6);
+            s
+        }).and_then(|s| s.validate().map(|_| s)));
+        assert_eq!(key, "kafka.drain_timeout");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        assert_eq!(invalid_key(with("[batching]\nmax_batch_size = 0")), "batching.max_batch_size");
+        assert_eq!(invalid_key(with("[policy]\nreview_at = 0.9\nblock_at = 0.5")), "policy");
+        assert_eq!(invalid_key(with("[inference]\nexecution_providers = [\"tpu\"]")), "inference.execution_providers");
+        assert_eq!(invalid_key(with("[limits]\nmax_text_bytes = 999999999")), "limits.max_text_bytes");
+        let same = MINIMAL.replace("[output]", "[output]\ntopic = \"posts\"");
+        assert_eq!(invalid_key(Settings::from_toml(&same)), "output.topic");
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_not_ignored() {
+        assert!(matches!(with("[batching]\nmax_batch_sise = 3"), Err(ConfigError::Load(_))));
+    }
+}

@@ -1,0 +1,318 @@
+//! The Kafka consumer: one dedicated thread owns and polls it.
+//!
+//! Guarantee: records are forwarded in poll order, stamped with the rebalance
+//! generation they were polled in; the pipeline is never handed more than its
+//! bounded channel holds: when it is full, the assigned partitions are paused
+//! (polling goes on, so the group membership stays alive) and resumed once the
+//! backlog is forwarded. A revoke blocks inside the rebalance callback until
+//! the pipeline has drained the revoked partitions (bounded by
+//! `kafka.drain_timeout`), then commits synchronously. Offsets are only ever
+//! *stored* by the pipeline, after delivery; this thread commits what is stored.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::telemetry::metric;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumerError {
+    #[error("cannot create the Kafka consumer: {0}")]
+    Create(#[source] KafkaError),
+    #[error("cannot subscribe to {topics:?}: {source}")]
+    Subscribe {
+        topics: Vec<String>,
+        #[source]
+        source: KafkaError,
+    },
+    #[error("cannot start the consumer thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// A topic-partition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tp {
+    pub topic: Arc<str>,
+    pub partition: i32,
+}
+
+/// One consumed record, owned.
+#[derive(Debug)]
+pub struct Ingested {
+    pub tp: Tp,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    /// The record's Kafka timestamp, ms since the epoch.
+    pub timestamp_ms: Option<i64>,
+    pub generation: u64,
+    pub received_at: tokio::time::Instant,
+}
+
+/// Sent by the rebalance callback to the pipeline.
+#[derive(Debug)]
+pub enum RebalanceEvent {
+    /// Drain these partitions, store their offsets, then answer on `done`.
+    Revoke {
+        partitions: Vec<Tp>,
+        generation: u64,
+        done: std::sync::mpsc::Sender<()>,
+    },
+    Assign {
+        partitions: Vec<Tp>,
+    },
+}
+
+pub struct ModstreamContext {
+    generation: AtomicU64,
+    rebalanced: AtomicBool,
+    rebalance_tx: mpsc::Sender<RebalanceEvent>,
+    drain_timeout: Duration,
+}
+
+impl ClientContext for ModstreamContext {}
+
+fn partitions_of(tpl: &TopicPartitionList) -> Vec<Tp> {
+    tpl.elements()
+        .iter()
+        .map(|e| Tp {
+            topic: Arc::from(e.topic()),
+            partition: e.partition(),
+        })
+        .collect()
+}
+
+impl ConsumerContext for ModstreamContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(tpl) => {
+                metrics::counter!(metric::REBALANCES_TOTAL, "kind" => "revoke").increment(1);
+                let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+                self.rebalanced.store(true, Ordering::SeqCst);
+                let partitions = partitions_of(tpl);
+                tracing::info!(partitions = partitions.len(), "partitions revoked; draining");
+                let (done, drained) = std::sync::mpsc::channel();
+                let started = Instant::now();
+                // The pipeline is gone at the very end of a shutdown; nothing to drain then.
+                if self
+                    .rebalance_tx
+                    .blocking_send(RebalanceEvent::Revoke {
+                        partitions,
+                        generation,
+                        done,
+                    })
+                    .is_ok()
+                    && drained.recv_timeout(self.drain_timeout).is_err()
+                {
+                    tracing::warn!(waited_ms = started.elapsed().as_millis() as u64, "drain timed out; undelivered events will be reprocessed by the next owner");
+                }
+                commit(consumer, CommitMode::Sync);
+            }
+            Rebalance::Assign(_) => {}
+            Rebalance::Error(e) => {
+                metrics::counter!(metric::ERRORS_TOTAL, "kind" => "rebalance").increment(1);
+                tracing::error!(error = %e, "rebalance error");
+            }
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            metrics::counter!(metric::REBALANCES_TOTAL, "kind" => "assign").increment(1);
+            self.generation.fetch_add(1, Ordering::SeqCst);
+            self.rebalanced.store(true, Ordering::SeqCst);
+            let partitions = partitions_of(tpl);
+            tracing::info!(partitions = partitions.len(), "partitions assigned");
+            let _ = self.rebalance_tx.try_send(RebalanceEvent::Assign { partitions });
+        }
+    }
+}
+
+/// Commit the stored offsets. "No offset" just means nothing new was stored.
+fn commit(consumer: &BaseConsumer<ModstreamContext>, mode: CommitMode) {
+    match consumer.commit_consumer_state(mode) {
+        Ok(()) => metrics::counter!(metric::COMMITS_TOTAL, "outcome" => "ok").increment(1),
+        Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+        Err(e) => {
+            metrics::counter!(metric::COMMITS_TOTAL, "outcome" => "error").increment(1);
+            tracing::warn!(error = %e, "offset commit failed; will retry with the next commit");
+        }
+    }
+}
+
+pub type KafkaConsumer = BaseConsumer<ModstreamContext>;
+
+/// Build the consumer and subscribe. Connection problems surface later, in
+/// the poll loop; configuration problems surface here.
+pub fn create(
+    settings: &Settings,
+    rebalance_tx: mpsc::Sender<RebalanceEvent>,
+) -> Result<Arc<KafkaConsumer>, ConsumerError> {
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", &settings.kafka.bootstrap_servers)
+        .set("group.id", &settings.kafka.group_id)
+        .set("enable.auto.offset.store", "false")
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.partition.eof", "false");
+    for (k, v) in &settings.kafka.consumer {
+        cfg.set(k, v);
+    }
+    let context = ModstreamContext {
+        generation: AtomicU64::new(0),
+        rebalanced: AtomicBool::new(false),
+        rebalance_tx,
+        drain_timeout: settings.kafka.drain_timeout,
+    };
+    let consumer: KafkaConsumer = cfg.create_with_context(context).map_err(ConsumerError::Create)?;
+    let topics: Vec<&str> = settings.input.topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics).map_err(|source| ConsumerError::Subscribe {
+        topics: settings.input.topics.clone(),
+        source,
+    })?;
+    Ok(Arc::new(consumer))
+}
+
+/// Store the position (next offset to read) of a partition for the next commit.
+pub fn store_position(consumer: &KafkaConsumer, tp: &Tp, position: i64) {
+    let mut tpl = TopicPartitionList::new();
+    if tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(position)).is_err() {
+        return;
+    }
+    if let Err(e) = consumer.store_offsets(&tpl) {
+        // Happens for a partition revoked meanwhile: its new owner takes over.
+        tracing::debug!(topic = %tp.topic, partition = tp.partition, error = %e, "offset not stored");
+    }
+}
+
+/// Handles of the poll thread.
+pub struct PollLoop {
+    pub thread: std::thread::JoinHandle<()>,
+}
+
+/// Start the poll thread. It forwards records until `stop_fetching` fires,
+/// then keeps serving callbacks until `pipeline_done` fires, commits
+/// synchronously and closes the consumer.
+pub fn spawn_poll_loop(
+    consumer: Arc<KafkaConsumer>,
+    ingest_tx: mpsc::Sender<Ingested>,
+    commit_interval: Duration,
+    stop_fetching: CancellationToken,
+    pipeline_done: CancellationToken,
+) -> Result<PollLoop, ConsumerError> {
+    let thread = std::thread::Builder::new()
+        .name("kafka-consumer".into())
+        .spawn(move || {
+            poll_loop(&consumer, ingest_tx, commit_interval, &stop_fetching);
+            // Input is closed: the pipeline drains, then we commit what it stored.
+            while !pipeline_done.is_cancelled() {
+                let _ = consumer.poll(Duration::from_millis(50));
+            }
+            commit(&consumer, CommitMode::Sync);
+            consumer.unsubscribe();
+            tracing::info!("consumer closed");
+        })
+        .map_err(ConsumerError::Thread)?;
+    Ok(PollLoop { thread })
+}
+
+fn poll_loop(
+    consumer: &KafkaConsumer,
+    ingest_tx: mpsc::Sender<Ingested>,
+    commit_interval: Duration,
+    stop_fetching: &CancellationToken,
+) {
+    // Records polled while the pipeline was full: forwarded before new ones.
+    let mut backlog: VecDeque<Ingested> = VecDeque::new();
+    let mut paused = false;
+    let mut last_commit = Instant::now();
+    while !stop_fetching.is_cancelled() {
+        while let Some(record) = backlog.pop_front() {
+            match ingest_tx.try_send(record) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(record)) => {
+                    backlog.push_front(record);
+                    break;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return,
+            }
+        }
+        let rebalanced = consumer.context().rebalanced.swap(false, Ordering::SeqCst);
+        if rebalanced {
+            // Records of partitions we no longer own go to their new owner.
+            if let Ok(assignment) = consumer.assignment() {
+                let owned = partitions_of(&assignment);
+                backlog.retain(|r| owned.contains(&r.tp));
+            }
+        }
+        if backlog.is_empty() && paused {
+            set_paused(consumer, false);
+            paused = false;
+        } else if !backlog.is_empty() && (!paused || rebalanced) {
+            set_paused(consumer, true);
+            paused = true;
+        }
+        let timeout = if paused { Duration::from_millis(10) } else { Duration::from_millis(100) };
+        match consumer.poll(timeout) {
+            Some(Ok(m)) => {
+                let generation = consumer.context().generation.load(Ordering::SeqCst);
+                metrics::counter!(metric::CONSUMED_TOTAL, "topic" => m.topic().to_string()).increment(1);
+                let record = Ingested {
+                    tp: Tp {
+                        topic: Arc::from(m.topic()),
+                        partition: m.partition(),
+                    },
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    payload: m.payload().map(<[u8]>::to_vec),
+                    timestamp_ms: m.timestamp().to_millis(),
+                    generation,
+                    received_at: tokio::time::Instant::now(),
+                };
+                if backlog.is_empty() {
+                    match ingest_tx.try_send(record) {
+                        Ok(()) => {}
+                        Err(mpsc::error::TrySendError::Full(record)) => backlog.push_back(record),
+                        Err(mpsc::error::TrySendError::Closed(_)) => return,
+                    }
+                } else {
+                    backlog.push_back(record);
+                }
+            }
+            Some(Err(e)) => {
+                metrics::counter!(metric::ERRORS_TOTAL, "kind" => "consume").increment(1);
+                tracing::warn!(error = %e, "consumer error");
+            }
+            None => {}
+        }
+        if last_commit.elapsed() >= commit_interval {
+            commit(consumer, CommitMode::Async);
+            last_commit = Instant::now();
+        }
+    }
+    if let Ok(assignment) = consumer.assignment() {
+        let _ = consumer.pause(&assignment);
+    }
+}
+
+fn set_paused(consumer: &KafkaConsumer, pause: bool) {
+    let Ok(assignment) = consumer.assignment() else { return };
+    let result = if pause { consumer.pause(&assignment) } else { consumer.resume(&assignment) };
+    match result {
+        Ok(()) => {
+            let n = if pause { assignment.count() } else { 0 };
+            metrics::gauge!(metric::PAUSED_PARTITIONS).set(n as f64);
+            tracing::debug!(paused = pause, partitions = assignment.count(), "backpressure");
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot pause or resume partitions"),
+    }
+}

@@ -1,0 +1,150 @@
+//! The output records: verdicts and dead-letter records.
+//!
+//! Verdict (JSON, keyed like the input event):
+//! `{"event_id", "verdict": "allow"|"review"|"block", "scores": {label: p},
+//!   "model": {"name", "version"}, "source": {"topic", "partition", "offset"},
+//!   "latency_ms", "processed_at"}`.
+//! `latency_ms` runs from the input record's Kafka timestamp (or the event's
+//! `created_at` when the record has none) to when the verdict was made.
+//!
+//! Dead-letter record: the original key and payload bytes, untouched, with
+//! headers `modstream.reason` (code), `modstream.message`,
+//! `modstream.source.topic`, `modstream.source.partition`,
+//! `modstream.source.offset`.
+
+use serde_json::json;
+
+use crate::config::Policy;
+use crate::consumer::Tp;
+use crate::event::{Event, Rejection};
+use crate::inference::Manifest;
+use crate::producer::OutRecord;
+
+pub const ALLOW: &str = "allow";
+pub const REVIEW: &str = "review";
+pub const BLOCK: &str = "block";
+
+/// Turns model probabilities into verdict records.
+pub struct Scorer {
+    labels: Vec<String>,
+    score_index: usize,
+    model_name: String,
+    model_version: String,
+    policy: Policy,
+}
+
+impl Scorer {
+    pub fn new(manifest: &Manifest, policy: &Policy) -> Scorer {
+        Scorer {
+            labels: manifest.labels.clone(),
+            score_index: manifest.score_index(),
+            model_name: manifest.name.clone(),
+            model_version: manifest.version.clone(),
+            policy: policy.clone(),
+        }
+    }
+
+    pub fn decide(&self, probabilities: &[f32]) -> &'static str {
+        decide(&self.policy, probabilities.get(self.score_index).copied().unwrap_or(0.0))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn verdict_record(
+        &self,
+        topic: &str,
+        source: &Tp,
+        offset: i64,
+        key: Option<Vec<u8>>,
+        event: &Event,
+        probabilities: &[f32],
+        timestamp_ms: Option<i64>,
+    ) -> (OutRecord, &'static str) {
+        let verdict = self.decide(probabilities);
+        let now = chrono::Utc::now();
+        let started = timestamp_ms.filter(|t| *t > 0).or(event.created_at_ms);
+        let latency_ms = started.map(|t| (now.timestamp_millis() - t).max(0));
+        let scores: serde_json::Map<String, serde_json::Value> = self
+            .labels
+            .iter()
+            .zip(probabilities)
+            .map(|(label, p)| (label.clone(), json!(p)))
+            .collect();
+        let body = json!({
+            "event_id": event.event_id,
+            "verdict": verdict,
+            "scores": scores,
+            "model": {"name": self.model_name, "version": self.model_version},
+            "source": {"topic": &*source.topic, "partition": source.partition, "offset": offset},
+            "latency_ms": latency_ms,
+            "processed_at": now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        });
+        let record = OutRecord {
+            topic: topic.to_string(),
+            key,
+            payload: body.to_string().into_bytes(),
+            headers: Vec::new(),
+            kind: "verdict",
+        };
+        (record, verdict)
+    }
+}
+
+/// `score >= block_at` blocks, `score >= review_at` goes to review.
+pub fn decide(policy: &Policy, score: f32) -> &'static str {
+    if score >= policy.block_at {
+        BLOCK
+    } else if score >= policy.review_at {
+        REVIEW
+    } else {
+        ALLOW
+    }
+}
+
+/// Header names of dead-letter records.
+pub mod header {
+    pub const REASON: &str = "modstream.reason";
+    pub const MESSAGE: &str = "modstream.message";
+    pub const SOURCE_TOPIC: &str = "modstream.source.topic";
+    pub const SOURCE_PARTITION: &str = "modstream.source.partition";
+    pub const SOURCE_OFFSET: &str = "modstream.source.offset";
+}
+
+pub fn dead_letter(
+    topic: &str,
+    source: &Tp,
+    offset: i64,
+    key: Option<Vec<u8>>,
+    payload: Vec<u8>,
+    rejection: &Rejection,
+) -> OutRecord {
+    OutRecord {
+        topic: topic.to_string(),
+        key,
+        payload,
+        headers: vec![
+            (header::REASON, rejection.reason.code().as_bytes().to_vec()),
+            (header::MESSAGE, rejection.message.clone().into_bytes()),
+            (header::SOURCE_TOPIC, source.topic.as_bytes().to_vec()),
+            (header::SOURCE_PARTITION, source.partition.to_string().into_bytes()),
+            (header::SOURCE_OFFSET, offset.to_string().into_bytes()),
+        ],
+        kind: "dlq",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_split_allow_review_block() {
+        let p = Policy {
+            review_at: 0.5,
+            block_at: 0.9,
+        };
+        assert_eq!(decide(&p, 0.1), ALLOW);
+        assert_eq!(decide(&p, 0.5), REVIEW);
+        assert_eq!(decide(&p, 0.89), REVIEW);
+        assert_eq!(decide(&p, 0.9), BLOCK);
+    }
+}
