@@ -102,6 +102,12 @@ impl ConsumerContext for ModstreamContext {
                 tracing::info!(partitions = partitions.len(), "partitions revoked; draining");
                 let (done, drained) = std::sync::mpsc::channel();
                 let started = Instant::now();
+                if tokio::runtime::Handle::try_current().is_ok() {
+                    // Only the poll thread may wait here; never a runtime thread.
+                    tracing::error!("revoke callback on an async runtime thread; committing without draining");
+                    commit(consumer, CommitMode::Sync);
+                    return;
+                }
                 // The pipeline is gone at the very end of a shutdown; nothing to drain then.
                 if self
                     .rebalance_tx

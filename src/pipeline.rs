@@ -141,7 +141,10 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<RunSummary, P
     };
     core.run(ingest_rx, rebalance_rx, results_rx, acks_rx).await;
 
-    let Core { sink, pool, summary, deliveries, .. } = core;
+    // The poll thread must hold the last handle of the consumer: closing it
+    // runs the revoke callback, which may block, and must not on this runtime.
+    let Core { sink, pool, summary, deliveries, kafka, .. } = core;
+    drop(kafka);
     deliveries.close();
     deliveries.wait().await;
     let _ = tokio::task::spawn_blocking(move || {
