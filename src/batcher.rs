@@ -40,7 +40,10 @@ pub struct Batcher<T> {
 
 impl<T> Batcher<T> {
     pub fn new(max_batch_size: usize, max_batch_delay: Duration) -> Self {
-        assert!(max_batch_size > 0, "max_batch_size is validated to be at least 1");
+        assert!(
+            max_batch_size > 0,
+            "max_batch_size is validated to be at least 1"
+        );
         Batcher {
             max_batch_size,
             max_batch_delay,
@@ -115,7 +118,10 @@ mod tests {
         let start = Instant::now();
         assert!(b.push(1, false, Instant::now()).is_none());
         tokio::time::sleep(Duration::from_millis(10)).await;
-        assert!(b.push(2, false, Instant::now()).is_none(), "the deadline runs from the first event");
+        assert!(
+            b.push(2, false, Instant::now()).is_none(),
+            "the deadline runs from the first event"
+        );
         assert_eq!(b.deadline(), Some(start + DELAY));
         tokio::time::sleep(Duration::from_millis(39)).await;
         assert!(b.close_expired(Instant::now()).is_none());

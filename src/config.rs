@@ -236,11 +236,20 @@ fn properties<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String
 /// Consumer properties modstream sets itself: overriding them would break the
 /// at-least-once guarantee or the meaning of another setting.
 const RESERVED_CONSUMER: &[(&str, &str)] = &[
-    ("enable.auto.offset.store", "offsets are stored only after delivery"),
-    ("enable.auto.commit", "modstream commits stored offsets itself (kafka.commit_interval)"),
+    (
+        "enable.auto.offset.store",
+        "offsets are stored only after delivery",
+    ),
+    (
+        "enable.auto.commit",
+        "modstream commits stored offsets itself (kafka.commit_interval)",
+    ),
     ("group.id", "use kafka.group_id"),
     ("bootstrap.servers", "use kafka.bootstrap_servers"),
-    ("enable.partition.eof", "modstream does not handle EOF events"),
+    (
+        "enable.partition.eof",
+        "modstream does not handle EOF events",
+    ),
 ];
 const RESERVED_PRODUCER: &[(&str, &str)] = &[
     ("bootstrap.servers", "use kafka.bootstrap_servers"),
@@ -290,12 +299,18 @@ impl Settings {
         if self.input.topics.is_empty() {
             return Err(invalid("input.topics", "name at least one topic"));
         }
-        for (key, topic) in [("output.topic", &self.output.topic), ("output.dlq_topic", &self.output.dlq_topic)] {
+        for (key, topic) in [
+            ("output.topic", &self.output.topic),
+            ("output.dlq_topic", &self.output.dlq_topic),
+        ] {
             if topic.trim().is_empty() {
                 return Err(invalid(key, "must not be empty"));
             }
             if self.input.topics.contains(topic) {
-                return Err(invalid(key, "must differ from every input topic (it would feed itself)"));
+                return Err(invalid(
+                    key,
+                    "must differ from every input topic (it would feed itself)",
+                ));
             }
         }
         if self.output.topic == self.output.dlq_topic {
@@ -303,55 +318,97 @@ impl Settings {
         }
         for (key, value) in &self.kafka.consumer {
             if let Some((_, why)) = RESERVED_CONSUMER.iter().find(|(k, _)| k == key) {
-                return Err(invalid(&format!("kafka.consumer.{key}"), format!("cannot be set: {why}")));
+                return Err(invalid(
+                    &format!("kafka.consumer.{key}"),
+                    format!("cannot be set: {why}"),
+                ));
             }
-            if key == "isolation.level" && value != "read_committed" && value != "read_uncommitted" {
-                return Err(invalid("kafka.consumer.isolation.level", "must be read_committed or read_uncommitted"));
+            if key == "isolation.level" && value != "read_committed" && value != "read_uncommitted"
+            {
+                return Err(invalid(
+                    "kafka.consumer.isolation.level",
+                    "must be read_committed or read_uncommitted",
+                ));
             }
             if key == "group.protocol" && value != "classic" {
-                return Err(invalid("kafka.consumer.group.protocol", "only the classic protocol is supported"));
+                return Err(invalid(
+                    "kafka.consumer.group.protocol",
+                    "only the classic protocol is supported",
+                ));
             }
         }
         for (key, value) in &self.kafka.producer {
             if let Some((_, why)) = RESERVED_PRODUCER.iter().find(|(k, _)| k == key) {
-                return Err(invalid(&format!("kafka.producer.{key}"), format!("cannot be set: {why}")));
+                return Err(invalid(
+                    &format!("kafka.producer.{key}"),
+                    format!("cannot be set: {why}"),
+                ));
             }
             if key == "enable.idempotence" && value != "true" {
-                return Err(invalid("kafka.producer.enable.idempotence", "must stay true: retries must not duplicate or reorder verdicts"));
+                return Err(invalid(
+                    "kafka.producer.enable.idempotence",
+                    "must stay true: retries must not duplicate or reorder verdicts",
+                ));
             }
-            if (key == "acks" || key == "request.required.acks") && value != "all" && value != "-1" {
-                return Err(invalid(&format!("kafka.producer.{key}"), "must be all (-1): a verdict counts as delivered only when every in-sync replica has it"));
+            if (key == "acks" || key == "request.required.acks") && value != "all" && value != "-1"
+            {
+                return Err(invalid(
+                    &format!("kafka.producer.{key}"),
+                    "must be all (-1): a verdict counts as delivered only when every in-sync replica has it",
+                ));
             }
         }
         let session_timeout_ms: u64 = match self.kafka.consumer.get("session.timeout.ms") {
-            Some(v) => v
-                .parse()
-                .map_err(|_| invalid("kafka.consumer.session.timeout.ms", "must be a whole number of milliseconds"))?,
+            Some(v) => v.parse().map_err(|_| {
+                invalid(
+                    "kafka.consumer.session.timeout.ms",
+                    "must be a whole number of milliseconds",
+                )
+            })?,
             None => 45_000,
         };
         if self.kafka.drain_timeout.as_millis() as u64 >= session_timeout_ms {
             return Err(invalid(
                 "kafka.drain_timeout",
-                format!("must be below session.timeout.ms ({session_timeout_ms} ms), or the group evicts this member while it drains"),
+                format!(
+                    "must be below session.timeout.ms ({session_timeout_ms} ms), or the group evicts this member while it drains"
+                ),
             ));
         }
         if self.kafka.drain_timeout.is_zero() {
             return Err(invalid("kafka.drain_timeout", "must be greater than zero"));
         }
         if self.kafka.commit_interval.is_zero() {
-            return Err(invalid("kafka.commit_interval", "must be greater than zero"));
+            return Err(invalid(
+                "kafka.commit_interval",
+                "must be greater than zero",
+            ));
         }
         if self.batching.max_batch_size == 0 || self.batching.max_batch_size > 4096 {
-            return Err(invalid("batching.max_batch_size", "must be between 1 and 4096"));
+            return Err(invalid(
+                "batching.max_batch_size",
+                "must be between 1 and 4096",
+            ));
         }
         if self.limits.max_payload_bytes == 0 {
-            return Err(invalid("limits.max_payload_bytes", "must be greater than zero"));
+            return Err(invalid(
+                "limits.max_payload_bytes",
+                "must be greater than zero",
+            ));
         }
-        if self.limits.max_text_bytes == 0 || self.limits.max_text_bytes > self.limits.max_payload_bytes {
-            return Err(invalid("limits.max_text_bytes", "must be between 1 and limits.max_payload_bytes"));
+        if self.limits.max_text_bytes == 0
+            || self.limits.max_text_bytes > self.limits.max_payload_bytes
+        {
+            return Err(invalid(
+                "limits.max_text_bytes",
+                "must be between 1 and limits.max_payload_bytes",
+            ));
         }
         if self.limits.max_in_flight < self.batching.max_batch_size {
-            return Err(invalid("limits.max_in_flight", "must be at least batching.max_batch_size"));
+            return Err(invalid(
+                "limits.max_in_flight",
+                "must be at least batching.max_batch_size",
+            ));
         }
         if self.inference.workers == 0 || self.inference.workers > 64 {
             return Err(invalid("inference.workers", "must be between 1 and 64"));
@@ -360,19 +417,31 @@ impl Settings {
             return Err(invalid("inference.intra_threads", "must be at least 1"));
         }
         if self.inference.execution_providers.is_empty() {
-            return Err(invalid("inference.execution_providers", "name at least one (e.g. [\"cpu\"])"));
+            return Err(invalid(
+                "inference.execution_providers",
+                "name at least one (e.g. [\"cpu\"])",
+            ));
         }
         for ep in &self.inference.execution_providers {
             if !matches!(ep.as_str(), "cpu" | "cuda" | "tensorrt") {
-                return Err(invalid("inference.execution_providers", format!("unknown provider {ep:?}; use cpu, cuda or tensorrt")));
+                return Err(invalid(
+                    "inference.execution_providers",
+                    format!("unknown provider {ep:?}; use cpu, cuda or tensorrt"),
+                ));
             }
         }
         let p = &self.policy;
-        if !(0.0..=1.0).contains(&p.review_at) || !(0.0..=1.0).contains(&p.block_at) || p.review_at > p.block_at {
+        if !(0.0..=1.0).contains(&p.review_at)
+            || !(0.0..=1.0).contains(&p.block_at)
+            || p.review_at > p.block_at
+        {
             return Err(invalid("policy", "need 0 <= review_at <= block_at <= 1"));
         }
         if !matches!(self.telemetry.log_format.as_str(), "text" | "json") {
-            return Err(invalid("telemetry.log_format", "must be \"text\" or \"json\""));
+            return Err(invalid(
+                "telemetry.log_format",
+                "must be \"text\" or \"json\"",
+            ));
         }
         Ok(())
     }
@@ -420,13 +489,19 @@ mod tests {
 
     #[test]
     fn topics_given_as_one_string_become_a_list() {
-        let s = Settings::from_toml(&MINIMAL.replace(r#"["posts"]"#, r#""posts, comments""#)).unwrap();
-        assert_eq!(s.input.topics, vec!["posts".to_string(), "comments".to_string()]);
+        let s =
+            Settings::from_toml(&MINIMAL.replace(r#"["posts"]"#, r#""posts, comments""#)).unwrap();
+        assert_eq!(
+            s.input.topics,
+            vec!["posts".to_string(), "comments".to_string()]
+        );
     }
 
     #[test]
     fn properties_that_break_at_least_once_are_refused() {
-        let key = invalid_key(with("[kafka.consumer]\n\"enable.auto.offset.store\" = true"));
+        let key = invalid_key(with(
+            "[kafka.consumer]\n\"enable.auto.offset.store\" = true",
+        ));
         assert_eq!(key, "kafka.consumer.enable.auto.offset.store");
         let key = invalid_key(with("[kafka.consumer]\nenable_auto_commit = \"true\""));
         assert_eq!(key, "kafka.consumer.enable.auto.commit");
@@ -439,31 +514,59 @@ mod tests {
     #[test]
     fn harmless_properties_pass_through_with_dots() {
         let s = with("[kafka.consumer]\nfetch_wait_max_ms = 10\n\"client.id\" = \"x\"").unwrap();
-        assert_eq!(s.kafka.consumer.get("fetch.wait.max.ms").map(String::as_str), Some("10"));
-        assert_eq!(s.kafka.consumer.get("client.id").map(String::as_str), Some("x"));
+        assert_eq!(
+            s.kafka
+                .consumer
+                .get("fetch.wait.max.ms")
+                .map(String::as_str),
+            Some("10")
+        );
+        assert_eq!(
+            s.kafka.consumer.get("client.id").map(String::as_str),
+            Some("x")
+        );
     }
 
     #[test]
     fn drain_timeout_must_stay_below_session_timeout() {
-        let key = invalid_key(with("[kafka.consumer]\n\"session.timeout.ms\" = 6000\n").map(|mut s| {
-            s.kafka.drain_timeout = Duration::from_secs(6);
-            s
-        }).and_then(|s| s.validate().map(|_| s)));
+        let key = invalid_key(
+            with("[kafka.consumer]\n\"session.timeout.ms\" = 6000\n")
+                .map(|mut s| {
+                    s.kafka.drain_timeout = Duration::from_secs(6);
+                    s
+                })
+                .and_then(|s| s.validate().map(|_| s)),
+        );
         assert_eq!(key, "kafka.drain_timeout");
     }
 
     #[test]
     fn bad_values_name_their_key() {
-        assert_eq!(invalid_key(with("[batching]\nmax_batch_size = 0")), "batching.max_batch_size");
-        assert_eq!(invalid_key(with("[policy]\nreview_at = 0.9\nblock_at = 0.5")), "policy");
-        assert_eq!(invalid_key(with("[inference]\nexecution_providers = [\"tpu\"]")), "inference.execution_providers");
-        assert_eq!(invalid_key(with("[limits]\nmax_text_bytes = 999999999")), "limits.max_text_bytes");
+        assert_eq!(
+            invalid_key(with("[batching]\nmax_batch_size = 0")),
+            "batching.max_batch_size"
+        );
+        assert_eq!(
+            invalid_key(with("[policy]\nreview_at = 0.9\nblock_at = 0.5")),
+            "policy"
+        );
+        assert_eq!(
+            invalid_key(with("[inference]\nexecution_providers = [\"tpu\"]")),
+            "inference.execution_providers"
+        );
+        assert_eq!(
+            invalid_key(with("[limits]\nmax_text_bytes = 999999999")),
+            "limits.max_text_bytes"
+        );
         let same = MINIMAL.replace("[output]", "[output]\ntopic = \"posts\"");
         assert_eq!(invalid_key(Settings::from_toml(&same)), "output.topic");
     }
 
     #[test]
     fn unknown_keys_are_errors_not_ignored() {
-        assert!(matches!(with("[batching]\nmax_batch_sise = 3"), Err(ConfigError::Load(_))));
+        assert!(matches!(
+            with("[batching]\nmax_batch_sise = 3"),
+            Err(ConfigError::Load(_))
+        ));
     }
 }

@@ -99,12 +99,17 @@ impl ConsumerContext for ModstreamContext {
                 let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
                 self.rebalanced.store(true, Ordering::SeqCst);
                 let partitions = partitions_of(tpl);
-                tracing::info!(partitions = partitions.len(), "partitions revoked; draining");
+                tracing::info!(
+                    partitions = partitions.len(),
+                    "partitions revoked; draining"
+                );
                 let (done, drained) = std::sync::mpsc::channel();
                 let started = Instant::now();
                 if tokio::runtime::Handle::try_current().is_ok() {
                     // Only the poll thread may wait here; never a runtime thread.
-                    tracing::error!("revoke callback on an async runtime thread; committing without draining");
+                    tracing::error!(
+                        "revoke callback on an async runtime thread; committing without draining"
+                    );
                     commit(consumer, CommitMode::Sync);
                     return;
                 }
@@ -119,7 +124,10 @@ impl ConsumerContext for ModstreamContext {
                     .is_ok()
                     && drained.recv_timeout(self.drain_timeout).is_err()
                 {
-                    tracing::warn!(waited_ms = started.elapsed().as_millis() as u64, "drain timed out; undelivered events will be reprocessed by the next owner");
+                    tracing::warn!(
+                        waited_ms = started.elapsed().as_millis() as u64,
+                        "drain timed out; undelivered events will be reprocessed by the next owner"
+                    );
                 }
                 commit(consumer, CommitMode::Sync);
             }
@@ -138,7 +146,9 @@ impl ConsumerContext for ModstreamContext {
             self.rebalanced.store(true, Ordering::SeqCst);
             let partitions = partitions_of(tpl);
             tracing::info!(partitions = partitions.len(), "partitions assigned");
-            let _ = self.rebalance_tx.try_send(RebalanceEvent::Assign { partitions });
+            let _ = self
+                .rebalance_tx
+                .try_send(RebalanceEvent::Assign { partitions });
         }
     }
 }
@@ -179,19 +189,26 @@ pub fn create(
         rebalance_tx,
         drain_timeout: settings.kafka.drain_timeout,
     };
-    let consumer: KafkaConsumer = cfg.create_with_context(context).map_err(ConsumerError::Create)?;
+    let consumer: KafkaConsumer = cfg
+        .create_with_context(context)
+        .map_err(ConsumerError::Create)?;
     let topics: Vec<&str> = settings.input.topics.iter().map(String::as_str).collect();
-    consumer.subscribe(&topics).map_err(|source| ConsumerError::Subscribe {
-        topics: settings.input.topics.clone(),
-        source,
-    })?;
+    consumer
+        .subscribe(&topics)
+        .map_err(|source| ConsumerError::Subscribe {
+            topics: settings.input.topics.clone(),
+            source,
+        })?;
     Ok(Arc::new(consumer))
 }
 
 /// Store the position (next offset to read) of a partition for the next commit.
 pub fn store_position(consumer: &KafkaConsumer, tp: &Tp, position: i64) {
     let mut tpl = TopicPartitionList::new();
-    if tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(position)).is_err() {
+    if tpl
+        .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(position))
+        .is_err()
+    {
         return;
     }
     if let Err(e) = consumer.store_offsets(&tpl) {
@@ -224,7 +241,8 @@ pub fn spawn_poll_loop(
                 let _ = consumer.poll(Duration::from_millis(50));
             }
             commit(&consumer, CommitMode::Sync);
-            consumer.unsubscribe();
+            // Dropping the last handle closes the consumer and leaves the group.
+            drop(consumer);
             tracing::info!("consumer closed");
         })
         .map_err(ConsumerError::Thread)?;
@@ -267,11 +285,16 @@ fn poll_loop(
             set_paused(consumer, true);
             paused = true;
         }
-        let timeout = if paused { Duration::from_millis(10) } else { Duration::from_millis(100) };
+        let timeout = if paused {
+            Duration::from_millis(10)
+        } else {
+            Duration::from_millis(100)
+        };
         match consumer.poll(timeout) {
             Some(Ok(m)) => {
                 let generation = consumer.context().generation.load(Ordering::SeqCst);
-                metrics::counter!(metric::CONSUMED_TOTAL, "topic" => m.topic().to_string()).increment(1);
+                metrics::counter!(metric::CONSUMED_TOTAL, "topic" => m.topic().to_string())
+                    .increment(1);
                 let record = Ingested {
                     tp: Tp {
                         topic: Arc::from(m.topic()),
@@ -311,13 +334,23 @@ fn poll_loop(
 }
 
 fn set_paused(consumer: &KafkaConsumer, pause: bool) {
-    let Ok(assignment) = consumer.assignment() else { return };
-    let result = if pause { consumer.pause(&assignment) } else { consumer.resume(&assignment) };
+    let Ok(assignment) = consumer.assignment() else {
+        return;
+    };
+    let result = if pause {
+        consumer.pause(&assignment)
+    } else {
+        consumer.resume(&assignment)
+    };
     match result {
         Ok(()) => {
             let n = if pause { assignment.count() } else { 0 };
             metrics::gauge!(metric::PAUSED_PARTITIONS).set(n as f64);
-            tracing::debug!(paused = pause, partitions = assignment.count(), "backpressure");
+            tracing::debug!(
+                paused = pause,
+                partitions = assignment.count(),
+                "backpressure"
+            );
         }
         Err(e) => tracing::warn!(error = %e, "cannot pause or resume partitions"),
     }

@@ -55,7 +55,12 @@ pub fn generate(count: usize, malformed_every: usize, prefix: &str) -> Vec<Gener
             let key = format!("user-{}", i % 500);
             if malformed_every > 0 && i % malformed_every == malformed_every - 1 {
                 let payload = malformed[(i / malformed_every) % malformed.len()].to_vec();
-                return GeneratedEvent { event_id, key, payload, text: None };
+                return GeneratedEvent {
+                    event_id,
+                    key,
+                    payload,
+                    text: None,
+                };
             }
             let (_, text) = posts[(i * 7 + i / 3) % posts.len()];
             let priority = if i % 20 == 0 { "urgent" } else { "normal" };
@@ -69,13 +74,22 @@ pub fn generate(count: usize, malformed_every: usize, prefix: &str) -> Vec<Gener
             })
             .to_string()
             .into_bytes();
-            GeneratedEvent { event_id, key, payload, text: Some(text.to_string()) }
+            GeneratedEvent {
+                event_id,
+                key,
+                payload,
+                text: Some(text.to_string()),
+            }
         })
         .collect()
 }
 
 /// Produce records to `topic` and wait until the broker has all of them.
-pub async fn produce_all(bootstrap: &str, topic: &str, events: &[GeneratedEvent]) -> Result<(), String> {
+pub async fn produce_all(
+    bootstrap: &str,
+    topic: &str,
+    events: &[GeneratedEvent],
+) -> Result<(), String> {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("linger.ms", "5")
@@ -83,7 +97,9 @@ pub async fn produce_all(bootstrap: &str, topic: &str, events: &[GeneratedEvent]
         .map_err(|e| e.to_string())?;
     let mut pending = Vec::with_capacity(events.len());
     for e in events {
-        let record = FutureRecord::to(topic).key(e.key.as_bytes()).payload(e.payload.as_slice());
+        let record = FutureRecord::to(topic)
+            .key(e.key.as_bytes())
+            .payload(e.payload.as_slice());
         match producer.send_result(record) {
             Ok(f) => pending.push(f),
             Err((err, _)) => return Err(err.to_string()),
@@ -111,7 +127,13 @@ pub struct ReadRecord {
 
 /// Read `topic` from the beginning until `want` records arrived or `timeout`
 /// passed (blocking; call from a blocking context).
-pub fn read_topic(bootstrap: &str, topic: &str, partitions: i32, want: usize, timeout: Duration) -> Result<Vec<ReadRecord>, String> {
+pub fn read_topic(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    want: usize,
+    timeout: Duration,
+) -> Result<Vec<ReadRecord>, String> {
     read_topic_with_progress(bootstrap, topic, partitions, want, timeout, |_| {})
 }
 
@@ -126,13 +148,17 @@ pub fn read_topic_with_progress(
 ) -> Result<Vec<ReadRecord>, String> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
-        .set("group.id", format!("modstream-reader-{}", std::process::id()))
+        .set(
+            "group.id",
+            format!("modstream-reader-{}", std::process::id()),
+        )
         .set("enable.auto.commit", "false")
         .create()
         .map_err(|e| e.to_string())?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning).map_err(|e| e.to_string())?;
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .map_err(|e| e.to_string())?;
     }
     consumer.assign(&tpl).map_err(|e| e.to_string())?;
     let deadline = Instant::now() + timeout;
@@ -151,7 +177,11 @@ pub fn read_topic_with_progress(
                 payload: m.payload().unwrap_or_default().to_vec(),
                 headers: m
                     .headers()
-                    .map(|h| h.iter().map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec())).collect())
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+                            .collect()
+                    })
                     .unwrap_or_default(),
             }),
             Some(Err(e)) => return Err(e.to_string()),
@@ -179,7 +209,12 @@ pub fn demo_settings(bootstrap: &str, group: &str) -> Result<Settings, crate::co
         [kafka]
         bootstrap_servers = "{bootstrap}"
         group_id = "{group}"
+        drain_timeout = "3s"
+        # A restarted member can wait a whole session timeout for the group
+        # to settle (librdkafka issue 5569): keep it short on a local cluster.
         [kafka.consumer]
+        "session.timeout.ms" = 6000
+        "heartbeat.interval.ms" = 500
         "fetch.wait.max.ms" = 10
         [kafka.producer]
         "linger.ms" = 2
@@ -197,7 +232,11 @@ pub fn demo_settings(bootstrap: &str, group: &str) -> Result<Settings, crate::co
 
 pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
     use anyhow::Context;
-    let broker = EmbeddedBroker::start(&[(DEMO_INPUT, PARTITIONS), (DEMO_VERDICTS, PARTITIONS), (DEMO_DLQ, 1)])?;
+    let broker = EmbeddedBroker::start(&[
+        (DEMO_INPUT, PARTITIONS),
+        (DEMO_VERDICTS, PARTITIONS),
+        (DEMO_DLQ, 1),
+    ])?;
     let bootstrap = broker.bootstrap_servers().to_string();
     println!("embedded Kafka at {bootstrap}   (watch: kcat -b {bootstrap} -C -t {DEMO_VERDICTS})");
     let mut settings = demo_settings(&bootstrap, "modstream-demo")?;
@@ -209,28 +248,61 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
     let pipeline = tokio::spawn(crate::pipeline::run(settings, shutdown.clone()));
 
     let events = generate(opts.events, 100, "demo-");
-    let texts: HashMap<String, String> = events.iter().filter_map(|e| e.text.clone().map(|t| (e.event_id.clone(), t))).collect();
+    let texts: HashMap<String, String> = events
+        .iter()
+        .filter_map(|e| e.text.clone().map(|t| (e.event_id.clone(), t)))
+        .collect();
     let valid = texts.len();
     let started = Instant::now();
-    produce_all(&bootstrap, DEMO_INPUT, &events).await.map_err(anyhow::Error::msg).context("producing demo events")?;
-    println!("produced {} events ({} valid, {} malformed) in {:.2}s", events.len(), valid, events.len() - valid, started.elapsed().as_secs_f64());
+    produce_all(&bootstrap, DEMO_INPUT, &events)
+        .await
+        .map_err(anyhow::Error::msg)
+        .context("producing demo events")?;
+    println!(
+        "produced {} events ({} valid, {} malformed) in {:.2}s",
+        events.len(),
+        valid,
+        events.len() - valid,
+        started.elapsed().as_secs_f64()
+    );
 
     // Read verdicts as they come, with a progress line.
     let deadline = started + opts.max_duration;
     let reader_bootstrap = bootstrap.clone();
     let progress = tokio::task::spawn_blocking(move || -> Result<Vec<ReadRecord>, String> {
-        let verdicts = read_topic_with_progress(&reader_bootstrap, DEMO_VERDICTS, PARTITIONS, valid, deadline - Instant::now(), |n| {
-            eprint!("\rverdicts {n:>6}/{valid}  {:.1}s", started.elapsed().as_secs_f64());
-            let _ = std::io::stderr().flush();
-        })?;
-        eprintln!("\rverdicts {:>6}/{valid}  {:.1}s", verdicts.len(), started.elapsed().as_secs_f64());
+        let verdicts = read_topic_with_progress(
+            &reader_bootstrap,
+            DEMO_VERDICTS,
+            PARTITIONS,
+            valid,
+            deadline - Instant::now(),
+            |n| {
+                eprint!(
+                    "\rverdicts {n:>6}/{valid}  {:.1}s",
+                    started.elapsed().as_secs_f64()
+                );
+                let _ = std::io::stderr().flush();
+            },
+        )?;
+        eprintln!(
+            "\rverdicts {:>6}/{valid}  {:.1}s",
+            verdicts.len(),
+            started.elapsed().as_secs_f64()
+        );
         Ok(verdicts)
     });
     let verdicts = progress.await?.map_err(anyhow::Error::msg)?;
     let elapsed = started.elapsed();
     shutdown.stop.cancel();
     let summary = pipeline.await??;
-    let dlq = read_topic(&bootstrap, DEMO_DLQ, 1, events.len() - valid, Duration::from_secs(5)).map_err(anyhow::Error::msg)?;
+    let dlq = read_topic(
+        &bootstrap,
+        DEMO_DLQ,
+        1,
+        events.len() - valid,
+        Duration::from_secs(5),
+    )
+    .map_err(anyhow::Error::msg)?;
 
     let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
     let mut latency = hdrhistogram::Histogram::<u64>::new(3)?;
@@ -245,23 +317,45 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
         let list = samples.entry(kind.clone()).or_default();
         if list.len() < 2 {
             let score = json["scores"]["offensive"].as_f64().unwrap_or(0.0);
-            list.push(format!("  {kind:<6} {score:.2}  {}", texts.get(id).map(String::as_str).unwrap_or("")));
+            list.push(format!(
+                "  {kind:<6} {score:.2}  {}",
+                texts.get(id).map(String::as_str).unwrap_or("")
+            ));
         }
         *by_kind.entry(kind).or_default() += 1;
     }
     let mut dlq_reasons: BTreeMap<String, usize> = BTreeMap::new();
     for d in &dlq {
-        let reason = d.headers.get(crate::verdict::header::REASON).map(|r| String::from_utf8_lossy(r).into_owned()).unwrap_or_default();
+        let reason = d
+            .headers
+            .get(crate::verdict::header::REASON)
+            .map(|r| String::from_utf8_lossy(r).into_owned())
+            .unwrap_or_default();
         *dlq_reasons.entry(reason).or_default() += 1;
     }
 
     println!("\n== modstream demo summary ==");
     println!("events           {}", events.len());
-    println!("verdicts         {} of {valid} valid  {by_kind:?}", verdicts.len());
+    println!(
+        "verdicts         {} of {valid} valid  {by_kind:?}",
+        verdicts.len()
+    );
     println!("dead-lettered    {}  {dlq_reasons:?}", dlq.len());
-    println!("throughput       {:.0} events/s (produce to last verdict, {:.2}s)", events.len() as f64 / elapsed.as_secs_f64(), elapsed.as_secs_f64());
-    println!("latency          p50 {} ms, p99 {} ms, max {} ms (record timestamp to verdict)", latency.value_at_quantile(0.5), latency.value_at_quantile(0.99), latency.max());
-    println!("pipeline         consumed {}, verdicts acked {}, dlq acked {}", summary.consumed, summary.verdicts, summary.dlq);
+    println!(
+        "throughput       {:.0} events/s (produce to last verdict, {:.2}s)",
+        events.len() as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "latency          p50 {} ms, p99 {} ms, max {} ms (record timestamp to verdict)",
+        latency.value_at_quantile(0.5),
+        latency.value_at_quantile(0.99),
+        latency.max()
+    );
+    println!(
+        "pipeline         consumed {}, verdicts acked {}, dlq acked {}",
+        summary.consumed, summary.verdicts, summary.dlq
+    );
     println!("sample verdicts:");
     for lines in samples.values() {
         for l in lines {
@@ -269,7 +363,11 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
         }
     }
     if verdicts.len() < valid {
-        anyhow::bail!("only {} of {valid} verdicts arrived within {:?}", verdicts.len(), opts.max_duration);
+        anyhow::bail!(
+            "only {} of {valid} verdicts arrived within {:?}",
+            verdicts.len(),
+            opts.max_duration
+        );
     }
     drop(broker);
     Ok(())

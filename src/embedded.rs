@@ -31,7 +31,10 @@ impl EmbeddedBroker {
             .name("embedded-kafka".into())
             .spawn(move || {
                 // A client with test.mock.num.brokers owns a mock cluster.
-                let holder: BaseProducer = match ClientConfig::new().set("test.mock.num.brokers", "1").create() {
+                let holder: BaseProducer = match ClientConfig::new()
+                    .set("test.mock.num.brokers", "1")
+                    .create()
+                {
                     Ok(p) => p,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e.to_string()));
@@ -45,7 +48,9 @@ impl EmbeddedBroker {
                 // The default 3 s initial rebalance delay only slows demos and tests.
                 // SAFETY: the pointer comes from a live client that owns the cluster.
                 unsafe {
-                    let raw = rdkafka::bindings::rd_kafka_handle_mock_cluster(holder.client().native_ptr());
+                    let raw = rdkafka::bindings::rd_kafka_handle_mock_cluster(
+                        holder.client().native_ptr(),
+                    );
                     if !raw.is_null() {
                         rdkafka::bindings::rd_kafka_mock_group_initial_rebalance_delay_ms(raw, 0);
                     }

@@ -111,26 +111,54 @@ pub fn validate(payload: Option<&[u8]>, limits: &Limits) -> Result<Event, Reject
     if bytes.len() > limits.max_payload_bytes {
         return Err(reject(
             RejectReason::PayloadTooLarge,
-            format!("payload is {} bytes, limit {}", bytes.len(), limits.max_payload_bytes),
+            format!(
+                "payload is {} bytes, limit {}",
+                bytes.len(),
+                limits.max_payload_bytes
+            ),
         ));
     }
     let text = std::str::from_utf8(bytes).map_err(|e| {
-        reject(RejectReason::InvalidUtf8, format!("payload is not UTF-8: {e}"))
+        reject(
+            RejectReason::InvalidUtf8,
+            format!("payload is not UTF-8: {e}"),
+        )
     })?;
     // serde_json stops at 128 levels of nesting with an error, so hostile
     // deeply nested input cannot overflow the stack.
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| reject(RejectReason::InvalidJson, format!("payload is not JSON: {e}")))?;
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        reject(
+            RejectReason::InvalidJson,
+            format!("payload is not JSON: {e}"),
+        )
+    })?;
     let Value::Object(mut obj) = value else {
-        return Err(reject(RejectReason::NotAnObject, format!("payload is JSON {}, not an object", kind(&value))));
+        return Err(reject(
+            RejectReason::NotAnObject,
+            format!("payload is JSON {}, not an object", kind(&value)),
+        ));
     };
 
-    let event_id = required_string(&mut obj, "event_id", RejectReason::MissingEventId, RejectReason::EmptyEventId)?;
-    let text = required_string(&mut obj, "text", RejectReason::MissingText, RejectReason::EmptyText)?;
+    let event_id = required_string(
+        &mut obj,
+        "event_id",
+        RejectReason::MissingEventId,
+        RejectReason::EmptyEventId,
+    )?;
+    let text = required_string(
+        &mut obj,
+        "text",
+        RejectReason::MissingText,
+        RejectReason::EmptyText,
+    )?;
     if text.len() > limits.max_text_bytes {
         return Err(reject(
             RejectReason::TextTooLarge,
-            format!("text is {} bytes, limit {}", text.len(), limits.max_text_bytes),
+            format!(
+                "text is {} bytes, limit {}",
+                text.len(),
+                limits.max_text_bytes
+            ),
         ));
     }
     let user_id = optional_string(&mut obj, "user_id")?;
@@ -138,21 +166,38 @@ pub fn validate(payload: Option<&[u8]>, limits: &Limits) -> Result<Event, Reject
     let created_at_ms = match obj.remove("created_at") {
         None | Some(Value::Null) => None,
         Some(Value::Number(n)) => Some(n.as_i64().ok_or_else(|| {
-            reject(RejectReason::InvalidField, "created_at: epoch milliseconds must be a whole number")
+            reject(
+                RejectReason::InvalidField,
+                "created_at: epoch milliseconds must be a whole number",
+            )
         })?),
         Some(Value::String(s)) => Some(
             chrono::DateTime::parse_from_rfc3339(&s)
-                .map_err(|e| reject(RejectReason::InvalidField, format!("created_at: not RFC 3339: {e}")))?
+                .map_err(|e| {
+                    reject(
+                        RejectReason::InvalidField,
+                        format!("created_at: not RFC 3339: {e}"),
+                    )
+                })?
                 .timestamp_millis(),
         ),
-        Some(other) => return Err(wrong_type("created_at", "an RFC 3339 string or epoch milliseconds", &other)),
+        Some(other) => {
+            return Err(wrong_type(
+                "created_at",
+                "an RFC 3339 string or epoch milliseconds",
+                &other,
+            ));
+        }
     };
     let priority = match obj.remove("priority") {
         None | Some(Value::Null) => Priority::Normal,
         Some(Value::String(s)) if s == "normal" => Priority::Normal,
         Some(Value::String(s)) if s == "urgent" => Priority::Urgent,
         Some(Value::String(s)) => {
-            return Err(reject(RejectReason::InvalidField, format!("priority: {s:?} is neither \"normal\" nor \"urgent\"")));
+            return Err(reject(
+                RejectReason::InvalidField,
+                format!("priority: {s:?} is neither \"normal\" nor \"urgent\""),
+            ));
         }
         Some(other) => return Err(wrong_type("priority", "a string", &other)),
     };
@@ -195,7 +240,10 @@ fn optional_string(obj: &mut Map<String, Value>, field: &str) -> Result<Option<S
 }
 
 fn wrong_type(field: &str, expected: &str, got: &Value) -> Rejection {
-    reject(RejectReason::WrongType, format!("{field} must be {expected}, got {}", kind(got)))
+    reject(
+        RejectReason::WrongType,
+        format!("{field} must be {expected}, got {}", kind(got)),
+    )
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -227,8 +275,10 @@ mod tests {
 
     #[test]
     fn a_full_event_is_accepted() {
-        let e = check(br#"{"event_id":"e1","text":"hello","user_id":"u9","lang":"en",
-            "created_at":"2026-11-29T10:00:00Z","priority":"urgent","metadata":{"app":"feed"}}"#)
+        let e = check(
+            br#"{"event_id":"e1","text":"hello","user_id":"u9","lang":"en",
+            "created_at":"2026-11-29T10:00:00Z","priority":"urgent","metadata":{"app":"feed"}}"#,
+        )
         .unwrap();
         assert_eq!(e.event_id, "e1");
         assert_eq!(e.text, "hello");
@@ -246,7 +296,13 @@ mod tests {
 
     #[test]
     fn every_rejection_reason_is_reachable() {
-        assert_eq!(validate(None, &Limits::default()).unwrap_err().reason.code(), "empty_payload");
+        assert_eq!(
+            validate(None, &Limits::default())
+                .unwrap_err()
+                .reason
+                .code(),
+            "empty_payload"
+        );
         assert_eq!(reason(b""), "empty_payload");
         let big = vec![b' '; Limits::default().max_payload_bytes + 1];
         assert_eq!(reason(&big), "payload_too_large");
@@ -261,11 +317,26 @@ mod tests {
         assert_eq!(reason(br#"{"event_id":"e"}"#), "missing_text");
         assert_eq!(reason(br#"{"event_id":"e","text":""}"#), "empty_text");
         assert_eq!(reason(br#"{"event_id":"e","text":["t"]}"#), "wrong_type");
-        assert_eq!(reason(br#"{"event_id":"e","text":"t","user_id":5}"#), "wrong_type");
-        assert_eq!(reason(br#"{"event_id":"e","text":"t","priority":"asap"}"#), "invalid_field");
-        assert_eq!(reason(br#"{"event_id":"e","text":"t","created_at":"yesterday"}"#), "invalid_field");
-        assert_eq!(reason(br#"{"event_id":"e","text":"t","metadata":"x"}"#), "wrong_type");
-        let long = format!(r#"{{"event_id":"e","text":"{}"}}"#, "a".repeat(Limits::default().max_text_bytes + 1));
+        assert_eq!(
+            reason(br#"{"event_id":"e","text":"t","user_id":5}"#),
+            "wrong_type"
+        );
+        assert_eq!(
+            reason(br#"{"event_id":"e","text":"t","priority":"asap"}"#),
+            "invalid_field"
+        );
+        assert_eq!(
+            reason(br#"{"event_id":"e","text":"t","created_at":"yesterday"}"#),
+            "invalid_field"
+        );
+        assert_eq!(
+            reason(br#"{"event_id":"e","text":"t","metadata":"x"}"#),
+            "wrong_type"
+        );
+        let long = format!(
+            r#"{{"event_id":"e","text":"{}"}}"#,
+            "a".repeat(Limits::default().max_text_bytes + 1)
+        );
         assert_eq!(reason(long.as_bytes()), "text_too_large");
     }
 

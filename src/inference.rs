@@ -17,7 +17,9 @@ use crate::config::InferenceSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InferenceError {
-    #[error("ONNX Runtime library not found (looked at {looked_at}); run scripts/fetch-onnxruntime.sh or set ORT_DYLIB_PATH")]
+    #[error(
+        "ONNX Runtime library not found (looked at {looked_at}); run scripts/fetch-onnxruntime.sh or set ORT_DYLIB_PATH"
+    )]
     RuntimeMissing { looked_at: String },
     #[error("cannot load ONNX Runtime from {path}: {message}")]
     RuntimeLoad { path: PathBuf, message: String },
@@ -61,16 +63,24 @@ impl Manifest {
         let text = std::fs::read_to_string(&path).map_err(|e| err(e.to_string()))?;
         let manifest: Manifest = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
         if manifest.input_kind != "text" || manifest.inputs.len() != 1 {
-            return Err(err("only input_kind \"text\" with one input is supported".into()));
+            return Err(err(
+                "only input_kind \"text\" with one input is supported".into()
+            ));
         }
         if !manifest.labels.contains(&manifest.score_label) {
-            return Err(err(format!("score_label {:?} is not among labels", manifest.score_label)));
+            return Err(err(format!(
+                "score_label {:?} is not among labels",
+                manifest.score_label
+            )));
         }
         Ok(manifest)
     }
 
     pub fn score_index(&self) -> usize {
-        self.labels.iter().position(|l| *l == self.score_label).unwrap_or(0)
+        self.labels
+            .iter()
+            .position(|l| *l == self.score_label)
+            .unwrap_or(0)
     }
 }
 
@@ -91,7 +101,11 @@ pub fn find_runtime_library(settings: &InferenceSettings) -> Result<PathBuf, Inf
         .find(|p| p.is_file())
         .cloned()
         .ok_or_else(|| InferenceError::RuntimeMissing {
-            looked_at: candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
+            looked_at: candidates
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
         })
 }
 
@@ -103,12 +117,16 @@ pub fn default_cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(d).join("modstream");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache/modstream")
 }
 
 /// Load ONNX Runtime once per process.
-fn environment(settings: &InferenceSettings) -> Result<&'static ort::environment::Environment, InferenceError> {
+fn environment(
+    settings: &InferenceSettings,
+) -> Result<&'static ort::environment::Environment, InferenceError> {
     static ENV: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
     let path = find_runtime_library(settings)?;
     let env = ENV.get_or_init(|| {
@@ -158,18 +176,32 @@ impl Model {
         let m = &self.manifest;
         let inputs: Vec<&str> = self.session.inputs().iter().map(|i| i.name()).collect();
         if inputs != m.inputs.iter().map(String::as_str).collect::<Vec<_>>() {
-            return Err(InferenceError::Mismatch(format!("inputs are {inputs:?}, manifest says {:?}", m.inputs)));
+            return Err(InferenceError::Mismatch(format!(
+                "inputs are {inputs:?}, manifest says {:?}",
+                m.inputs
+            )));
         }
         if !self.session.outputs().iter().any(|o| o.name() == m.output) {
-            return Err(InferenceError::Mismatch(format!("no output named {:?}", m.output)));
+            return Err(InferenceError::Mismatch(format!(
+                "no output named {:?}",
+                m.output
+            )));
         }
         Ok(())
     }
 
     /// Names and types of the model's inputs and outputs, for `check-model`.
     pub fn describe(&self) -> Vec<String> {
-        let inputs = self.session.inputs().iter().map(|i| format!("input  {}: {}", i.name(), i.dtype()));
-        let outputs = self.session.outputs().iter().map(|o| format!("output {}: {}", o.name(), o.dtype()));
+        let inputs = self
+            .session
+            .inputs()
+            .iter()
+            .map(|i| format!("input  {}: {}", i.name(), i.dtype()));
+        let outputs = self
+            .session
+            .outputs()
+            .iter()
+            .map(|o| format!("output {}: {}", o.name(), o.dtype()));
         inputs.chain(outputs).collect()
     }
 
@@ -184,7 +216,9 @@ impl Model {
             *t = t.replace('\0', " ");
         }
         let input = Tensor::from_string_array(([texts.len(), 1usize], &*texts))?;
-        let outputs = self.session.run(ort::inputs![self.manifest.inputs[0].as_str() => input])?;
+        let outputs = self
+            .session
+            .run(ort::inputs![self.manifest.inputs[0].as_str() => input])?;
         let (shape, data) = outputs[self.manifest.output.as_str()].try_extract_tensor::<f32>()?;
         let labels = self.manifest.labels.len();
         if shape.len() != 2 || shape[0] as usize != texts.len() || shape[1] as usize != labels {
@@ -280,7 +314,9 @@ impl InferencePool {
                         }
                     }
                 })
-                .map_err(|e| InferenceError::Mismatch(format!("cannot start worker thread: {e}")))?;
+                .map_err(|e| {
+                    InferenceError::Mismatch(format!("cannot start worker thread: {e}"))
+                })?;
             threads.push(handle);
         }
         Ok(InferencePool {

@@ -12,7 +12,11 @@ use modstream::inference::Model;
 use modstream::shutdown::Shutdown;
 
 #[derive(Parser)]
-#[command(name = "modstream", version, about = "Content moderation at stream scale: Kafka in, ONNX model, verdicts out")]
+#[command(
+    name = "modstream",
+    version,
+    about = "Content moderation at stream scale: Kafka in, ONNX model, verdicts out"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -50,7 +54,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { config } => run(config),
         Command::CheckModel { model, texts } => check_model(model, texts),
-        Command::Demo { events, max_seconds, model } => demo(events, max_seconds, model),
+        Command::Demo {
+            events,
+            max_seconds,
+            model,
+        } => demo(events, max_seconds, model),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -62,7 +70,10 @@ fn main() -> ExitCode {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }
 
 fn run(config: Option<PathBuf>) -> anyhow::Result<()> {
@@ -88,7 +99,12 @@ fn check_model(model_dir: PathBuf, mut texts: Vec<String>) -> anyhow::Result<()>
     };
     let mut model = Model::load(&settings)?;
     let m = &model.manifest;
-    println!("model {} {} ({})", m.name, m.version, settings.model_dir.display());
+    println!(
+        "model {} {} ({})",
+        m.name,
+        m.version,
+        settings.model_dir.display()
+    );
     for line in model.describe() {
         println!("  {line}");
     }
@@ -99,7 +115,11 @@ fn check_model(model_dir: PathBuf, mut texts: Vec<String>) -> anyhow::Result<()>
     let index = model.manifest.score_index();
     for (text, s) in texts.iter().zip(scores) {
         let verdict = modstream::verdict::decide(&policy, s[index]);
-        let pairs: Vec<String> = labels.iter().zip(&s).map(|(l, p)| format!("{l}={p:.3}")).collect();
+        let pairs: Vec<String> = labels
+            .iter()
+            .zip(&s)
+            .map(|(l, p)| format!("{l}={p:.3}"))
+            .collect();
         println!("{verdict:<6} {}  {text}", pairs.join(" "));
     }
     Ok(())

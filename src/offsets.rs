@@ -88,7 +88,11 @@ mod tests {
         assert_eq!(t.position(), Some(10));
         t.ack(10);
         assert_eq!(t.take_new_position(), Some(11));
-        assert_eq!(t.take_new_position(), None, "unchanged position is reported once");
+        assert_eq!(
+            t.take_new_position(),
+            None,
+            "unchanged position is reported once"
+        );
         t.ack(11);
         assert_eq!(t.position(), Some(14));
         t.ack(14);

@@ -71,8 +71,11 @@ struct Partition {
     /// verdicts may be produced; `finished` holds results that came back early.
     next_batch_seq: u64,
     next_emit_seq: u64,
-    finished: BTreeMap<u64, Vec<(Pending, Result<Vec<f32>, String>)>>,
+    finished: BTreeMap<u64, Vec<Scored>>,
 }
+
+/// An event with its probabilities, or why the model could not score it.
+type Scored = (Pending, Result<Vec<f32>, String>);
 
 struct ReadyBatch {
     tp: Tp,
@@ -143,7 +146,14 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<RunSummary, P
 
     // The poll thread must hold the last handle of the consumer: closing it
     // runs the revoke callback, which may block, and must not on this runtime.
-    let Core { sink, pool, summary, deliveries, kafka, .. } = core;
+    let Core {
+        sink,
+        pool,
+        summary,
+        deliveries,
+        kafka,
+        ..
+    } = core;
     drop(kafka);
     deliveries.close();
     deliveries.wait().await;
@@ -154,7 +164,13 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<RunSummary, P
     .await;
     pipeline_done.cancel();
     let _ = tokio::task::spawn_blocking(move || poll.thread.join()).await;
-    tracing::info!(consumed = summary.consumed, verdicts = summary.verdicts, dlq = summary.dlq, "pipeline stopped");
+    tracing::debug!("poll thread joined");
+    tracing::info!(
+        consumed = summary.consumed,
+        verdicts = summary.verdicts,
+        dlq = summary.dlq,
+        "pipeline stopped"
+    );
     Ok(summary)
 }
 
@@ -216,34 +232,50 @@ impl Core {
     }
 
     fn next_wake(&self) -> Option<Instant> {
-        let batch = self.partitions.values().filter_map(|p| p.batcher.deadline()).min();
+        let batch = self
+            .partitions
+            .values()
+            .filter_map(|p| p.batcher.deadline())
+            .min();
         let revoke = self.pending_revokes.iter().map(|r| r.deadline).min();
         batch.into_iter().chain(revoke).min()
     }
 
     fn on_record(&mut self, record: Ingested) {
         self.summary.consumed += 1;
-        if self.revoked_at.get(&record.tp).is_some_and(|g| record.generation < *g) {
+        if self
+            .revoked_at
+            .get(&record.tp)
+            .is_some_and(|g| record.generation < *g)
+        {
             self.summary.stale += 1;
             metrics::counter!(metric::STALE_RECORDS_TOTAL).increment(1);
             return;
         }
         // A revoke whose drain the consumer gave up on ends here, before the
         // partition's new assignment starts.
-        if let (Some(old), Some(revoked)) = (self.partitions.get(&record.tp), self.revoked_at.get(&record.tp)) {
-            if old.generation < *revoked {
-                self.finish_revokes(true);
-            }
+        if let (Some(old), Some(revoked)) = (
+            self.partitions.get(&record.tp),
+            self.revoked_at.get(&record.tp),
+        ) && old.generation < *revoked
+        {
+            self.finish_revokes(true);
         }
-        let (max_size, max_delay) = (self.settings.batching.max_batch_size, self.settings.batching.max_batch_delay);
-        let partition = self.partitions.entry(record.tp.clone()).or_insert_with(|| Partition {
-            generation: record.generation,
-            batcher: Batcher::new(max_size, max_delay),
-            offsets: crate::offsets::OffsetTracker::new(),
-            next_batch_seq: 0,
-            next_emit_seq: 0,
-            finished: BTreeMap::new(),
-        });
+        let (max_size, max_delay) = (
+            self.settings.batching.max_batch_size,
+            self.settings.batching.max_batch_delay,
+        );
+        let partition = self
+            .partitions
+            .entry(record.tp.clone())
+            .or_insert_with(|| Partition {
+                generation: record.generation,
+                batcher: Batcher::new(max_size, max_delay),
+                offsets: crate::offsets::OffsetTracker::new(),
+                next_batch_seq: 0,
+                next_emit_seq: 0,
+                finished: BTreeMap::new(),
+            });
         partition.offsets.track(record.offset);
         self.in_flight += 1;
         metrics::gauge!(metric::IN_FLIGHT_EVENTS).set(self.in_flight as f64);
@@ -276,15 +308,24 @@ impl Core {
                     record.payload.unwrap_or_default(),
                     &rejection,
                 );
-                self.deliver(record.tp, generation, record.offset, out, Outcome::Dlq(rejection.reason));
+                self.deliver(
+                    record.tp,
+                    generation,
+                    record.offset,
+                    out,
+                    Outcome::Dlq(rejection.reason),
+                );
             }
         }
     }
 
     /// A closed batch joins the dispatch queue; urgent ones go first.
     fn enqueue(&mut self, tp: &Tp, batch: ClosedBatch<Pending>) {
-        let Some(partition) = self.partitions.get_mut(tp) else { return };
-        metrics::histogram!(metric::BATCH_WAIT_SECONDS).record(batch.opened_at.elapsed().as_secs_f64());
+        let Some(partition) = self.partitions.get_mut(tp) else {
+            return;
+        };
+        metrics::histogram!(metric::BATCH_WAIT_SECONDS)
+            .record(batch.opened_at.elapsed().as_secs_f64());
         let ready = ReadyBatch {
             tp: tp.clone(),
             generation: partition.generation,
@@ -336,13 +377,19 @@ impl Core {
                 if size > 0 && size + next.items.len() > max {
                     break;
                 }
-                let Some(batch) = self.ready.pop_front() else { break };
+                let Some(batch) = self.ready.pop_front() else {
+                    break;
+                };
                 size += batch.items.len();
                 segments.push(batch);
             }
             let texts = segments
                 .iter_mut()
-                .flat_map(|s| s.items.iter_mut().map(|p| std::mem::take(&mut p.event.text)))
+                .flat_map(|s| {
+                    s.items
+                        .iter_mut()
+                        .map(|p| std::mem::take(&mut p.event.text))
+                })
                 .collect();
             let id = self.next_job_id;
             self.next_job_id += 1;
@@ -367,15 +414,19 @@ impl Core {
     }
 
     fn on_inference_result(&mut self, result: InferenceResult) {
-        let Some(segments) = self.in_inference.remove(&result.id) else { return };
+        let Some(segments) = self.in_inference.remove(&result.id) else {
+            return;
+        };
         metrics::histogram!(metric::INFERENCE_SECONDS).record(result.elapsed.as_secs_f64());
         let mut scores = result.scores.into_iter();
         for segment in segments {
-            let scored: Vec<(Pending, Result<Vec<f32>, String>)> = segment
+            let scored: Vec<Scored> = segment
                 .items
                 .into_iter()
                 .map(|p| {
-                    let s = scores.next().unwrap_or_else(|| Err("no score returned".to_string()));
+                    let s = scores
+                        .next()
+                        .unwrap_or_else(|| Err("no score returned".to_string()));
                     (p, s)
                 })
                 .collect();
@@ -394,9 +445,13 @@ impl Core {
     /// Produce the verdicts of a partition's batches in batch order.
     fn emit_in_order(&mut self, tp: &Tp) {
         loop {
-            let Some(partition) = self.partitions.get_mut(tp) else { return };
+            let Some(partition) = self.partitions.get_mut(tp) else {
+                return;
+            };
             let seq = partition.next_emit_seq;
-            let Some(scored) = partition.finished.remove(&seq) else { return };
+            let Some(scored) = partition.finished.remove(&seq) else {
+                return;
+            };
             partition.next_emit_seq += 1;
             for (pending, score) in scored {
                 let (out, outcome) = match score {
@@ -464,7 +519,9 @@ impl Core {
                 metrics::counter!(metric::DLQ_TOTAL, "reason" => reason.code()).increment(1);
             }
         }
-        let Some(partition) = self.partitions.get_mut(&ack.tp) else { return };
+        let Some(partition) = self.partitions.get_mut(&ack.tp) else {
+            return;
+        };
         if partition.generation != ack.generation {
             return;
         }
@@ -508,10 +565,11 @@ impl Core {
         let mut i = 0;
         while i < self.pending_revokes.len() {
             let revoke = &self.pending_revokes[i];
-            let drained = revoke
-                .partitions
-                .iter()
-                .all(|tp| self.partitions.get(tp).is_none_or(|p| p.offsets.in_flight() == 0));
+            let drained = revoke.partitions.iter().all(|tp| {
+                self.partitions
+                    .get(tp)
+                    .is_none_or(|p| p.offsets.in_flight() == 0)
+            });
             if drained || force || now >= revoke.deadline {
                 let revoke = self.pending_revokes.swap_remove(i);
                 let revoked: HashSet<&Tp> = revoke.partitions.iter().collect();

@@ -45,12 +45,15 @@ impl OutRecord {
             record = record.key(key.as_slice());
         }
         if !self.headers.is_empty() {
-            let headers = self.headers.iter().fold(OwnedHeaders::new(), |h, (key, value)| {
-                h.insert(Header {
-                    key,
-                    value: Some(value.as_slice()),
-                })
-            });
+            let headers = self
+                .headers
+                .iter()
+                .fold(OwnedHeaders::new(), |h, (key, value)| {
+                    h.insert(Header {
+                        key,
+                        value: Some(value.as_slice()),
+                    })
+                });
             record = record.headers(headers);
         }
         record
@@ -85,7 +88,10 @@ impl Sink {
         record: OutRecord,
         cancel: CancellationToken,
     ) -> impl Future<Output = Result<(), ProducerError>> + Send + 'static {
-        let first = self.producer.send_result(record.as_future_record()).map_err(|(e, _)| e);
+        let first = self
+            .producer
+            .send_result(record.as_future_record())
+            .map_err(|(e, _)| e);
         let producer = self.producer.clone();
         async move {
             let mut attempt = first;
@@ -94,7 +100,8 @@ impl Sink {
                 let error = match attempt {
                     Ok(delivery) => match delivery.await {
                         Ok(Ok(_)) => {
-                            metrics::counter!(metric::PRODUCED_TOTAL, "kind" => record.kind).increment(1);
+                            metrics::counter!(metric::PRODUCED_TOTAL, "kind" => record.kind)
+                                .increment(1);
                             return Ok(());
                         }
                         Ok(Err((e, _))) => e,
@@ -102,14 +109,17 @@ impl Sink {
                     },
                     Err(e) => e,
                 };
-                metrics::counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => record.kind).increment(1);
+                metrics::counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => record.kind)
+                    .increment(1);
                 tracing::warn!(topic = %record.topic, kind = record.kind, error = %error, retry_in_ms = backoff.as_millis() as u64, "delivery failed; retrying");
                 tokio::select! {
                     _ = cancel.cancelled() => return Err(ProducerError::Abandoned),
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(MAX_BACKOFF);
-                attempt = producer.send_result(record.as_future_record()).map_err(|(e, _)| e);
+                attempt = producer
+                    .send_result(record.as_future_record())
+                    .map_err(|(e, _)| e);
             }
         }
     }

@@ -42,20 +42,72 @@ pub mod metric {
 /// Describe every metric with its unit (for /metrics HELP lines).
 pub fn describe_metrics() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(metric::CONSUMED_TOTAL, Unit::Count, "records consumed from the input topics");
-    describe_counter!(metric::VERDICTS_TOTAL, Unit::Count, "verdicts acknowledged by the broker");
-    describe_counter!(metric::DLQ_TOTAL, Unit::Count, "dead-letter records acknowledged by the broker");
-    describe_counter!(metric::PRODUCED_TOTAL, Unit::Count, "records acknowledged by the broker");
-    describe_counter!(metric::DELIVERY_FAILURES_TOTAL, Unit::Count, "failed delivery attempts, each retried");
+    describe_counter!(
+        metric::CONSUMED_TOTAL,
+        Unit::Count,
+        "records consumed from the input topics"
+    );
+    describe_counter!(
+        metric::VERDICTS_TOTAL,
+        Unit::Count,
+        "verdicts acknowledged by the broker"
+    );
+    describe_counter!(
+        metric::DLQ_TOTAL,
+        Unit::Count,
+        "dead-letter records acknowledged by the broker"
+    );
+    describe_counter!(
+        metric::PRODUCED_TOTAL,
+        Unit::Count,
+        "records acknowledged by the broker"
+    );
+    describe_counter!(
+        metric::DELIVERY_FAILURES_TOTAL,
+        Unit::Count,
+        "failed delivery attempts, each retried"
+    );
     describe_histogram!(metric::BATCH_SIZE, Unit::Count, "events per model run");
-    describe_histogram!(metric::BATCH_WAIT_SECONDS, Unit::Seconds, "first event to batch close");
-    describe_histogram!(metric::INFERENCE_SECONDS, Unit::Seconds, "duration of one model run");
-    describe_counter!(metric::INFERENCE_FAILURES_TOTAL, Unit::Count, "failed model runs");
-    describe_gauge!(metric::IN_FLIGHT_EVENTS, Unit::Count, "consumed, not yet delivered events");
-    describe_gauge!(metric::PAUSED_PARTITIONS, Unit::Count, "partitions paused for backpressure");
-    describe_counter!(metric::COMMITS_TOTAL, Unit::Count, "offset commits by outcome");
-    describe_counter!(metric::REBALANCES_TOTAL, Unit::Count, "rebalance events by kind");
-    describe_counter!(metric::STALE_RECORDS_TOTAL, Unit::Count, "records of revoked partitions left for their new owner");
+    describe_histogram!(
+        metric::BATCH_WAIT_SECONDS,
+        Unit::Seconds,
+        "first event to batch close"
+    );
+    describe_histogram!(
+        metric::INFERENCE_SECONDS,
+        Unit::Seconds,
+        "duration of one model run"
+    );
+    describe_counter!(
+        metric::INFERENCE_FAILURES_TOTAL,
+        Unit::Count,
+        "failed model runs"
+    );
+    describe_gauge!(
+        metric::IN_FLIGHT_EVENTS,
+        Unit::Count,
+        "consumed, not yet delivered events"
+    );
+    describe_gauge!(
+        metric::PAUSED_PARTITIONS,
+        Unit::Count,
+        "partitions paused for backpressure"
+    );
+    describe_counter!(
+        metric::COMMITS_TOTAL,
+        Unit::Count,
+        "offset commits by outcome"
+    );
+    describe_counter!(
+        metric::REBALANCES_TOTAL,
+        Unit::Count,
+        "rebalance events by kind"
+    );
+    describe_counter!(
+        metric::STALE_RECORDS_TOTAL,
+        Unit::Count,
+        "records of revoked partitions left for their new owner"
+    );
     describe_counter!(metric::ERRORS_TOTAL, Unit::Count, "consumer errors by kind");
 }
 
@@ -64,7 +116,9 @@ pub fn init_logging(settings: &TelemetrySettings) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("{},librdkafka=warn", settings.log_level)));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = if settings.log_format == "json" {
         builder.json().try_init()
     } else {

@@ -45,7 +45,10 @@ impl Scorer {
     }
 
     pub fn decide(&self, probabilities: &[f32]) -> &'static str {
-        decide(&self.policy, probabilities.get(self.score_index).copied().unwrap_or(0.0))
+        decide(
+            &self.policy,
+            probabilities.get(self.score_index).copied().unwrap_or(0.0),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -125,7 +128,10 @@ pub fn dead_letter(
             (header::REASON, rejection.reason.code().as_bytes().to_vec()),
             (header::MESSAGE, rejection.message.clone().into_bytes()),
             (header::SOURCE_TOPIC, source.topic.as_bytes().to_vec()),
-            (header::SOURCE_PARTITION, source.partition.to_string().into_bytes()),
+            (
+                header::SOURCE_PARTITION,
+                source.partition.to_string().into_bytes(),
+            ),
             (header::SOURCE_OFFSET, offset.to_string().into_bytes()),
         ],
         kind: "dlq",

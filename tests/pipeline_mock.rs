@@ -16,8 +16,15 @@ use modstream::shutdown::Shutdown;
 const PARTITIONS: i32 = 4;
 
 fn start_broker() -> EmbeddedBroker {
-    EmbeddedBroker::start(&[(DEMO_INPUT, PARTITIONS), (DEMO_VERDICTS, PARTITIONS), (DEMO_DLQ, 1)])
-        .expect("embedded cluster starts")
+    if std::env::var_os("RUST_LOG").is_some() {
+        modstream::telemetry::init_logging(&Default::default());
+    }
+    EmbeddedBroker::start(&[
+        (DEMO_INPUT, PARTITIONS),
+        (DEMO_VERDICTS, PARTITIONS),
+        (DEMO_DLQ, 1),
+    ])
+    .expect("embedded cluster starts")
 }
 
 fn verdict_json(r: &ReadRecord) -> serde_json::Value {
@@ -35,35 +42,53 @@ fn committed_and_end(bootstrap: &str, group: &str) -> Vec<(i64, i64)> {
     for p in 0..PARTITIONS {
         tpl.add_partition(DEMO_INPUT, p);
     }
-    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .unwrap();
     (0..PARTITIONS)
         .map(|p| {
             let c = match committed.find_partition(DEMO_INPUT, p).unwrap().offset() {
                 Offset::Offset(o) => o,
                 _ => -1,
             };
-            let (_, high) = consumer.fetch_watermarks(DEMO_INPUT, p, Duration::from_secs(10)).unwrap();
+            let (_, high) = consumer
+                .fetch_watermarks(DEMO_INPUT, p, Duration::from_secs(10))
+                .unwrap();
             (c, high)
         })
         .collect()
 }
 
-async fn read(bootstrap: &str, topic: &'static str, partitions: i32, want: usize) -> Vec<ReadRecord> {
+async fn read(
+    bootstrap: &str,
+    topic: &'static str,
+    partitions: i32,
+    want: usize,
+) -> Vec<ReadRecord> {
     let b = bootstrap.to_string();
-    tokio::task::spawn_blocking(move || demo::read_topic(&b, topic, partitions, want, Duration::from_secs(60)))
-        .await
-        .unwrap()
-        .unwrap()
+    tokio::task::spawn_blocking(move || {
+        demo::read_topic(&b, topic, partitions, want, Duration::from_secs(60))
+    })
+    .await
+    .unwrap()
+    .unwrap()
 }
 
 /// Reads a little past `want` so that duplicates would show.
-async fn read_settled(bootstrap: &str, topic: &'static str, partitions: i32, want: usize) -> Vec<ReadRecord> {
+async fn read_settled(
+    bootstrap: &str,
+    topic: &'static str,
+    partitions: i32,
+    want: usize,
+) -> Vec<ReadRecord> {
     let mut records = read(bootstrap, topic, partitions, want).await;
     let b = bootstrap.to_string();
-    let extra = tokio::task::spawn_blocking(move || demo::read_topic(&b, topic, partitions, usize::MAX, Duration::from_secs(2)))
-        .await
-        .unwrap()
-        .unwrap();
+    let extra = tokio::task::spawn_blocking(move || {
+        demo::read_topic(&b, topic, partitions, usize::MAX, Duration::from_secs(2))
+    })
+    .await
+    .unwrap()
+    .unwrap();
     if extra.len() > records.len() {
         records = extra;
     }
@@ -78,7 +103,9 @@ async fn ten_thousand_events_one_verdict_each_in_key_order_and_committed_to_the_
     let malformed: Vec<&GeneratedEvent> = events.iter().filter(|e| e.text.is_none()).collect();
     let valid = events.len() - malformed.len();
     assert_eq!(malformed.len(), 100, "1 % malformed");
-    demo::produce_all(&bootstrap, DEMO_INPUT, &events).await.unwrap();
+    demo::produce_all(&bootstrap, DEMO_INPUT, &events)
+        .await
+        .unwrap();
 
     let settings = demo::demo_settings(&bootstrap, "g-main").unwrap();
     let shutdown = Shutdown::new();
@@ -86,18 +113,28 @@ async fn ten_thousand_events_one_verdict_each_in_key_order_and_committed_to_the_
     let verdicts = read_settled(&bootstrap, DEMO_VERDICTS, PARTITIONS, valid).await;
     let dlq = read_settled(&bootstrap, DEMO_DLQ, 1, malformed.len()).await;
     shutdown.stop.cancel();
-    let summary = tokio::time::timeout(Duration::from_secs(60), pipeline).await.unwrap().unwrap().unwrap();
+    let summary = tokio::time::timeout(Duration::from_secs(60), pipeline)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 
     // Exactly one verdict per valid event.
     let mut seen: HashMap<String, usize> = HashMap::new();
     for v in &verdicts {
         let json = verdict_json(v);
-        *seen.entry(json["event_id"].as_str().unwrap().to_string()).or_default() += 1;
+        *seen
+            .entry(json["event_id"].as_str().unwrap().to_string())
+            .or_default() += 1;
         assert!(["allow", "review", "block"].contains(&json["verdict"].as_str().unwrap()));
         assert_eq!(json["model"]["name"], "alt-profanity-check");
         assert_eq!(json["source"]["topic"], DEMO_INPUT);
     }
-    let expected: HashSet<&str> = events.iter().filter(|e| e.text.is_some()).map(|e| e.event_id.as_str()).collect();
+    let expected: HashSet<&str> = events
+        .iter()
+        .filter(|e| e.text.is_some())
+        .map(|e| e.event_id.as_str())
+        .collect();
     assert_eq!(verdicts.len(), valid, "one verdict per valid event");
     assert_eq!(seen.len(), valid);
     assert!(seen.keys().all(|id| expected.contains(id.as_str())));
@@ -108,8 +145,12 @@ async fn ten_thousand_events_one_verdict_each_in_key_order_and_committed_to_the_
     for d in &dlq {
         let reason = String::from_utf8(d.headers["modstream.reason"].clone()).unwrap();
         assert!(!reason.is_empty());
-        assert!(malformed.iter().any(|m| m.payload == d.payload && Some(m.key.as_bytes()) == d.key.as_deref()),
-            "DLQ record carries an original payload and key untouched");
+        assert!(
+            malformed
+                .iter()
+                .any(|m| m.payload == d.payload && Some(m.key.as_bytes()) == d.key.as_deref()),
+            "DLQ record carries an original payload and key untouched"
+        );
         assert!(d.headers.contains_key("modstream.source.offset"));
     }
 
@@ -127,7 +168,10 @@ async fn ten_thousand_events_one_verdict_each_in_key_order_and_committed_to_the_
 
     // The group's committed offsets equal the end offsets.
     for (committed, end) in committed_and_end(&bootstrap, "g-main") {
-        assert_eq!(committed, end, "committed offset at the end of the partition");
+        assert_eq!(
+            committed, end,
+            "committed offset at the end of the partition"
+        );
     }
 }
 
@@ -136,7 +180,9 @@ async fn clean_shutdown_mid_stream_then_restart_gives_every_event_one_verdict() 
     let broker = start_broker();
     let bootstrap = broker.bootstrap_servers().to_string();
     let events = demo::generate(6_000, 0, "r-");
-    demo::produce_all(&bootstrap, DEMO_INPUT, &events).await.unwrap();
+    demo::produce_all(&bootstrap, DEMO_INPUT, &events)
+        .await
+        .unwrap();
 
     // First run: stop it as soon as some verdicts are out.
     let mut settings = demo::demo_settings(&bootstrap, "g-restart").unwrap();
@@ -151,7 +197,11 @@ async fn clean_shutdown_mid_stream_then_restart_gives_every_event_one_verdict() 
         }
     }
     shutdown.stop.cancel();
-    let first_summary = tokio::time::timeout(Duration::from_secs(60), first).await.unwrap().unwrap().unwrap();
+    let first_summary = tokio::time::timeout(Duration::from_secs(60), first)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert!(
         (first_summary.verdicts as usize) < events.len(),
         "the first run was stopped mid-stream ({} verdicts)",
@@ -159,7 +209,10 @@ async fn clean_shutdown_mid_stream_then_restart_gives_every_event_one_verdict() 
     );
     let after_first = committed_and_end(&bootstrap, "g-restart");
     let committed_first: i64 = after_first.iter().map(|(c, _)| (*c).max(0)).sum();
-    assert_eq!(committed_first as u64, first_summary.verdicts, "committed exactly what was delivered");
+    assert_eq!(
+        committed_first as u64, first_summary.verdicts,
+        "committed exactly what was delivered"
+    );
 
     // Second run: picks up where the first one committed.
     let shutdown = Shutdown::new();
@@ -167,15 +220,27 @@ async fn clean_shutdown_mid_stream_then_restart_gives_every_event_one_verdict() 
     let verdicts = read_settled(&bootstrap, DEMO_VERDICTS, PARTITIONS, events.len()).await;
     let mut ids: HashMap<String, usize> = HashMap::new();
     for v in &verdicts {
-        *ids.entry(verdict_json(v)["event_id"].as_str().unwrap().to_string()).or_default() += 1;
+        *ids.entry(verdict_json(v)["event_id"].as_str().unwrap().to_string())
+            .or_default() += 1;
     }
     let duplicates: usize = ids.values().map(|n| n - 1).sum();
-    println!("restart: {} verdicts, {} distinct, {duplicates} duplicates", verdicts.len(), ids.len());
+    println!(
+        "restart: {} verdicts, {} distinct, {duplicates} duplicates",
+        verdicts.len(),
+        ids.len()
+    );
     assert_eq!(ids.len(), events.len(), "every event has a verdict");
     assert_eq!(duplicates, 0, "a clean restart produces no duplicates");
     shutdown.stop.cancel();
-    tokio::time::timeout(Duration::from_secs(60), second).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(60), second)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     for (committed, end) in committed_and_end(&bootstrap, "g-restart") {
-        assert_eq!(committed, end, "committed offset at the end of the partition");
+        assert_eq!(
+            committed, end,
+            "committed offset at the end of the partition"
+        );
     }
 }

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need (ONNX Runtime library into
+# the cache), then runs the whole suite. Reruns reuse the cache and the build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v cargo >/dev/null || { echo "test: cargo not found; install a Rust toolchain (1.95+)" >&2; exit 1; }
+ORT_DYLIB_PATH=$(scripts/fetch-onnxruntime.sh | tail -n 1)
+export ORT_DYLIB_PATH
+cargo test --locked "$@"
