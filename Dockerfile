@@ -14,7 +14,7 @@ COPY scripts/fetch-onnxruntime.sh /fetch-onnxruntime.sh
 RUN MODSTREAM_CACHE_DIR=/ort bash /fetch-onnxruntime.sh
 
 FROM debian:bookworm-slim
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates && rm -rf /var/lib/apt/lists/*
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/modstream /usr/local/bin/modstream
 COPY --from=onnxruntime /ort/onnxruntime-1.31.1/ /opt/onnxruntime/
 COPY models /app/models

@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "test: cargo not found; install a Rust toolchain (1.95+)" >&2; exit 1; }
 ORT_DYLIB_PATH=$(scripts/fetch-onnxruntime.sh | tail -n 1)
 export ORT_DYLIB_PATH
+scripts/install-test-tools.sh
 cargo test --locked "$@"

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -27,7 +27,7 @@ fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub kafka: KafkaSettings,
@@ -46,7 +46,7 @@ pub struct Settings {
     pub telemetry: TelemetrySettings,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSettings {
     pub bootstrap_servers: String,
@@ -58,22 +58,29 @@ pub struct KafkaSettings {
     /// How often stored offsets are committed.
     #[serde(default = "default_commit_interval", with = "humantime_serde")]
     pub commit_interval: Duration,
+    /// At start, how long to wait for the cluster to answer before failing.
+    #[serde(default = "default_startup_timeout", with = "humantime_serde")]
+    pub startup_timeout: Duration,
+    /// After SIGTERM, how long to wait for in-flight events to be delivered
+    /// before giving up on them (they stay uncommitted) and exiting non-zero.
+    #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
     /// Extra librdkafka consumer properties, passed through.
-    #[serde(default, deserialize_with = "properties")]
-    pub consumer: BTreeMap<String, String>,
+    #[serde(default)]
+    pub consumer: Properties,
     /// Extra librdkafka producer properties, passed through.
-    #[serde(default, deserialize_with = "properties")]
-    pub producer: BTreeMap<String, String>,
+    #[serde(default)]
+    pub producer: Properties,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct InputSettings {
     #[serde(deserialize_with = "one_or_many")]
     pub topics: Vec<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutputSettings {
     pub topic: String,
@@ -89,7 +96,7 @@ impl Default for OutputSettings {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     pub max_payload_bytes: usize,
@@ -108,7 +115,7 @@ impl Default for Limits {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchingSettings {
     pub max_batch_size: usize,
@@ -125,7 +132,7 @@ impl Default for BatchingSettings {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct InferenceSettings {
     pub model_dir: PathBuf,
@@ -149,7 +156,7 @@ impl Default for InferenceSettings {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Policy {
     pub review_at: f32,
@@ -165,7 +172,7 @@ impl Default for Policy {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetrySettings {
     /// "text" or "json".
@@ -189,6 +196,12 @@ fn default_group_id() -> String {
 fn default_drain_timeout() -> Duration {
     Duration::from_secs(10)
 }
+fn default_startup_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_shutdown_timeout() -> Duration {
+    Duration::from_secs(30)
+}
 fn default_commit_interval() -> Duration {
     Duration::from_secs(1)
 }
@@ -210,6 +223,80 @@ fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error>
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .collect())
+}
+
+/// librdkafka properties passed through. Values of secret properties
+/// (passwords, keys, secrets) never appear in `Debug` output or config dumps.
+#[derive(Clone, Default, PartialEq)]
+pub struct Properties(pub BTreeMap<String, String>);
+
+impl std::ops::Deref for Properties {
+    type Target = BTreeMap<String, String>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+/// Whether a librdkafka property holds a secret.
+pub fn is_secret(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    [
+        "password",
+        "secret",
+        "ssl.key.pem",
+        "ssl_key",
+        "sasl.oauthbearer.config",
+    ]
+    .iter()
+    .any(|s| key.contains(s))
+}
+
+pub const REDACTED: &str = "<redacted>";
+
+impl<'a> IntoIterator for &'a Properties {
+    type Item = (&'a String, &'a String);
+    type IntoIter = std::collections::btree_map::Iter<'a, String, String>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl Properties {
+    /// The properties with secret values replaced by [`REDACTED`].
+    pub fn redacted(&self) -> BTreeMap<String, String> {
+        self.0
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    if is_secret(k) {
+                        REDACTED.to_string()
+                    } else {
+                        v.clone()
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
+impl std::fmt::Debug for Properties {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.redacted()).finish()
+    }
+}
+
+/// Serialized (config dumps) with secrets redacted.
+impl Serialize for Properties {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.redacted().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Properties {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        properties(d).map(Properties)
+    }
 }
 
 /// librdkafka properties: values may be strings, numbers or booleans; keys
@@ -287,6 +374,11 @@ impl Settings {
         let settings: Settings = built.try_deserialize()?;
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// The effective configuration as pretty JSON, secrets redacted.
+    pub fn redacted_dump(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("cannot render config: {e}"))
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -377,6 +469,12 @@ impl Settings {
         }
         if self.kafka.drain_timeout.is_zero() {
             return Err(invalid("kafka.drain_timeout", "must be greater than zero"));
+        }
+        if self.kafka.shutdown_timeout.is_zero() {
+            return Err(invalid(
+                "kafka.shutdown_timeout",
+                "must be greater than zero",
+            ));
         }
         if self.kafka.commit_interval.is_zero() {
             return Err(invalid(
@@ -560,6 +658,24 @@ mod tests {
         );
         let same = MINIMAL.replace("[output]", "[output]\ntopic = \"posts\"");
         assert_eq!(invalid_key(Settings::from_toml(&same)), "output.topic");
+    }
+
+    #[test]
+    fn secrets_never_show_in_dumps_or_debug_output() {
+        let s = with("[kafka.consumer]\n\"sasl.password\" = \"hunter2\"\n\"sasl.username\" = \"svc\"\n[kafka.producer]\n\"ssl.key.password\" = \"pw2\"").unwrap();
+        for text in [s.redacted_dump(), format!("{s:?}")] {
+            assert!(
+                !text.contains("hunter2") && !text.contains("pw2"),
+                "secret leaked: {text}"
+            );
+            assert!(text.contains(REDACTED));
+            assert!(text.contains("svc"), "non-secret values stay visible");
+        }
+        assert_eq!(
+            s.kafka.consumer.get("sasl.password").map(String::as_str),
+            Some("hunter2"),
+            "librdkafka still gets it"
+        );
     }
 
     #[test]

@@ -36,6 +36,27 @@ pub enum ConsumerError {
     },
     #[error("cannot start the consumer thread: {0}")]
     Thread(#[source] std::io::Error),
+    #[error("Kafka refused this client: {0} (check sasl.username / sasl.password / ACLs)")]
+    Refused(String),
+    #[error("cannot reach Kafka at {bootstrap} within {waited_s} s")]
+    Unreachable { bootstrap: String, waited_s: u64 },
+}
+
+/// Errors that retrying cannot fix: wrong credentials, missing ACLs, or a
+/// client that librdkafka declared unusable.
+pub fn is_fatal(e: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::Authentication
+                | C::SaslAuthenticationFailed
+                | C::TopicAuthorizationFailed
+                | C::GroupAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::Fatal
+        )
+    )
 }
 
 /// A topic-partition.
@@ -73,13 +94,33 @@ pub enum RebalanceEvent {
 }
 
 pub struct ModstreamContext {
+    /// The first fatal client error, if any: the pipeline stops on it.
+    fatal: std::sync::Mutex<Option<String>>,
     generation: AtomicU64,
     rebalanced: AtomicBool,
     rebalance_tx: mpsc::Sender<RebalanceEvent>,
     drain_timeout: Duration,
 }
 
-impl ClientContext for ModstreamContext {}
+impl ClientContext for ModstreamContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if is_fatal(&error) {
+            tracing::error!(error = %error, reason, "fatal Kafka client error");
+            if let Ok(mut fatal) = self.fatal.lock() {
+                fatal.get_or_insert_with(|| format!("{error}: {reason}"));
+            }
+        } else {
+            metrics::counter!(metric::ERRORS_TOTAL, "kind" => "client").increment(1);
+            tracing::warn!(error = %error, reason, "kafka client error");
+        }
+    }
+}
+
+impl ModstreamContext {
+    pub fn fatal_error(&self) -> Option<String> {
+        self.fatal.lock().ok().and_then(|f| f.clone())
+    }
+}
 
 fn partitions_of(tpl: &TopicPartitionList) -> Vec<Tp> {
     tpl.elements()
@@ -184,6 +225,7 @@ pub fn create(
         cfg.set(k, v);
     }
     let context = ModstreamContext {
+        fatal: std::sync::Mutex::new(None),
         generation: AtomicU64::new(0),
         rebalanced: AtomicBool::new(false),
         rebalance_tx,
@@ -200,6 +242,32 @@ pub fn create(
             source,
         })?;
     Ok(Arc::new(consumer))
+}
+
+/// Wait until the cluster answers a metadata request, so that wrong
+/// credentials or a wrong address fail the start instead of a silent wait.
+pub fn check_connection(
+    consumer: &KafkaConsumer,
+    bootstrap: &str,
+    timeout: Duration,
+) -> Result<(), ConsumerError> {
+    let started = Instant::now();
+    loop {
+        if let Some(e) = consumer.context().fatal_error() {
+            return Err(ConsumerError::Refused(e));
+        }
+        match consumer.fetch_metadata(None, Duration::from_millis(500)) {
+            Ok(_) => return Ok(()),
+            Err(e) if is_fatal(&e) => return Err(ConsumerError::Refused(e.to_string())),
+            Err(_) if started.elapsed() < timeout => std::thread::sleep(Duration::from_millis(100)),
+            Err(_) => {
+                return Err(ConsumerError::Unreachable {
+                    bootstrap: bootstrap.to_string(),
+                    waited_s: timeout.as_secs(),
+                });
+            }
+        }
+    }
 }
 
 /// Store the position (next offset to read) of a partition for the next commit.
@@ -260,6 +328,10 @@ fn poll_loop(
     let mut paused = false;
     let mut last_commit = Instant::now();
     while !stop_fetching.is_cancelled() {
+        if consumer.context().fatal_error().is_some() {
+            // Stop forwarding; the pipeline drains what it has and reports the error.
+            break;
+        }
         while let Some(record) = backlog.pop_front() {
             match ingest_tx.try_send(record) {
                 Ok(()) => {}
@@ -315,6 +387,12 @@ fn poll_loop(
                     }
                 } else {
                     backlog.push_back(record);
+                }
+            }
+            Some(Err(e)) if is_fatal(&e) => {
+                tracing::error!(error = %e, "fatal consumer error");
+                if let Ok(mut fatal) = consumer.context().fatal.lock() {
+                    fatal.get_or_insert_with(|| e.to_string());
                 }
             }
             Some(Err(e)) => {

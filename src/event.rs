@@ -361,7 +361,51 @@ mod tests {
         assert_eq!(e.event_id, "b");
     }
 
+    /// Arbitrary JSON values, nested, with the schema's field names mixed in.
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| Value::from(n)),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            ".{0,20}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(6, 64, 8, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::vec(
+                    (
+                        prop_oneof![
+                            Just("event_id".to_string()),
+                            Just("text".to_string()),
+                            Just("priority".to_string()),
+                            Just("created_at".to_string()),
+                            Just("metadata".to_string()),
+                            "[a-z]{1,8}"
+                        ],
+                        inner
+                    ),
+                    0..6
+                )
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
     proptest! {
+        /// The fuzz target: any JSON-shaped input is accepted or rejected with
+        /// a reason, never a panic, and accepted events satisfy the schema.
+        /// `make fuzz` runs it with many more cases.
+        #[test]
+        fn structured_input_is_accepted_or_rejected_never_panics(v in json_value()) {
+            let bytes = serde_json::to_vec(&v).unwrap();
+            if let Ok(e) = check(&bytes) {
+                prop_assert!(!e.event_id.is_empty() && !e.text.is_empty());
+                prop_assert!(e.text.len() <= Limits::default().max_text_bytes);
+            }
+        }
+
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = check(&bytes);

@@ -230,10 +230,11 @@ impl Model {
         Ok(data.chunks(labels).map(<[f32]>::to_vec).collect())
     }
 
-    /// Score a batch; if the batch run fails, score each text alone so that
-    /// one bad input fails only itself.
+    /// Score a batch; if the run fails, retry it once (the failure may be
+    /// transient), then score each text alone so that one bad input fails
+    /// only itself.
     pub fn score_isolating(&mut self, texts: &mut [String]) -> Vec<Result<Vec<f32>, String>> {
-        match self.score(texts) {
+        match self.score(texts).or_else(|_| self.score(texts)) {
             Ok(scores) => scores.into_iter().map(Ok).collect(),
             Err(e) if texts.len() == 1 => vec![Err(e.to_string())],
             Err(e) => {

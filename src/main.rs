@@ -29,6 +29,9 @@ enum Command {
         /// Configuration file (default: config/modstream.toml if present).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Print the effective configuration (secrets redacted) and exit.
+        #[arg(long)]
+        print_config: bool,
     },
     /// Load a model, print its inputs and outputs, and score the given texts.
     CheckModel {
@@ -52,7 +55,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { config } => run(config),
+        Command::Run {
+            config,
+            print_config,
+        } => run(config, print_config),
         Command::CheckModel { model, texts } => check_model(model, texts),
         Command::Demo {
             events,
@@ -76,8 +82,12 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-fn run(config: Option<PathBuf>) -> anyhow::Result<()> {
+fn run(config: Option<PathBuf>, print_config: bool) -> anyhow::Result<()> {
     let settings = Settings::load(config.as_deref())?;
+    if print_config {
+        println!("{}", settings.redacted_dump());
+        return Ok(());
+    }
     modstream::telemetry::init_logging(&settings.telemetry);
     modstream::telemetry::describe_metrics();
     runtime()?.block_on(async {

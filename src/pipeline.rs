@@ -40,6 +40,10 @@ pub enum PipelineError {
     Consumer(#[from] consumer::ConsumerError),
     #[error(transparent)]
     Producer(#[from] ProducerError),
+    #[error(
+        "{0} events were not delivered before kafka.shutdown_timeout; they stay uncommitted and are reprocessed after a restart"
+    )]
+    Abandoned(u64),
 }
 
 /// Counts of one run, for the demo and the tests.
@@ -49,6 +53,8 @@ pub struct RunSummary {
     pub verdicts: u64,
     pub dlq: u64,
     pub stale: u64,
+    /// Deliveries given up at shutdown (their offsets stay uncommitted).
+    pub abandoned: u64,
 }
 
 /// A valid event waiting for its verdict.
@@ -112,6 +118,18 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<RunSummary, P
     let sink = Sink::new(&settings.kafka)?;
     let (rebalance_tx, rebalance_rx) = mpsc::channel(16);
     let kafka = consumer::create(&settings, rebalance_tx)?;
+    {
+        let (kafka, bootstrap, timeout) = (
+            kafka.clone(),
+            settings.kafka.bootstrap_servers.clone(),
+            settings.kafka.startup_timeout,
+        );
+        tokio::task::spawn_blocking(move || {
+            consumer::check_connection(&kafka, &bootstrap, timeout)
+        })
+        .await
+        .map_err(|e| consumer::ConsumerError::Refused(e.to_string()))??;
+    }
     let (ingest_tx, ingest_rx) = mpsc::channel(1024);
     let pipeline_done = CancellationToken::new();
     let poll = consumer::spawn_poll_loop(
@@ -123,6 +141,24 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<RunSummary, P
     )?;
     tracing::info!(topics = ?settings.input.topics, group = %settings.kafka.group_id, "consuming");
 
+    // A drain that cannot finish (deliveries failing) ends after
+    // kafka.shutdown_timeout: the rest stays uncommitted for the restart.
+    let watchdog = {
+        let (stop, abort, timeout) = (
+            shutdown.stop.clone(),
+            shutdown.abort.clone(),
+            settings.kafka.shutdown_timeout,
+        );
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            tokio::time::sleep(timeout).await;
+            tracing::warn!(
+                timeout_s = timeout.as_secs(),
+                "shutdown timeout; abandoning undelivered events"
+            );
+            abort.cancel();
+        })
+    };
     let (acks_tx, acks_rx) = mpsc::channel(settings.limits.max_in_flight);
     let mut core = Core {
         scores: verdict::Scorer::new(&pool.manifest, &settings.policy),
@@ -143,6 +179,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<RunSummary, P
         summary: RunSummary::default(),
     };
     core.run(ingest_rx, rebalance_rx, results_rx, acks_rx).await;
+    watchdog.abort();
 
     // The poll thread must hold the last handle of the consumer: closing it
     // runs the revoke callback, which may block, and must not on this runtime.
@@ -508,7 +545,10 @@ impl Core {
 
     fn on_ack(&mut self, ack: Ack) {
         self.release(1);
-        let Ok(outcome) = ack.outcome else { return };
+        let Ok(outcome) = ack.outcome else {
+            self.summary.abandoned += 1;
+            return;
+        };
         match outcome {
             Outcome::Verdict(label) => {
                 self.summary.verdicts += 1;

@@ -1,0 +1,81 @@
+//! The `modstream` binary as a user runs it: failures at start are one clear
+//! line and a non-zero exit, before anything is consumed.
+
+use std::process::Command;
+
+fn modstream() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_modstream"))
+}
+
+#[test]
+fn a_missing_runtime_library_fails_with_one_line_naming_the_script() {
+    let out = modstream()
+        .args(["check-model", "hello"])
+        .env("ORT_DYLIB_PATH", "/nonexistent/libonnxruntime.so.1.31.1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("scripts/fetch-onnxruntime.sh"), "{stderr}");
+}
+
+#[test]
+fn invalid_config_names_the_key_and_connects_to_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n[input]\ntopics = [\"posts\"]\n[kafka.consumer]\n\"enable.auto.offset.store\" = true\n",
+    )
+    .unwrap();
+    let out = modstream()
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("kafka.consumer.enable.auto.offset.store"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_missing_model_fails_at_start_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = modstream()
+        .args(["check-model", "--model"])
+        .arg(dir.path())
+        .arg("hello")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("manifest.json"), "{stderr}");
+}
+
+#[test]
+fn env_vars_override_the_file_and_topics_may_be_one_string() {
+    let out = modstream()
+        .args(["run", "--config", "config/modstream.toml", "--print-config"])
+        .env("MODSTREAM__INPUT__TOPICS", "posts, comments")
+        .env("MODSTREAM__BATCHING__MAX_BATCH_SIZE", "7")
+        .env("MODSTREAM__KAFKA__CONSUMER__SASL_PASSWORD", "hunter2")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let config: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        config["input"]["topics"],
+        serde_json::json!(["posts", "comments"])
+    );
+    assert_eq!(config["batching"]["max_batch_size"], 7);
+    assert_eq!(config["kafka"]["consumer"]["sasl.password"], "<redacted>");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("hunter2"));
+}

@@ -1,0 +1,344 @@
+//! Broker faults injected through librdkafka's mock cluster while the real
+//! pipeline runs. Each scenario fails if an event is lost or if the committed
+//! offsets end anywhere but at the end of the input; each prints lost /
+//! duplicates.
+
+mod support;
+
+use std::time::Duration;
+
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+use modstream::embedded::EmbeddedBroker;
+use modstream::shutdown::Shutdown;
+use support::{DLQ, INPUT, VERDICTS};
+
+const PARTITIONS: i32 = 4;
+
+struct Run {
+    broker: EmbeddedBroker,
+    shutdown: Shutdown,
+    pipeline: tokio::task::JoinHandle<
+        Result<modstream::pipeline::RunSummary, modstream::pipeline::PipelineError>,
+    >,
+    acked: Vec<String>,
+    group: String,
+    _dir: tempfile::TempDir,
+}
+
+/// A cluster of `brokers`, `events` produced, and the pipeline started.
+async fn start(brokers: u32, events: usize, group: &str) -> Run {
+    start_with(brokers, events, group, |_, _| {}).await
+}
+
+/// [`start`], with a hook to change the settings or the cluster first.
+async fn start_with(
+    brokers: u32,
+    events: usize,
+    group: &str,
+    prepare: impl FnOnce(&mut modstream::config::Settings, &EmbeddedBroker),
+) -> Run {
+    let broker = EmbeddedBroker::start_with_brokers(
+        brokers,
+        &[(INPUT, PARTITIONS), (VERDICTS, PARTITIONS), (DLQ, 1)],
+    )
+    .unwrap();
+    let bootstrap = broker.bootstrap_servers().to_string();
+    let evs = support::events(&format!("{group}-"), 0..events);
+    let acked = tokio::task::spawn_blocking(move || support::produce(&bootstrap, &evs))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), broker.bootstrap_servers(), group);
+    let mut settings = modstream::config::Settings::load(Some(&config)).unwrap();
+    prepare(&mut settings, &broker);
+    let shutdown = Shutdown::new();
+    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
+    Run {
+        broker,
+        shutdown,
+        pipeline,
+        acked,
+        group: group.to_string(),
+        _dir: dir,
+    }
+}
+
+/// Wait for every verdict, stop cleanly, and check lost = 0 and committed = end.
+async fn finish(run: Run, scenario: &str) {
+    let bootstrap = run.broker.bootstrap_servers().to_string();
+    let acked = run.acked.clone();
+    let b = bootstrap.clone();
+    let v =
+        tokio::task::spawn_blocking(move || support::verify(&b, &acked, Duration::from_secs(90)))
+            .await
+            .unwrap();
+    run.shutdown.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(60), run.pipeline)
+        .await
+        .expect("pipeline stops after the fault")
+        .unwrap()
+        .unwrap();
+    v.report(scenario);
+    assert!(
+        v.lost.is_empty(),
+        "{scenario}: lost {} events",
+        v.lost.len()
+    );
+    let group = run.group.clone();
+    let committed =
+        tokio::task::spawn_blocking(move || support::committed(&bootstrap, &group, PARTITIONS))
+            .await
+            .unwrap();
+    let total: i64 = committed.iter().map(|c| (*c).max(0)).sum();
+    assert_eq!(
+        total as usize,
+        run.acked.len(),
+        "{scenario}: committed offsets {committed:?} end at the input's end"
+    );
+}
+
+async fn after(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offset_commit_errors_delay_commits_but_lose_nothing() {
+    let run = start(1, 3000, "commit-errors").await;
+    run.broker.with_cluster(|c| {
+        c.request_errors(
+            RDKafkaApiKey::OffsetCommit,
+            &[
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS,
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_ILLEGAL_GENERATION,
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE,
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_COORDINATOR,
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR__TRANSPORT,
+            ],
+        )
+    });
+    finish(run, "offset commit errors").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_errors_on_verdicts_are_retried_not_skipped() {
+    let run = start(1, 3000, "produce-errors").await;
+    after(300).await;
+    run.broker.with_cluster(|c| {
+        c.request_errors(
+            RDKafkaApiKey::Produce,
+            &[
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR__TRANSPORT,
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+            ],
+        )
+    });
+    finish(run, "produce errors").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_brokers_down_for_ten_seconds_then_up() {
+    let run = start(1, 3000, "broker-down").await;
+    after(500).await;
+    run.broker.with_cluster(|c| c.broker_down(1)).unwrap();
+    after(10_000).await;
+    run.broker.with_cluster(|c| c.broker_up(1)).unwrap();
+    finish(run, "all brokers down 10 s").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_leaders_move_during_load() {
+    let run = start(3, 3000, "leader-moves").await;
+    for (i, broker) in [2, 3, 1, 2].into_iter().enumerate() {
+        after(400).await;
+        run.broker.with_cluster(move |c| {
+            for p in 0..PARTITIONS {
+                c.partition_leader(INPUT, p, Some(broker)).unwrap();
+                c.partition_leader(VERDICTS, p, Some((broker % 3) + 1))
+                    .unwrap();
+            }
+        });
+        let _ = i;
+    }
+    finish(run, "partition leaders moved").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joining_mid_stream_drains_before_handing_over() {
+    let run = start(1, 4000, "rebalance").await;
+    after(500).await;
+    // A second member of the same group forces a rebalance with batches in flight.
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), run.broker.bootstrap_servers(), &run.group);
+    let settings = modstream::config::Settings::load(Some(&config)).unwrap();
+    let second_shutdown = Shutdown::new();
+    let second = tokio::spawn(modstream::pipeline::run(settings, second_shutdown.clone()));
+    let bootstrap = run.broker.bootstrap_servers().to_string();
+    let acked = run.acked.clone();
+    let v = tokio::task::spawn_blocking(move || {
+        support::verify(&bootstrap, &acked, Duration::from_secs(90))
+    })
+    .await
+    .unwrap();
+    assert!(v.lost.is_empty(), "rebalance: lost {}", v.lost.len());
+    second_shutdown.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(60), second)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    finish(run, "rebalance with batches in flight").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_model_run_isolates_the_bad_events() {
+    let broker = EmbeddedBroker::start(&[(INPUT, 1), (VERDICTS, 1), (DLQ, 1)]).unwrap();
+    let bootstrap = broker.bootstrap_servers().to_string();
+    // The test model parses each text as a number and fails the whole run
+    // on anything else.
+    let texts = ["0.5", "2", "boom", "-1", "0", "kaboom", "3.5", "1"];
+    let events: Vec<(String, String, Vec<u8>)> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            (
+                format!("m-{i}"),
+                "k".to_string(),
+                serde_json::json!({"event_id": format!("m-{i}"), "text": t})
+                    .to_string()
+                    .into_bytes(),
+            )
+        })
+        .collect();
+    let b = bootstrap.clone();
+    tokio::task::spawn_blocking(move || support::produce(&b, &events))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &bootstrap, "failing-model");
+    let mut settings = modstream::config::Settings::load(Some(&config)).unwrap();
+    settings.inference.model_dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/failing-model");
+    settings.batching.max_batch_delay = Duration::from_millis(200);
+    let shutdown = Shutdown::new();
+    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
+    let b = bootstrap.clone();
+    let (verdicts, dlq) = tokio::task::spawn_blocking(move || {
+        (
+            modstream::demo::read_topic(&b, VERDICTS, 1, 6, Duration::from_secs(20)).unwrap(),
+            modstream::demo::read_topic(&b, DLQ, 1, 2, Duration::from_secs(10)).unwrap(),
+        )
+    })
+    .await
+    .unwrap();
+    shutdown.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(30), pipeline)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+
+    let scored: Vec<String> = verdicts
+        .iter()
+        .map(|v| {
+            serde_json::from_slice::<serde_json::Value>(&v.payload).unwrap()["event_id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        scored,
+        ["m-0", "m-1", "m-3", "m-4", "m-6", "m-7"],
+        "the good events get verdicts, in order"
+    );
+    let failed: Vec<(String, String)> = dlq
+        .iter()
+        .map(|d| {
+            (
+                String::from_utf8_lossy(&d.headers["modstream.source.offset"]).into_owned(),
+                String::from_utf8_lossy(&d.headers["modstream.reason"]).into_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            ("2".to_string(), "inference_failed".to_string()),
+            ("5".to_string(), "inference_failed".to_string())
+        ]
+    );
+    let committed =
+        tokio::task::spawn_blocking(move || support::committed(&bootstrap, "failing-model", 1))
+            .await
+            .unwrap();
+    assert_eq!(
+        committed,
+        vec![8],
+        "every event accounted for, so the offset reaches the end"
+    );
+}
+
+/// Verdict partitions led by broker 3, which then goes down: deliveries time
+/// out (message.timeout.ms = 1 s) again and again. They are retried, never
+/// skipped; a shutdown meanwhile gives up after kafka.shutdown_timeout with an
+/// error, commits nothing undelivered, and the restart loses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_timeouts_are_retried_and_a_stop_meanwhile_loses_nothing() {
+    let run = start_with(3, 2000, "timeouts", |settings, broker| {
+        settings
+            .kafka
+            .producer
+            .0
+            .insert("message.timeout.ms".into(), "1000".into());
+        settings.kafka.shutdown_timeout = Duration::from_secs(3);
+        broker.with_cluster(|c| {
+            for p in 0..PARTITIONS {
+                c.partition_leader(VERDICTS, p, Some(3)).unwrap();
+                c.partition_leader(INPUT, p, Some(1)).unwrap();
+            }
+            c.coordinator(
+                rdkafka::mocking::MockCoordinator::Group("timeouts".into()),
+                1,
+            )
+            .unwrap();
+        });
+    })
+    .await;
+    after(300).await;
+    run.broker.with_cluster(|c| c.broker_down(3)).unwrap();
+    after(3000).await;
+    run.shutdown.stop.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(30), run.pipeline)
+        .await
+        .expect("the shutdown timeout bounds the drain")
+        .unwrap();
+    match stopped {
+        Err(modstream::pipeline::PipelineError::Abandoned(n)) => {
+            println!("stopped with {n} deliveries abandoned")
+        }
+        other => panic!("a stop with undeliverable verdicts must report them, got {other:?}"),
+    }
+    run.broker.with_cluster(|c| c.broker_up(3)).unwrap();
+
+    // The restart picks up from what was committed.
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), run.broker.bootstrap_servers(), &run.group);
+    let settings = modstream::config::Settings::load(Some(&config)).unwrap();
+    let shutdown = Shutdown::new();
+    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
+    finish(
+        Run {
+            broker: run.broker,
+            shutdown,
+            pipeline,
+            acked: run.acked,
+            group: run.group,
+            _dir: dir,
+        },
+        "delivery timeouts, stop, restart",
+    )
+    .await;
+}

@@ -1,0 +1,299 @@
+//! modstream against a real Kafka-compatible broker (nisshi), run the way a
+//! user runs it: `modstream run` processes configured by file, real Kafka
+//! clients (kcat) on the outside, crashes by SIGKILL, broker restarts.
+//!
+//! Each scenario asserts lost = 0 (every acknowledged input event has at least
+//! one verdict) and prints lost / duplicates.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use support::{Broker, DLQ, INPUT, Modstream, VERDICTS};
+
+/// One scenario at a time: each starts several processes on a 2-core machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn topics(broker: &Broker, input_partitions: i32) {
+    broker.create_topic(INPUT, input_partitions);
+    broker.create_topic(VERDICTS, input_partitions);
+    broker.create_topic(DLQ, 1);
+}
+
+/// Produce `events` in a background thread, paced over `over`.
+fn produce_paced(
+    bootstrap: String,
+    events: Vec<(String, String, Vec<u8>)>,
+    over: Duration,
+) -> std::thread::JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        let chunks = 20;
+        let per = events.len().div_ceil(chunks);
+        let mut acked = Vec::new();
+        for chunk in events.chunks(per) {
+            acked.extend(support::produce(&bootstrap, chunk));
+            std::thread::sleep(over / chunks as u32);
+        }
+        acked
+    })
+}
+
+fn kcat(args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = Command::new("kcat")
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kcat is installed (scripts/test.sh installs it)");
+    if let Some(input) = stdin {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kcat {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn kcat_in_kcat_out_field_by_field() {
+    let _serial = serial();
+    let broker = Broker::start_memory();
+    topics(&broker, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-kcat");
+    let _service = Modstream::start(&config, "kcat", dir.path());
+    let b = broker.bootstrap();
+
+    let mut lines = String::new();
+    for (id, key, payload) in support::events("k-", 0..50) {
+        let _ = id;
+        lines.push_str(&format!("{key}\t{}\n", String::from_utf8(payload).unwrap()));
+    }
+    lines.push_str("bad-key\tthis is not json\n");
+    kcat(&["-P", "-b", &b, "-t", INPUT, "-K", "\t"], Some(&lines));
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let verdicts = loop {
+        let out = kcat(
+            &[
+                "-C",
+                "-b",
+                &b,
+                "-t",
+                VERDICTS,
+                "-o",
+                "beginning",
+                "-e",
+                "-q",
+                "-J",
+            ],
+            None,
+        );
+        let records: Vec<serde_json::Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if records.len() >= 50 || Instant::now() > deadline {
+            break records;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(verdicts.len(), 50, "one verdict per event");
+    for envelope in &verdicts {
+        let v: serde_json::Value =
+            serde_json::from_str(envelope["payload"].as_str().unwrap()).unwrap();
+        let id = v["event_id"].as_str().unwrap();
+        let i: usize = id.strip_prefix("k-").unwrap().parse().unwrap();
+        assert_eq!(
+            envelope["key"].as_str().unwrap(),
+            format!("user-{}", i % 97),
+            "same key as the input"
+        );
+        assert!(["allow", "review", "block"].contains(&v["verdict"].as_str().unwrap()));
+        let clean = v["scores"]["clean"].as_f64().unwrap();
+        let offensive = v["scores"]["offensive"].as_f64().unwrap();
+        assert!((clean + offensive - 1.0).abs() < 1e-3);
+        assert_eq!(v["model"]["name"], "alt-profanity-check");
+        assert_eq!(v["model"]["version"], "1.9.1");
+        assert_eq!(v["source"]["topic"], INPUT);
+        assert!(v["source"]["partition"].as_i64().unwrap() < 3);
+        assert!(v["source"]["offset"].as_i64().unwrap() >= 0);
+        assert!(v["latency_ms"].as_i64().unwrap() >= 0);
+        chrono::DateTime::parse_from_rfc3339(v["processed_at"].as_str().unwrap()).unwrap();
+    }
+    let dlq = kcat(
+        &[
+            "-C",
+            "-b",
+            &b,
+            "-t",
+            DLQ,
+            "-o",
+            "beginning",
+            "-e",
+            "-q",
+            "-f",
+            "%k|%s|%h\n",
+        ],
+        None,
+    );
+    let dlq: Vec<&str> = dlq.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(dlq.len(), 1, "one DLQ record: {dlq:?}");
+    assert!(
+        dlq[0].starts_with("bad-key|this is not json|"),
+        "original key and payload: {}",
+        dlq[0]
+    );
+    assert!(
+        dlq[0].contains("modstream.reason=invalid_json"),
+        "{}",
+        dlq[0]
+    );
+}
+
+#[test]
+fn scale_out_and_members_coming_and_going_lose_nothing() {
+    let _serial = serial();
+    let broker = Broker::start_memory();
+    topics(&broker, 6);
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-scale");
+    let mut members: Vec<Modstream> = (0..3)
+        .map(|i| Modstream::start(&config, &format!("m{i}"), dir.path()))
+        .collect();
+
+    let mut acked = support::produce(&broker.bootstrap(), &support::events("s-", 0..1500));
+    let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(90));
+    v.report("scale-out, 3 members");
+    assert!(
+        v.lost.is_empty(),
+        "lost with 3 members: {:?}",
+        &v.lost[..v.lost.len().min(10)]
+    );
+
+    // Members join and leave while load runs.
+    let load = produce_paced(
+        broker.bootstrap(),
+        support::events("s-", 1500..4500),
+        Duration::from_secs(12),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    members.push(Modstream::start(&config, "m3", dir.path()));
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        members[0].terminate(Duration::from_secs(20)),
+        "m0 drains and exits 0 on SIGTERM"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    members.push(Modstream::start(&config, "m4", dir.path()));
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        members[1].terminate(Duration::from_secs(20)),
+        "m1 drains and exits 0 on SIGTERM"
+    );
+    acked.extend(load.join().unwrap());
+
+    let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(120));
+    v.report("scale-out, members added and removed under load");
+    assert!(
+        v.lost.is_empty(),
+        "lost while members came and went: {}",
+        v.lost.len()
+    );
+}
+
+#[test]
+fn five_kill9_crashes_under_load_lose_nothing_and_never_commit_ahead() {
+    let _serial = serial();
+    let broker = Broker::start_memory();
+    topics(&broker, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-crash");
+    let mut service = Modstream::start(&config, "crash", dir.path());
+
+    let load = produce_paced(
+        broker.bootstrap(),
+        support::events("c-", 0..4000),
+        Duration::from_secs(30),
+    );
+    for crash in 1..=5 {
+        // Crash mid-stream: once the restarted service is producing verdicts.
+        let progressed =
+            support::wait_for_progress(&broker.bootstrap(), 50, Duration::from_secs(30));
+        println!("crash {crash}: service made progress before the kill: {progressed}");
+        assert!(
+            service.is_running(),
+            "service died by itself before crash {crash}"
+        );
+        service.kill9();
+        // With the process dead, its committed offsets are final: each must
+        // not pass an input record whose verdict is not in the verdict topic.
+        let committed = support::committed(&broker.bootstrap(), "g-crash", 4);
+        let delivered = support::verdict_sources(&broker.bootstrap());
+        for (partition, &c) in committed.iter().enumerate() {
+            for offset in 0..c.max(0) {
+                assert!(
+                    delivered.contains(&(partition as i32, offset)),
+                    "crash {crash}: committed {c} on partition {partition} passes undelivered offset {offset}"
+                );
+            }
+        }
+        println!("crash {crash}: committed {committed:?}");
+        service = Modstream::start(&config, "crash", dir.path());
+    }
+    let acked = load.join().unwrap();
+    let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(120));
+    v.report("kill -9 five times under load");
+    assert!(v.lost.is_empty(), "lost after crashes: {}", v.lost.len());
+    assert!(service.terminate(Duration::from_secs(20)));
+}
+
+#[test]
+fn the_service_rides_out_a_broker_restart() {
+    let _serial = serial();
+    let mut broker = Broker::start_sqlite();
+    topics(&broker, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-restart");
+    let mut service = Modstream::start(&config, "restart", dir.path());
+
+    let load = produce_paced(
+        broker.bootstrap(),
+        support::events("b-", 0..3000),
+        Duration::from_secs(15),
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    broker.stop();
+    std::thread::sleep(Duration::from_secs(3));
+    broker.restart();
+    let acked = load.join().unwrap();
+    let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(120));
+    v.report("broker restart under load");
+    assert!(
+        v.lost.is_empty(),
+        "lost across the broker restart: {}",
+        v.lost.len()
+    );
+    assert!(service.is_running(), "the service recovered by itself");
+    assert!(service.terminate(Duration::from_secs(20)));
+}

@@ -1,0 +1,543 @@
+//! Test support for real-broker tests: a `nisshi` broker process, `modstream
+//! run` processes, and the verifier that computes lost and duplicate verdicts.
+//! Every process started here is killed when its handle drops, also when a
+//! test panics.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+pub const INPUT: &str = "posts";
+pub const VERDICTS: &str = "verdicts";
+pub const DLQ: &str = "dlq";
+
+/// Where scripts/test.sh installs the broker.
+pub fn nisshi_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("NISSHI_BIN") {
+        return PathBuf::from(p);
+    }
+    modstream::inference::default_cache_dir().join("nisshi-0.8.1/bin/nisshi")
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A nisshi broker on 127.0.0.1, run from an empty directory.
+pub struct Broker {
+    child: Option<Child>,
+    pub port: u16,
+    dir: tempfile::TempDir,
+    storage: String,
+}
+
+impl Broker {
+    /// `memory://` storage.
+    pub fn start_memory() -> Broker {
+        Self::start("memory://nisshi/".to_string(), None)
+    }
+
+    /// `sqlite://` storage in a temp dir, so that a restart keeps the data.
+    pub fn start_sqlite() -> Broker {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = format!("sqlite://{}/nisshi.db", dir.path().display());
+        Self::start(storage, Some(dir))
+    }
+
+    fn start(storage: String, dir: Option<tempfile::TempDir>) -> Broker {
+        let bin = nisshi_binary();
+        assert!(
+            bin.is_file(),
+            "the nisshi broker is not installed at {} (scripts/test.sh installs it; or set NISSHI_BIN)",
+            bin.display()
+        );
+        let dir = dir.unwrap_or_else(|| tempfile::tempdir().unwrap());
+        let mut broker = Broker {
+            child: None,
+            port: free_port(),
+            dir,
+            storage,
+        };
+        broker.spawn();
+        broker
+    }
+
+    fn spawn(&mut self) {
+        let url = format!("tcp://127.0.0.1:{}", self.port);
+        let log = std::fs::File::create(self.dir.path().join(format!(
+            "broker-{}.log",
+            Instant::now().elapsed().as_nanos()
+        )))
+        .unwrap();
+        let child = Command::new(nisshi_binary())
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
+            .args(["--storage-engine", &self.storage])
+            .args(["--group-initial-rebalance-delay", "100ms"])
+            .current_dir(self.dir.path())
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("nisshi starts");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "nisshi exited at start ({status}); log in {}",
+                    self.dir.path().display()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nisshi did not listen within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start again on the same port and storage.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    pub fn create_topic(&self, name: &str, partitions: i32) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let results = rt
+            .block_on(admin.create_topics(
+                &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            ))
+            .expect("CreateTopics answered");
+        for r in results {
+            r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A `modstream run` process configured by file.
+pub struct Modstream {
+    child: Option<Child>,
+    pub name: String,
+}
+
+pub fn write_config(dir: &Path, bootstrap: &str, group: &str) -> PathBuf {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/profanity-check");
+    let path = dir.join(format!("{group}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[kafka]
+bootstrap_servers = "{bootstrap}"
+group_id = "{group}"
+drain_timeout = "3s"
+commit_interval = "500ms"
+[kafka.consumer]
+"fetch.wait.max.ms" = 50
+"session.timeout.ms" = 6000
+"heartbeat.interval.ms" = 500
+"max.poll.interval.ms" = 20000
+"group.protocol" = "classic"
+[kafka.producer]
+"linger.ms" = 2
+[input]
+topics = ["{INPUT}"]
+[output]
+topic = "{VERDICTS}"
+dlq_topic = "{DLQ}"
+[batching]
+max_batch_size = 32
+max_batch_delay = "10ms"
+[inference]
+model_dir = "{}"
+"#,
+            model.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+impl Modstream {
+    pub fn start(config: &Path, name: &str, log_dir: &Path) -> Modstream {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_dir.join(format!("{name}.log")))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_modstream"))
+            .args(["run", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "modstream=info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("modstream starts");
+        Modstream {
+            child: Some(child),
+            name: name.to_string(),
+        }
+    }
+
+    /// SIGKILL: no drain, no commit.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then wait for a clean exit; returns whether it exited 0.
+    pub fn terminate(&mut self, timeout: Duration) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return false;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = c.try_wait().unwrap() {
+                return status.success();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
+    }
+}
+
+impl Drop for Modstream {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Valid events with ids `{prefix}{i}`, keyed by user.
+pub fn events(prefix: &str, range: std::ops::Range<usize>) -> Vec<(String, String, Vec<u8>)> {
+    let posts = modstream::demo::sample_posts();
+    range
+        .map(|i| {
+            let id = format!("{prefix}{i}");
+            let key = format!("user-{}", i % 97);
+            let text = posts[i % posts.len()].1;
+            let payload = serde_json::json!({"event_id": id, "text": text})
+                .to_string()
+                .into_bytes();
+            (id, key, payload)
+        })
+        .collect()
+}
+
+/// Produce with acks=all; returns the ids the broker acknowledged.
+pub fn produce(bootstrap: &str, batch: &[(String, String, Vec<u8>)]) -> Vec<String> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "all")
+        .set("message.timeout.ms", "60000")
+        .create()
+        .unwrap();
+    for (_, key, payload) in batch {
+        let mut record = BaseRecord::to(INPUT)
+            .key(key.as_str())
+            .payload(payload.as_slice());
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    record = r;
+                    producer.poll(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+    producer
+        .flush(Duration::from_secs(60))
+        .expect("every input event acknowledged");
+    batch.iter().map(|(id, _, _)| id.clone()).collect()
+}
+
+/// What the verdict topic says about a set of acknowledged input ids.
+#[derive(Debug)]
+pub struct Verification {
+    pub acked_inputs: usize,
+    pub verdicts: usize,
+    pub distinct: usize,
+    pub lost: Vec<String>,
+    pub duplicates: usize,
+    /// copies per id → how many ids had that many copies
+    pub histogram: BTreeMap<usize, usize>,
+    /// (partition, source offset) of every verdict
+    pub sources: HashSet<(i32, i64)>,
+}
+
+impl Verification {
+    /// Print lost / duplicates and keep a row for docs/reliability.md
+    /// (scripts/reliability-table.sh collects the rows).
+    pub fn report(&self, scenario: &str) {
+        let row = serde_json::json!({
+            "scenario": scenario,
+            "acked_inputs": self.acked_inputs,
+            "verdicts": self.verdicts,
+            "lost": self.lost.len(),
+            "duplicates": self.duplicates,
+            "copies_histogram": self.histogram.iter().map(|(k, v)| (k.to_string(), *v)).collect::<BTreeMap<_, _>>(),
+        });
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("reliability");
+        let _ = std::fs::create_dir_all(&dir);
+        let file: String = scenario
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let _ = std::fs::write(dir.join(format!("{file}.json")), row.to_string());
+        println!(
+            "{scenario}: acked inputs {}, verdicts {}, distinct {}, lost {}, duplicates {}, copies histogram {:?}",
+            self.acked_inputs,
+            self.verdicts,
+            self.distinct,
+            self.lost.len(),
+            self.duplicates,
+            self.histogram
+        );
+    }
+}
+
+/// Read the verdict topic to its end with a fresh group (until `want`
+/// distinct acked ids are seen or `timeout`), then compute lost/duplicates.
+pub fn verify(bootstrap: &str, acked: &[String], timeout: Duration) -> Verification {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set(
+            "group.id",
+            format!("verifier-{}", Instant::now().elapsed().as_nanos()),
+        )
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "50")
+        .create()
+        .unwrap();
+    let metadata = consumer
+        .fetch_metadata(Some(VERDICTS), Duration::from_secs(10))
+        .unwrap();
+    let partitions = metadata.topics()[0].partitions().len() as i32;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(VERDICTS, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let wanted: HashSet<&str> = acked.iter().map(String::as_str).collect();
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    let mut sources = HashSet::new();
+    let mut verdicts = 0;
+    let deadline = Instant::now() + timeout;
+    let mut quiet_since = Instant::now();
+    loop {
+        let seen_all = wanted.iter().all(|id| copies.contains_key(*id));
+        // Once everything is there, read a little longer so duplicates show.
+        if (seen_all && quiet_since.elapsed() > Duration::from_secs(1)) || Instant::now() > deadline
+        {
+            break;
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                use rdkafka::Message;
+                let v: serde_json::Value =
+                    serde_json::from_slice(m.payload().unwrap_or_default()).expect("verdict JSON");
+                let id = v["event_id"].as_str().unwrap().to_string();
+                sources.insert((
+                    v["source"]["partition"].as_i64().unwrap() as i32,
+                    v["source"]["offset"].as_i64().unwrap(),
+                ));
+                *copies.entry(id).or_default() += 1;
+                verdicts += 1;
+                quiet_since = Instant::now();
+            }
+            Some(Err(e)) => panic!("verifier read failed: {e}"),
+            None => {}
+        }
+    }
+    let lost: Vec<String> = acked
+        .iter()
+        .filter(|id| !copies.contains_key(*id))
+        .cloned()
+        .collect();
+    let mut histogram = BTreeMap::new();
+    for n in copies.values() {
+        *histogram.entry(*n).or_default() += 1;
+    }
+    Verification {
+        acked_inputs: acked.len(),
+        verdicts,
+        distinct: copies.len(),
+        duplicates: verdicts - copies.len(),
+        lost,
+        histogram,
+        sources,
+    }
+}
+
+/// Committed offset per input partition for `group` (-1 when none).
+pub fn committed(bootstrap: &str, group: &str, partitions: i32) -> Vec<i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(INPUT, p);
+    }
+    let c = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .unwrap();
+    (0..partitions)
+        .map(|p| match c.find_partition(INPUT, p).unwrap().offset() {
+            Offset::Offset(o) => o,
+            _ => -1,
+        })
+        .collect()
+}
+
+/// (partition, source offset) of every verdict in the topic now: reads each
+/// partition up to its current high watermark.
+pub fn verdict_sources(bootstrap: &str) -> HashSet<(i32, i64)> {
+    use rdkafka::Message;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "verdict-sources")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "50")
+        .create()
+        .unwrap();
+    let metadata = consumer
+        .fetch_metadata(Some(VERDICTS), Duration::from_secs(10))
+        .unwrap();
+    let partitions = metadata.topics()[0].partitions().len() as i32;
+    let mut tpl = TopicPartitionList::new();
+    let mut remaining = HashMap::new();
+    for p in 0..partitions {
+        let (_, high) = consumer
+            .fetch_watermarks(VERDICTS, p, Duration::from_secs(10))
+            .unwrap();
+        if high > 0 {
+            tpl.add_partition_offset(VERDICTS, p, Offset::Beginning)
+                .unwrap();
+            remaining.insert(p, high);
+        }
+    }
+    let mut sources = HashSet::new();
+    if remaining.is_empty() {
+        return sources;
+    }
+    consumer.assign(&tpl).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !remaining.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "could not read the verdict topic to its end"
+        );
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            let v: serde_json::Value =
+                serde_json::from_slice(m.payload().unwrap_or_default()).unwrap();
+            sources.insert((
+                v["source"]["partition"].as_i64().unwrap() as i32,
+                v["source"]["offset"].as_i64().unwrap(),
+            ));
+            if remaining
+                .get(&m.partition())
+                .is_some_and(|high| m.offset() + 1 >= *high)
+            {
+                remaining.remove(&m.partition());
+            }
+        }
+    }
+    sources
+}
+
+/// Records in the verdict topic now (sum of high watermarks).
+pub fn verdict_count(bootstrap: &str) -> i64 {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let metadata = consumer
+        .fetch_metadata(Some(VERDICTS), Duration::from_secs(10))
+        .unwrap();
+    let partitions = metadata.topics()[0].partitions().len() as i32;
+    (0..partitions)
+        .map(|p| {
+            consumer
+                .fetch_watermarks(VERDICTS, p, Duration::from_secs(10))
+                .unwrap()
+                .1
+        })
+        .sum()
+}
+
+/// Wait until the verdict topic grew by `by` records (or `timeout` passed).
+pub fn wait_for_progress(bootstrap: &str, by: i64, timeout: Duration) -> bool {
+    let start = verdict_count(bootstrap);
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if verdict_count(bootstrap) >= start + by {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
