@@ -180,6 +180,24 @@ impl ConsumerContext for ModstreamContext {
         }
     }
 
+    fn commit_callback(
+        &self,
+        result: rdkafka::error::KafkaResult<()>,
+        offsets: &TopicPartitionList,
+    ) {
+        match result {
+            Ok(()) => {
+                metrics::counter!(metric::COMMITS_TOTAL, "outcome" => "ok").increment(1);
+                tracing::debug!(partitions = offsets.count(), "offsets committed");
+            }
+            Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+            Err(e) => {
+                metrics::counter!(metric::COMMITS_TOTAL, "outcome" => "error").increment(1);
+                tracing::warn!(error = %e, "offset commit failed; the next commit carries the offsets again");
+            }
+        }
+    }
+
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             metrics::counter!(metric::REBALANCES_TOTAL, "kind" => "assign").increment(1);
@@ -194,15 +212,11 @@ impl ConsumerContext for ModstreamContext {
     }
 }
 
-/// Commit the stored offsets. "No offset" just means nothing new was stored.
+/// Commit the stored offsets; the outcome (also of a synchronous commit)
+/// reaches `commit_callback`.
 fn commit(consumer: &BaseConsumer<ModstreamContext>, mode: CommitMode) {
-    match consumer.commit_consumer_state(mode) {
-        Ok(()) => metrics::counter!(metric::COMMITS_TOTAL, "outcome" => "ok").increment(1),
-        Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
-        Err(e) => {
-            metrics::counter!(metric::COMMITS_TOTAL, "outcome" => "error").increment(1);
-            tracing::warn!(error = %e, "offset commit failed; will retry with the next commit");
-        }
+    if let Err(e) = consumer.commit_consumer_state(mode) {
+        tracing::debug!(error = %e, "commit not made");
     }
 }
 

@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
+use rdkafka::consumer::Consumer;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -191,6 +192,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<RunSummary, P
         kafka,
         ..
     } = core;
+    let fatal = kafka.context().fatal_error();
     drop(kafka);
     deliveries.close();
     deliveries.wait().await;
@@ -206,8 +208,15 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<RunSummary, P
         consumed = summary.consumed,
         verdicts = summary.verdicts,
         dlq = summary.dlq,
+        abandoned = summary.abandoned,
         "pipeline stopped"
     );
+    if let Some(fatal) = fatal {
+        return Err(consumer::ConsumerError::Refused(fatal).into());
+    }
+    if summary.abandoned > 0 {
+        return Err(PipelineError::Abandoned(summary.abandoned));
+    }
     Ok(summary)
 }
 

@@ -541,3 +541,10 @@ pub fn wait_for_progress(bootstrap: &str, by: i64, timeout: Duration) -> bool {
     }
     false
 }
+
+/// Logs of in-process pipelines on stderr, when RUST_LOG is set.
+pub fn init_logs() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        modstream::telemetry::init_logging(&Default::default());
+    }
+}
