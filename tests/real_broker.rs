@@ -229,17 +229,20 @@ fn five_kill9_crashes_under_load_lose_nothing_and_never_commit_ahead() {
     topics(&broker, 4);
     let dir = tempfile::tempdir().unwrap();
     let config = support::write_config(dir.path(), &broker.bootstrap(), "g-crash");
+
     let mut service = Modstream::start(&config, "crash", dir.path());
 
     let load = produce_paced(
         broker.bootstrap(),
-        support::events("c-", 0..4000),
+        support::events("c-", 0..6000),
         Duration::from_secs(30),
     );
     for crash in 1..=5 {
         // Crash mid-stream: once the restarted service is producing verdicts.
         let progressed =
-            support::wait_for_progress(&broker.bootstrap(), 50, Duration::from_secs(30));
+            support::wait_for_progress(&broker.bootstrap(), 200, Duration::from_secs(30));
+        // Kill at a different point of the commit cycle each time.
+        std::thread::sleep(Duration::from_millis(250 * crash));
         println!("crash {crash}: service made progress before the kill: {progressed}");
         assert!(
             service.is_running(),

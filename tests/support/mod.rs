@@ -50,14 +50,14 @@ impl Broker {
         Self::start("memory://nisshi/".to_string(), None)
     }
 
-    /// `sqlite://` storage in a temp dir, so that a restart keeps the data.
+    /// `sqlite://` storage in the broker's temp dir (nisshi resolves the path
+    /// against its working directory), so that a restart keeps the data.
     pub fn start_sqlite() -> Broker {
-        let dir = tempfile::tempdir().unwrap();
-        let storage = format!("sqlite://{}/nisshi.db", dir.path().display());
-        Self::start(storage, Some(dir))
+        Self::start("sqlite://nisshi.db".to_string(), None)
     }
 
     fn start(storage: String, dir: Option<tempfile::TempDir>) -> Broker {
+        // nisshi reads a .env file from its working directory: give it an empty one.
         let bin = nisshi_binary();
         assert!(
             bin.is_file(),
@@ -205,6 +205,9 @@ model_dir = "{}"
 
 impl Modstream {
     pub fn start(config: &Path, name: &str, log_dir: &Path) -> Modstream {
+        // MODSTREAM_TEST_LOGDIR keeps the service logs after the test.
+        let kept = std::env::var_os("MODSTREAM_TEST_LOGDIR").map(PathBuf::from);
+        let log_dir = kept.as_deref().unwrap_or(log_dir);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -213,7 +216,10 @@ impl Modstream {
         let child = Command::new(env!("CARGO_BIN_EXE_modstream"))
             .args(["run", "--config"])
             .arg(config)
-            .env("RUST_LOG", "modstream=info")
+            .env(
+                "RUST_LOG",
+                std::env::var("MODSTREAM_TEST_LOG").unwrap_or_else(|_| "modstream=info".into()),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
