@@ -58,7 +58,7 @@ fn a_batch_scores_like_its_events_one_by_one() {
         .collect();
     let batched = m.score(&mut posts.clone()).unwrap();
     for (i, post) in posts.iter().enumerate() {
-        let alone = m.score(&mut vec![post.clone()]).unwrap();
+        let alone = m.score(&mut [post.clone()]).unwrap();
         assert!(
             (alone[0][1] - batched[i][1]).abs() < 1e-5,
             "batching changed the score of {post:?}"
