@@ -222,8 +222,8 @@ fn commit(consumer: &BaseConsumer<ModstreamContext>, mode: CommitMode) {
 
 pub type KafkaConsumer = BaseConsumer<ModstreamContext>;
 
-/// Build the consumer and subscribe. Connection problems surface later, in
-/// the poll loop; configuration problems surface here.
+/// Build the consumer (not yet subscribed). Configuration problems surface
+/// here, connection problems in [`check_connection`].
 pub fn create(
     settings: &Settings,
     rebalance_tx: mpsc::Sender<RebalanceEvent>,
@@ -248,18 +248,24 @@ pub fn create(
     let consumer: KafkaConsumer = cfg
         .create_with_context(context)
         .map_err(ConsumerError::Create)?;
-    let topics: Vec<&str> = settings.input.topics.iter().map(String::as_str).collect();
-    consumer
-        .subscribe(&topics)
-        .map_err(|source| ConsumerError::Subscribe {
-            topics: settings.input.topics.clone(),
-            source,
-        })?;
     Ok(Arc::new(consumer))
 }
 
-/// Wait until the cluster answers a metadata request, so that wrong
-/// credentials or a wrong address fail the start instead of a silent wait.
+/// Join the consumer group on the input topics.
+pub fn subscribe(consumer: &KafkaConsumer, topics: &[String]) -> Result<(), ConsumerError> {
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    consumer
+        .subscribe(&names)
+        .map_err(|source| ConsumerError::Subscribe {
+            topics: topics.to_vec(),
+            source,
+        })
+}
+
+/// Before subscribing: wait until the cluster answers a metadata request, so
+/// that wrong credentials or a wrong address fail the start instead of a
+/// silent wait. Polling here serves error events; without a subscription it
+/// cannot hand out a record.
 pub fn check_connection(
     consumer: &KafkaConsumer,
     bootstrap: &str,
@@ -267,6 +273,7 @@ pub fn check_connection(
 ) -> Result<(), ConsumerError> {
     let started = Instant::now();
     loop {
+        let _ = consumer.poll(Duration::from_millis(50));
         if let Some(e) = consumer.context().fatal_error() {
             return Err(ConsumerError::Refused(e));
         }

@@ -131,6 +131,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<RunSummary, P
         .await
         .map_err(|e| consumer::ConsumerError::Refused(e.to_string()))??;
     }
+    consumer::subscribe(&kafka, &settings.input.topics)?;
     let (ingest_tx, ingest_rx) = mpsc::channel(1024);
     let pipeline_done = CancellationToken::new();
     let poll = consumer::spawn_poll_loop(

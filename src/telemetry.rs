@@ -114,8 +114,9 @@ pub fn describe_metrics() {
 /// Text or JSON logs on stderr; RUST_LOG wins over `telemetry.log_level`.
 pub fn init_logging(settings: &TelemetrySettings) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{},librdkafka=warn", settings.log_level)));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(format!("{},ort=warn,librdkafka=warn", settings.log_level))
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -300,3 +300,99 @@ fn the_service_rides_out_a_broker_restart() {
     assert!(service.is_running(), "the service recovered by itself");
     assert!(service.terminate(Duration::from_secs(20)));
 }
+
+/// Verdicts readable with SCRAM credentials (the broker requires them).
+fn authenticated_verdict_count(bootstrap: &str) -> usize {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "sasl-reader")
+        .set("security.protocol", "sasl_plaintext")
+        .set("sasl.mechanisms", "SCRAM-SHA-512")
+        .set("sasl.username", "modstream")
+        .set("sasl.password", "s3cret-pw")
+        .create()
+        .unwrap();
+    (0..2)
+        .map(|p| {
+            consumer
+                .fetch_watermarks(VERDICTS, p, Duration::from_secs(10))
+                .unwrap()
+                .1 as usize
+        })
+        .sum()
+}
+
+#[test]
+fn sasl_scram_right_password_works_wrong_one_fails_at_start() {
+    let _serial = serial();
+    let mut broker = Broker::start_sqlite();
+    topics(&broker, 2);
+    broker.create_user("modstream", "s3cret-pw");
+    let acked = support::produce(&broker.bootstrap(), &support::events("a-", 0..200));
+    assert_eq!(acked.len(), 200);
+    broker.restart_with_authentication();
+    let dir = tempfile::tempdir().unwrap();
+    let sasl = |password: &'static str| {
+        vec![
+            ("security.protocol", "sasl_plaintext"),
+            ("sasl.mechanisms", "SCRAM-SHA-512"),
+            ("sasl.username", "modstream"),
+            ("sasl.password", password),
+        ]
+    };
+
+    // A wrong password: a clear error at start, exit non-zero, nothing consumed.
+    let config = support::write_config_with(
+        dir.path(),
+        &broker.bootstrap(),
+        "g-wrong",
+        &sasl("wrong-pw"),
+    );
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_modstream"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("MODSTREAM__KAFKA__STARTUP_TIMEOUT", "20s")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!(
+        "wrong password: {} (after {:?})",
+        stderr.trim(),
+        started.elapsed()
+    );
+    assert!(
+        !out.status.success(),
+        "a wrong password must fail the start"
+    );
+    assert!(
+        stderr.contains("refused") || stderr.contains("uthentication"),
+        "clear error: {stderr}"
+    );
+    assert!(!stderr.contains("wrong-pw"), "the password is never logged");
+    assert_eq!(
+        authenticated_verdict_count(&broker.bootstrap()),
+        0,
+        "nothing consumed with a wrong password"
+    );
+
+    // The right password: verdicts for every event.
+    let config = support::write_config_with(
+        dir.path(),
+        &broker.bootstrap(),
+        "g-right",
+        &sasl("s3cret-pw"),
+    );
+    let mut service = Modstream::start(&config, "sasl", dir.path());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while authenticated_verdict_count(&broker.bootstrap()) < 200 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(
+        authenticated_verdict_count(&broker.bootstrap()),
+        200,
+        "one verdict per event with the right password"
+    );
+    assert!(service.terminate(Duration::from_secs(20)));
+}

@@ -39,6 +39,7 @@ fn free_port() -> u16 {
 /// A nisshi broker on 127.0.0.1, run from an empty directory.
 pub struct Broker {
     child: Option<Child>,
+    extra_args: Vec<String>,
     pub port: u16,
     dir: tempfile::TempDir,
     storage: String,
@@ -67,6 +68,7 @@ impl Broker {
         let dir = dir.unwrap_or_else(|| tempfile::tempdir().unwrap());
         let mut broker = Broker {
             child: None,
+            extra_args: Vec::new(),
             port: free_port(),
             dir,
             storage,
@@ -92,6 +94,7 @@ impl Broker {
             ])
             .args(["--storage-engine", &self.storage])
             .args(["--group-initial-rebalance-delay", "100ms"])
+            .args(&self.extra_args)
             .current_dir(self.dir.path())
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
@@ -124,6 +127,33 @@ impl Broker {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Restart with client authentication required (SASL/SCRAM).
+    pub fn restart_with_authentication(&mut self) {
+        self.extra_args = vec!["--authentication".to_string()];
+        self.restart();
+    }
+
+    /// Create a SCRAM-SHA-512 user (through the broker, before authentication is on).
+    pub fn create_user(&self, name: &str, password: &str) {
+        let out = Command::new(nisshi_binary())
+            .args([
+                "user",
+                "create",
+                "--broker",
+                &format!("tcp://127.0.0.1:{}", self.port),
+                name,
+                password,
+            ])
+            .current_dir(self.dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "nisshi user create: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Start again on the same port and storage.
@@ -166,6 +196,20 @@ pub struct Modstream {
 }
 
 pub fn write_config(dir: &Path, bootstrap: &str, group: &str) -> PathBuf {
+    write_config_with(dir, bootstrap, group, &[])
+}
+
+/// [`write_config`] with librdkafka properties for both clients (security).
+pub fn write_config_with(
+    dir: &Path,
+    bootstrap: &str,
+    group: &str,
+    client_props: &[(&str, &str)],
+) -> PathBuf {
+    let props: String = client_props
+        .iter()
+        .map(|(k, v)| format!("\"{k}\" = \"{v}\"\n"))
+        .collect();
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/profanity-check");
     let path = dir.join(format!("{group}.toml"));
     std::fs::write(
@@ -183,8 +227,9 @@ commit_interval = "500ms"
 "heartbeat.interval.ms" = 500
 "max.poll.interval.ms" = 20000
 "group.protocol" = "classic"
-[kafka.producer]
+{props}[kafka.producer]
 "linger.ms" = 2
+{props}
 [input]
 topics = ["{INPUT}"]
 [output]
