@@ -83,12 +83,27 @@ fn env_vars_override_the_file_and_topics_may_be_one_string() {
 #[test]
 fn a_corrupt_model_fails_at_start_with_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy("models/profanity-check/manifest.json", dir.path().join("manifest.json")).unwrap();
+    std::fs::copy(
+        "models/profanity-check/manifest.json",
+        dir.path().join("manifest.json"),
+    )
+    .unwrap();
     std::fs::write(dir.path().join("model.onnx"), b"this is not an ONNX model").unwrap();
-    let out = modstream().args(["check-model", "--model"]).arg(dir.path()).arg("hello").output().unwrap();
+    let out = modstream()
+        .args(["check-model", "--model"])
+        .arg(dir.path())
+        .arg("hello")
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("modstream: error:")).collect();
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("modstream: error:"))
+        .collect();
     assert_eq!(errors.len(), 1, "{stderr}");
-    assert!(errors[0].contains("cannot load model") && errors[0].contains("model.onnx"), "{stderr}");
+    assert!(
+        errors[0].contains("cannot load model") && errors[0].contains("model.onnx"),
+        "{stderr}"
+    );
 }

@@ -396,3 +396,52 @@ fn sasl_scram_right_password_works_wrong_one_fails_at_start() {
     );
     assert!(service.terminate(Duration::from_secs(20)));
 }
+
+/// A member that stops answering (frozen with SIGSTOP for longer than the
+/// session timeout, as a stalled host or a GC pause would) is evicted; its
+/// partitions go to the other member. When it wakes, acknowledgements of
+/// work it no longer owns must not be committed over the new owner's.
+#[test]
+fn an_evicted_member_commits_nothing_for_partitions_it_lost() {
+    let _serial = serial();
+    let broker = Broker::start_memory();
+    topics(&broker, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-evict");
+    let mut a = Modstream::start(&config, "a", dir.path());
+    let mut b = Modstream::start(&config, "b", dir.path());
+    let load = produce_paced(
+        broker.bootstrap(),
+        support::events("v-", 0..4000),
+        Duration::from_secs(20),
+    );
+    assert!(support::wait_for_progress(
+        &broker.bootstrap(),
+        300,
+        Duration::from_secs(30)
+    ));
+    a.signal("-STOP");
+    std::thread::sleep(Duration::from_secs(10)); // > session.timeout.ms (6 s)
+    a.signal("-CONT");
+    let acked = load.join().unwrap();
+    let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(120));
+    v.report("member frozen past its session timeout, then resumed");
+    assert!(
+        v.lost.is_empty(),
+        "lost after an eviction: {}",
+        v.lost.len()
+    );
+    // Committed offsets never pass an event without a verdict.
+    assert!(b.terminate(Duration::from_secs(20)));
+    assert!(a.terminate(Duration::from_secs(20)));
+    let committed = support::committed(&broker.bootstrap(), "g-evict", 4);
+    let delivered = support::verdict_sources(&broker.bootstrap());
+    for (partition, &c) in committed.iter().enumerate() {
+        for offset in 0..c.max(0) {
+            assert!(
+                delivered.contains(&(partition as i32, offset)),
+                "committed {c} on partition {partition} passes undelivered offset {offset}"
+            );
+        }
+    }
+}

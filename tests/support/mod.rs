@@ -305,6 +305,15 @@ impl Modstream {
         }
     }
 
+    /// Freeze (SIGSTOP) or thaw (SIGCONT) the process.
+    pub fn signal(&self, signal: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .args([signal, &c.id().to_string()])
+                .status();
+        }
+    }
+
     pub fn is_running(&mut self) -> bool {
         self.child
             .as_mut()
