@@ -51,6 +51,8 @@ fn cases() -> Vec<(Vec<u8>, Option<&'static str>, bool, &'static str)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_hostile_record_gets_exactly_one_outcome() {
+    // This test binary holds one test: the global metrics recorder is its own.
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().unwrap();
     let broker = EmbeddedBroker::start(&[(INPUT, 1), (VERDICTS, 1), (DLQ, 1)]).unwrap();
     let bootstrap = broker.bootstrap_servers().to_string();
     let cases = cases();
@@ -154,6 +156,18 @@ async fn every_hostile_record_gets_exactly_one_outcome() {
         .unwrap();
     assert_eq!(nokey.key, None, "a null key stays null on the verdict");
     assert_eq!(summary.consumed as usize, cases.len());
+    // The DLQ metric counts each reason once per dead-lettered record.
+    let exposition = metrics.render();
+    let mut expected: HashMap<&str, usize> = HashMap::new();
+    for (_, _, _, outcome) in &cases {
+        if *outcome != "verdict" {
+            *expected.entry(*outcome).or_default() += 1;
+        }
+    }
+    for (reason, n) in expected {
+        let line = format!("modstream_dlq_total{{reason=\"{reason}\"}} {n}");
+        assert!(exposition.lines().any(|l| l == line), "missing `{line}` in:\n{exposition}");
+    }
     println!(
         "hostile input: {} records, {} verdicts, {} dead-lettered, lost 0",
         cases.len(),
