@@ -3,6 +3,7 @@
 # - nisshi 0.8.1, a Kafka-compatible broker (crates.io; a long first build),
 #   into $MODSTREAM_CACHE_DIR/nisshi-0.8.1/bin/nisshi
 # - kcat, a real Kafka client (Debian package)
+# - prometheus and promtool (Debian package), to check and scrape /metrics
 # Fails with a clear message when either cannot be installed: the tests that
 # need them are never skipped.
 set -euo pipefail
@@ -17,11 +18,14 @@ if [ ! -x "$nisshi" ]; then
     exit 1
   fi
 fi
-if ! command -v kcat >/dev/null; then
-  echo "install-test-tools: installing kcat (Debian package)" >&2
+missing=""
+command -v kcat >/dev/null || missing="$missing kcat"
+command -v promtool >/dev/null || missing="$missing prometheus"
+if [ -n "$missing" ]; then
+  echo "install-test-tools: installing$missing (Debian packages)" >&2
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  if ! { $sudo apt-get update -qq && $sudo apt-get install -y -qq kcat; } >&2; then
-    echo "install-test-tools: cannot install kcat; the real-broker tests need it" >&2
+  if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $missing; } >&2; then
+    echo "install-test-tools: cannot install$missing; the tests need them" >&2
     exit 1
   fi
 fi

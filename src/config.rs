@@ -175,6 +175,8 @@ impl Default for Policy {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetrySettings {
+    /// Address of the /metrics, /healthz, /readyz listener.
+    pub listen: std::net::SocketAddr,
     /// "text" or "json".
     pub log_format: String,
     /// Used when RUST_LOG is not set.
@@ -184,6 +186,7 @@ pub struct TelemetrySettings {
 impl Default for TelemetrySettings {
     fn default() -> Self {
         TelemetrySettings {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 9464)),
             log_format: "text".to_string(),
             log_level: "info".to_string(),
         }
@@ -576,6 +579,13 @@ mod tests {
         assert_eq!(s.limits.max_text_bytes, 64 * 1024);
         assert_eq!(s.output.dlq_topic, "moderation.dlq");
         assert_eq!(s.batching.max_batch_size, 64);
+    }
+
+    #[test]
+    fn the_metrics_listener_binds_loopback_by_default() {
+        let s = with("").unwrap();
+        assert!(s.telemetry.listen.ip().is_loopback());
+        assert_eq!(s.telemetry.listen.port(), 9464);
     }
 
     #[test]

@@ -103,6 +103,19 @@ pub struct ModstreamContext {
 }
 
 impl ClientContext for ModstreamContext {
+    /// librdkafka statistics (every `statistics.interval.ms`): consumer lag
+    /// per assigned partition.
+    fn stats(&self, stats: rdkafka::Statistics) {
+        for (topic, t) in &stats.topics {
+            for (partition, p) in &t.partitions {
+                if *partition >= 0 && p.consumer_lag >= 0 {
+                    metrics::gauge!(metric::CONSUMER_LAG, "topic" => topic.clone(), "partition" => partition.to_string())
+                        .set(p.consumer_lag as f64);
+                }
+            }
+        }
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if is_fatal(&error) {
             tracing::error!(error = %error, reason, "fatal Kafka client error");
@@ -234,7 +247,8 @@ pub fn create(
         .set("enable.auto.offset.store", "false")
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        .set("statistics.interval.ms", "5000");
     for (k, v) in &settings.kafka.consumer {
         cfg.set(k, v);
     }

@@ -10,6 +10,9 @@ use clap::{Parser, Subcommand};
 use modstream::config::{InferenceSettings, Settings, TelemetrySettings};
 use modstream::inference::Model;
 use modstream::shutdown::Shutdown;
+use modstream::telemetry::Health;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(
@@ -89,11 +92,23 @@ fn run(config: Option<PathBuf>, print_config: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     modstream::telemetry::init_logging(&settings.telemetry);
-    modstream::telemetry::describe_metrics();
+    let metrics = modstream::telemetry::install_recorder()?;
     runtime()?.block_on(async {
+        let health = Arc::new(Health::default());
+        let stop_listener = CancellationToken::new();
+        let listener = modstream::telemetry::serve(
+            settings.telemetry.listen,
+            metrics,
+            health.clone(),
+            stop_listener.clone(),
+        )
+        .await?;
         let shutdown = Shutdown::new();
         shutdown.listen_for_signals();
-        modstream::pipeline::run(settings, shutdown).await?;
+        let result = modstream::pipeline::run_with_health(settings, shutdown, health).await;
+        stop_listener.cancel();
+        let _ = listener.await;
+        result?;
         Ok(())
     })
 }

@@ -17,6 +17,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
+use std::sync::atomic::Ordering;
+
 use rdkafka::consumer::Consumer;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -30,7 +32,7 @@ use crate::event::{self, Priority, RejectReason};
 use crate::inference::{InferenceError, InferenceJob, InferencePool, InferenceResult};
 use crate::producer::{OutRecord, ProducerError, Sink};
 use crate::shutdown::Shutdown;
-use crate::telemetry::metric;
+use crate::telemetry::{Health, metric};
 use crate::verdict;
 
 #[derive(Debug, thiserror::Error)]
@@ -100,7 +102,8 @@ struct Ack {
 }
 
 enum Outcome {
-    Verdict(&'static str),
+    /// The verdict label, and when the input record was written (ms).
+    Verdict(&'static str, Option<i64>),
     Dlq(RejectReason),
 }
 
@@ -113,9 +116,19 @@ struct PendingRevoke {
 /// Run the pipeline until `shutdown` says stop and everything in flight is
 /// delivered (or abandoned on abort). The model loads before any connection.
 pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<RunSummary, PipelineError> {
+    run_with_health(settings, shutdown, Arc::default()).await
+}
+
+/// [`run`], reporting readiness (for /readyz) into `health`.
+pub async fn run_with_health(
+    settings: Settings,
+    shutdown: Shutdown,
+    health: Arc<Health>,
+) -> Result<RunSummary, PipelineError> {
     let (results_tx, results_rx) = mpsc::channel(settings.inference.workers * 4);
     let pool = InferencePool::start(&settings.inference, results_tx)?;
     tracing::info!(model = %pool.manifest.name, version = %pool.manifest.version, workers = settings.inference.workers, "model loaded");
+    health.model_loaded.store(true, Ordering::SeqCst);
     let sink = Sink::new(&settings.kafka)?;
     let (rebalance_tx, rebalance_rx) = mpsc::channel(16);
     let kafka = consumer::create(&settings, rebalance_tx)?;
@@ -132,6 +145,19 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<RunSummary, P
         .map_err(|e| consumer::ConsumerError::Refused(e.to_string()))??;
     }
     consumer::subscribe(&kafka, &settings.input.topics)?;
+    health.consumer_ready.store(true, Ordering::SeqCst);
+    // The consumer reached the cluster; check the producer does too (same
+    // brokers, its own credentials).
+    {
+        let (sink, timeout) = (sink.clone(), settings.kafka.startup_timeout);
+        let reachable = tokio::task::spawn_blocking(move || sink.reachable(timeout))
+            .await
+            .unwrap_or(false);
+        health.producer_connected.store(reachable, Ordering::SeqCst);
+        if !reachable {
+            tracing::warn!("the producer cannot reach the cluster yet; deliveries will retry");
+        }
+    }
     let (ingest_tx, ingest_rx) = mpsc::channel(1024);
     let pipeline_done = CancellationToken::new();
     let poll = consumer::spawn_poll_loop(
@@ -182,6 +208,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<RunSummary, P
     };
     core.run(ingest_rx, rebalance_rx, results_rx, acks_rx).await;
     watchdog.abort();
+    health.consumer_ready.store(false, Ordering::SeqCst);
 
     // The poll thread must hold the last handle of the consumer: closing it
     // runs the revoke callback, which may block, and must not on this runtime.
@@ -512,7 +539,11 @@ impl Core {
                             &probabilities,
                             pending.timestamp_ms,
                         );
-                        (out, Outcome::Verdict(label))
+                        let event_time = pending
+                            .timestamp_ms
+                            .filter(|t| *t > 0)
+                            .or(pending.event.created_at_ms);
+                        (out, Outcome::Verdict(label, event_time))
                     }
                     Err(message) => {
                         metrics::counter!(metric::INFERENCE_FAILURES_TOTAL).increment(1);
@@ -560,9 +591,13 @@ impl Core {
             return;
         };
         match outcome {
-            Outcome::Verdict(label) => {
+            Outcome::Verdict(label, event_time_ms) => {
                 self.summary.verdicts += 1;
                 metrics::counter!(metric::VERDICTS_TOTAL, "verdict" => label).increment(1);
+                if let Some(t) = event_time_ms {
+                    let ms = (chrono::Utc::now().timestamp_millis() - t).max(0);
+                    metrics::histogram!(metric::END_TO_END_SECONDS).record(ms as f64 / 1000.0);
+                }
             }
             Outcome::Dlq(reason) => {
                 self.summary.dlq += 1;

@@ -124,6 +124,11 @@ impl Sink {
         }
     }
 
+    /// Whether the cluster answers this producer's metadata request (blocking).
+    pub fn reachable(&self, timeout: Duration) -> bool {
+        self.producer.client().fetch_metadata(None, timeout).is_ok()
+    }
+
     /// Wait for everything queued to be delivered (shutdown).
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         self.producer.flush(Timeout::After(timeout))

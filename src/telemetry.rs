@@ -4,6 +4,13 @@
 //! histograms, labels of low cardinality only (topic, partition, verdict,
 //! reason, kind); never event ids or text.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio_util::sync::CancellationToken;
+
 use crate::config::TelemetrySettings;
 
 pub mod metric {
@@ -37,6 +44,11 @@ pub mod metric {
     pub const STALE_RECORDS_TOTAL: &str = "modstream_stale_records_total";
     /// Consumer errors. Labels: kind.
     pub const ERRORS_TOTAL: &str = "modstream_errors_total";
+    /// Input record timestamp to verdict acknowledgement, seconds.
+    pub const END_TO_END_SECONDS: &str = "modstream_end_to_end_latency_seconds";
+    /// Records behind the end of the partition (librdkafka statistics).
+    /// Labels: topic, partition.
+    pub const CONSUMER_LAG: &str = "modstream_consumer_lag";
 }
 
 /// Describe every metric with its unit (for /metrics HELP lines).
@@ -109,6 +121,124 @@ pub fn describe_metrics() {
         "records of revoked partitions left for their new owner"
     );
     describe_counter!(metric::ERRORS_TOTAL, Unit::Count, "consumer errors by kind");
+    describe_histogram!(
+        metric::END_TO_END_SECONDS,
+        Unit::Seconds,
+        "input record timestamp to verdict acknowledgement"
+    );
+    describe_gauge!(
+        metric::CONSUMER_LAG,
+        Unit::Count,
+        "records behind the partition end, per input partition"
+    );
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("cannot install the metrics recorder: {0}")]
+    Recorder(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Install the Prometheus recorder (histogram buckets for the `_seconds`
+/// metrics and the batch size) and describe every metric.
+pub fn install_recorder() -> Result<PrometheusHandle, TelemetryError> {
+    let seconds = [
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
+    let sizes = [
+        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+    ];
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(metric::BATCH_SIZE.into()), &sizes))
+        .map_err(|e| TelemetryError::Recorder(e.to_string()))?
+        .install_recorder()
+        .map_err(|e| TelemetryError::Recorder(e.to_string()))?;
+    describe_metrics();
+    Ok(handle)
+}
+
+/// What /readyz reports: ready once the model is loaded, the consumer has
+/// joined (partitions assigned or waiting for an assignment) and the
+/// producer reached the cluster.
+#[derive(Debug, Default)]
+pub struct Health {
+    pub model_loaded: AtomicBool,
+    pub consumer_ready: AtomicBool,
+    pub producer_connected: AtomicBool,
+}
+
+impl Health {
+    pub fn ready(&self) -> bool {
+        self.model_loaded.load(Ordering::SeqCst)
+            && self.consumer_ready.load(Ordering::SeqCst)
+            && self.producer_connected.load(Ordering::SeqCst)
+    }
+
+    fn report(&self) -> String {
+        serde_json::json!({
+            "ready": self.ready(),
+            "model_loaded": self.model_loaded.load(Ordering::SeqCst),
+            "consumer_ready": self.consumer_ready.load(Ordering::SeqCst),
+            "producer_connected": self.producer_connected.load(Ordering::SeqCst),
+        })
+        .to_string()
+    }
+}
+
+/// Serve /metrics, /healthz and /readyz on `addr` until `stop` fires. Binds
+/// before returning, so a taken port fails the start.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: PrometheusHandle,
+    health: Arc<Health>,
+    stop: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, TelemetryError> {
+    use axum::http::{StatusCode, header};
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| TelemetryError::Listen { addr, source })?;
+    let ready_health = health.clone();
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let body = metrics.render();
+                async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body) }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let h = ready_health.clone();
+                async move {
+                    let status = if h.ready() {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    };
+                    (
+                        status,
+                        [(header::CONTENT_TYPE, "application/json")],
+                        h.report(),
+                    )
+                }
+            }),
+        );
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+    }))
 }
 
 /// Text or JSON logs on stderr; RUST_LOG wins over `telemetry.log_level`.

@@ -52,7 +52,9 @@ fn cases() -> Vec<(Vec<u8>, Option<&'static str>, bool, &'static str)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_hostile_record_gets_exactly_one_outcome() {
     // This test binary holds one test: the global metrics recorder is its own.
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().unwrap();
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .unwrap();
     let broker = EmbeddedBroker::start(&[(INPUT, 1), (VERDICTS, 1), (DLQ, 1)]).unwrap();
     let bootstrap = broker.bootstrap_servers().to_string();
     let cases = cases();
@@ -166,7 +168,10 @@ async fn every_hostile_record_gets_exactly_one_outcome() {
     }
     for (reason, n) in expected {
         let line = format!("modstream_dlq_total{{reason=\"{reason}\"}} {n}");
-        assert!(exposition.lines().any(|l| l == line), "missing `{line}` in:\n{exposition}");
+        assert!(
+            exposition.lines().any(|l| l == line),
+            "missing `{line}` in:\n{exposition}"
+        );
     }
     println!(
         "hostile input: {} records, {} verdicts, {} dead-lettered, lost 0",

@@ -275,6 +275,14 @@ impl Modstream {
         }
     }
 
+    /// Take over a process started elsewhere (killed on drop).
+    pub fn adopt(child: Child, name: &str) -> Modstream {
+        Modstream {
+            child: Some(child),
+            name: name.to_string(),
+        }
+    }
+
     /// SIGKILL: no drain, no commit.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -1,0 +1,207 @@
+//! The metrics and health listener of `modstream run`, scraped after an
+//! end-to-end run: the counters match what happened, the exposition passes
+//! promtool, and a real Prometheus server scrapes it.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use modstream::embedded::EmbeddedBroker;
+use support::{DLQ, INPUT, Modstream, VERDICTS};
+
+/// GET a path on 127.0.0.1:port: (status code, body).
+fn get(port: u16, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Sum of a metric's samples (all label sets), from the exposition text.
+fn sum(exposition: &str, name: &str) -> f64 {
+    exposition
+        .lines()
+        .filter(|l| {
+            l.starts_with(name)
+                && (l[name.len()..].starts_with('{') || l[name.len()..].starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn metrics_match_what_happened_and_prometheus_scrapes_them() {
+    let broker = EmbeddedBroker::start(&[(INPUT, 2), (VERDICTS, 2), (DLQ, 1)]).unwrap();
+    let bootstrap = broker.bootstrap_servers().to_string();
+    let mut events = support::events("p-", 0..500);
+    for i in 0..7 {
+        events.push((format!("bad-{i}"), "k".into(), b"not json".to_vec()));
+    }
+    let acked = support::produce(&bootstrap, &events);
+    let valid: Vec<String> = acked
+        .iter()
+        .filter(|id| id.starts_with("p-"))
+        .cloned()
+        .collect();
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &bootstrap, "g-metrics");
+    let port = free_port();
+    let service = Command::new(env!("CARGO_BIN_EXE_modstream"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("MODSTREAM__TELEMETRY__LISTEN", format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut service = Modstream::adopt(service, "metrics");
+
+    let v = support::verify(&bootstrap, &valid, Duration::from_secs(60));
+    assert!(v.lost.is_empty());
+    // DLQ deliveries are acknowledged around the same time; give them a moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut exposition = get(port, "/metrics").1;
+    while sum(&exposition, "modstream_dlq_total") < 7.0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        exposition = get(port, "/metrics").1;
+    }
+
+    assert_eq!(get(port, "/healthz").0, 200);
+    let (status, ready) = get(port, "/readyz");
+    assert_eq!(status, 200, "{ready}");
+    assert!(ready.contains("\"ready\":true"), "{ready}");
+
+    assert_eq!(
+        sum(&exposition, "modstream_verdicts_total"),
+        500.0,
+        "verdicts_total == valid events"
+    );
+    assert_eq!(
+        sum(&exposition, "modstream_dlq_total"),
+        7.0,
+        "dlq_total == malformed events"
+    );
+    assert!(exposition.contains("modstream_dlq_total{reason=\"invalid_json\"} 7"));
+    assert_eq!(sum(&exposition, "modstream_events_consumed_total"), 507.0);
+    let batches = sum(&exposition, "modstream_batch_size_count");
+    assert!(batches >= 1.0);
+    assert_eq!(
+        sum(&exposition, "modstream_inference_seconds_count"),
+        batches,
+        "one inference per batch"
+    );
+    assert_eq!(
+        sum(&exposition, "modstream_batch_size_sum"),
+        500.0,
+        "every valid event scored once"
+    );
+    assert_eq!(
+        sum(&exposition, "modstream_end_to_end_latency_seconds_count"),
+        500.0
+    );
+
+    // promtool accepts the exposition.
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool is installed (scripts/test.sh installs it)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A real Prometheus scrapes the service while more events flow.
+    let prom_port = free_port();
+    let prom_dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        prom_dir.path().join("prometheus.yml"),
+        format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: modstream\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"),
+    )
+    .unwrap();
+    let mut prometheus = Command::new("prometheus")
+        .arg(format!(
+            "--config.file={}",
+            prom_dir.path().join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            prom_dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("prometheus is installed (scripts/test.sh installs it)");
+    let more = support::events("q-", 0..2000);
+    let b = bootstrap.clone();
+    let load = std::thread::spawn(move || {
+        for chunk in more.chunks(100) {
+            support::produce(&b, chunk);
+            std::thread::sleep(Duration::from_millis(400));
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut rate = 0.0;
+    while Instant::now() < deadline && rate <= 0.0 {
+        std::thread::sleep(Duration::from_secs(1));
+        let Ok(stream) = TcpStream::connect(("127.0.0.1", prom_port)) else {
+            continue;
+        };
+        drop(stream);
+        let (status, body) = get(
+            prom_port,
+            "/api/v1/query?query=sum(rate(modstream_verdicts_total%5B5s%5D))",
+        );
+        if status != 200 {
+            continue;
+        }
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        rate = json["data"]["result"][0]["value"][1]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+    }
+    load.join().unwrap();
+    let _ = prometheus.kill();
+    let _ = prometheus.wait();
+    println!("prometheus saw sum(rate(modstream_verdicts_total[5s])) = {rate:.1}/s");
+    assert!(rate > 0.0, "Prometheus scraped a non-zero verdict rate");
+    assert!(service.terminate(Duration::from_secs(20)));
+}
