@@ -4,6 +4,7 @@
 #   into $MODSTREAM_CACHE_DIR/nisshi-0.8.1/bin/nisshi
 # - kcat, a real Kafka client (Debian package)
 # - prometheus and promtool (Debian package), to check and scrape /metrics
+# - docker-compose (Debian package), only to validate docker-compose.yml
 # Fails with a clear message when either cannot be installed: the tests that
 # need them are never skipped.
 set -euo pipefail
@@ -21,6 +22,7 @@ fi
 missing=""
 command -v kcat >/dev/null || missing="$missing kcat"
 command -v promtool >/dev/null || missing="$missing prometheus"
+command -v docker-compose >/dev/null || missing="$missing docker-compose"
 if [ -n "$missing" ]; then
   echo "install-test-tools: installing$missing (Debian packages)" >&2
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"

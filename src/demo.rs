@@ -84,17 +84,30 @@ pub fn generate(count: usize, malformed_every: usize, prefix: &str) -> Vec<Gener
         .collect()
 }
 
+/// A producer for generated events.
+pub fn event_producer(bootstrap: &str) -> Result<FutureProducer, String> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "5")
+        .create()
+        .map_err(|e| e.to_string())
+}
+
 /// Produce records to `topic` and wait until the broker has all of them.
 pub async fn produce_all(
     bootstrap: &str,
     topic: &str,
     events: &[GeneratedEvent],
 ) -> Result<(), String> {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "5")
-        .create()
-        .map_err(|e| e.to_string())?;
+    produce_with(&event_producer(bootstrap)?, topic, events).await
+}
+
+/// [`produce_all`] with a producer the caller keeps.
+pub async fn produce_with(
+    producer: &FutureProducer,
+    topic: &str,
+    events: &[GeneratedEvent],
+) -> Result<(), String> {
     let mut pending = Vec::with_capacity(events.len());
     for e in events {
         let record = FutureRecord::to(topic)

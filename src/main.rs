@@ -42,6 +42,26 @@ enum Command {
         model: PathBuf,
         texts: Vec<String>,
     },
+    /// Produce generated posts (benign, abusive, urgent, 1 % malformed) to a topic.
+    Produce {
+        #[arg(
+            long,
+            env = "MODSTREAM__KAFKA__BOOTSTRAP_SERVERS",
+            default_value = "127.0.0.1:9092"
+        )]
+        bootstrap: String,
+        #[arg(long, default_value = "moderation.events")]
+        topic: String,
+        /// Events to send.
+        #[arg(long, default_value_t = 10_000)]
+        count: usize,
+        /// Events per second (0: as fast as possible).
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+        /// Keep going: send `count` events again and again.
+        #[arg(long)]
+        forever: bool,
+    },
     /// Run the pipeline on an embedded Kafka cluster with generated posts.
     Demo {
         /// Events to produce.
@@ -63,6 +83,13 @@ fn main() -> ExitCode {
             print_config,
         } => run(config, print_config),
         Command::CheckModel { model, texts } => check_model(model, texts),
+        Command::Produce {
+            bootstrap,
+            topic,
+            count,
+            rate,
+            forever,
+        } => produce(bootstrap, topic, count, rate, forever),
         Command::Demo {
             events,
             max_seconds,
@@ -148,6 +175,52 @@ fn check_model(model_dir: PathBuf, mut texts: Vec<String>) -> anyhow::Result<()>
         println!("{verdict:<6} {}  {text}", pairs.join(" "));
     }
     Ok(())
+}
+
+fn produce(
+    bootstrap: String,
+    topic: String,
+    count: usize,
+    rate: u64,
+    forever: bool,
+) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let producer = modstream::demo::event_producer(&bootstrap).map_err(anyhow::Error::msg)?;
+        let mut round = 0u64;
+        loop {
+            let events = modstream::demo::generate(
+                count,
+                100,
+                &format!("gen-{}-{round}-", std::process::id()),
+            );
+            let started = std::time::Instant::now();
+            // Paced in slices of 10 ms so that the rate holds without bursts.
+            let slice = if rate == 0 {
+                events.len().max(1)
+            } else {
+                (rate as usize / 100).max(1)
+            };
+            for (i, chunk) in events.chunks(slice).enumerate() {
+                if rate > 0 {
+                    let due = started + Duration::from_secs_f64((i * slice) as f64 / rate as f64);
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                modstream::demo::produce_with(&producer, &topic, chunk)
+                    .await
+                    .map_err(anyhow::Error::msg)?;
+            }
+            let secs = started.elapsed().as_secs_f64();
+            eprintln!(
+                "produced {} events to {topic} in {secs:.1}s ({:.0}/s)",
+                events.len(),
+                events.len() as f64 / secs
+            );
+            round += 1;
+            if !forever {
+                return Ok(());
+            }
+        }
+    })
 }
 
 fn demo(events: usize, max_seconds: u64, model: Option<PathBuf>) -> anyhow::Result<()> {

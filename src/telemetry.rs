@@ -49,6 +49,27 @@ pub mod metric {
     /// Records behind the end of the partition (librdkafka statistics).
     /// Labels: topic, partition.
     pub const CONSUMER_LAG: &str = "modstream_consumer_lag";
+
+    /// Every metric the service exports.
+    pub const ALL: &[&str] = &[
+        CONSUMED_TOTAL,
+        VERDICTS_TOTAL,
+        DLQ_TOTAL,
+        PRODUCED_TOTAL,
+        DELIVERY_FAILURES_TOTAL,
+        BATCH_SIZE,
+        BATCH_WAIT_SECONDS,
+        INFERENCE_SECONDS,
+        INFERENCE_FAILURES_TOTAL,
+        IN_FLIGHT_EVENTS,
+        PAUSED_PARTITIONS,
+        COMMITS_TOTAL,
+        REBALANCES_TOTAL,
+        STALE_RECORDS_TOTAL,
+        ERRORS_TOTAL,
+        END_TO_END_SECONDS,
+        CONSUMER_LAG,
+    ];
 }
 
 /// Describe every metric with its unit (for /metrics HELP lines).
