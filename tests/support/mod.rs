@@ -240,6 +240,9 @@ max_batch_size = 32
 max_batch_delay = "10ms"
 [inference]
 model_dir = "{}"
+[telemetry]
+# Several services run at once: each takes a free port.
+listen = "127.0.0.1:0"
 "#,
             model.display()
         ),
