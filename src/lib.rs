@@ -5,6 +5,7 @@
 //! [`verdict`] → [`producer`] → [`offsets`]; [`pipeline`] wires them.
 
 pub mod batcher;
+pub mod bench;
 pub mod config;
 pub mod consumer;
 pub mod demo;

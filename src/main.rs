@@ -62,6 +62,27 @@ enum Command {
         #[arg(long)]
         forever: bool,
     },
+    /// Measure throughput and latency on the embedded cluster, against the raw model.
+    Bench {
+        /// Events per saturation run.
+        #[arg(long, default_value_t = 20_000)]
+        events: usize,
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
+        batch_sizes: Vec<usize>,
+        #[arg(long, value_delimiter = ',', default_value = "5,20")]
+        delays_ms: Vec<u64>,
+        /// Offered load as fractions of saturation, for the latency curve.
+        #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,0.75,1.0")]
+        loads: Vec<f64>,
+        /// Seconds of paced load per latency point.
+        #[arg(long, default_value_t = 5)]
+        latency_seconds: u64,
+        #[arg(long, default_value_t = 1)]
+        intra_threads: usize,
+        /// Where bench.json and bench.svg go.
+        #[arg(long, default_value = "target/bench")]
+        out: PathBuf,
+    },
     /// Run the pipeline on an embedded Kafka cluster with generated posts.
     Demo {
         /// Events to produce.
@@ -90,6 +111,23 @@ fn main() -> ExitCode {
             rate,
             forever,
         } => produce(bootstrap, topic, count, rate, forever),
+        Command::Bench {
+            events,
+            batch_sizes,
+            delays_ms,
+            loads,
+            latency_seconds,
+            intra_threads,
+            out,
+        } => bench(modstream::bench::BenchOptions {
+            events,
+            batch_sizes,
+            delays_ms,
+            loads,
+            latency_seconds,
+            intra_threads,
+            out_dir: out,
+        }),
         Command::Demo {
             events,
             max_seconds,
@@ -221,6 +259,19 @@ fn produce(
             }
         }
     })
+}
+
+fn bench(opts: modstream::bench::BenchOptions) -> anyhow::Result<()> {
+    modstream::telemetry::init_logging(&TelemetrySettings {
+        log_level: "warn".into(),
+        ..Default::default()
+    });
+    anyhow::ensure!(
+        !opts.batch_sizes.is_empty() && !opts.delays_ms.is_empty(),
+        "give at least one batch size and one delay"
+    );
+    runtime()?.block_on(modstream::bench::run(opts))?;
+    Ok(())
 }
 
 fn demo(events: usize, max_seconds: u64, model: Option<PathBuf>) -> anyhow::Result<()> {

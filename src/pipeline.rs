@@ -58,6 +58,9 @@ pub struct RunSummary {
     pub stale: u64,
     /// Deliveries given up at shutdown (their offsets stay uncommitted).
     pub abandoned: u64,
+    /// Model runs, and the time spent in them.
+    pub batches: u64,
+    pub inference_seconds: f64,
 }
 
 /// A valid event waiting for its verdict.
@@ -492,6 +495,8 @@ impl Core {
             return;
         };
         metrics::histogram!(metric::INFERENCE_SECONDS).record(result.elapsed.as_secs_f64());
+        self.summary.batches += 1;
+        self.summary.inference_seconds += result.elapsed.as_secs_f64();
         let mut scores = result.scores.into_iter();
         for segment in segments {
             let scored: Vec<Scored> = segment
