@@ -155,6 +155,7 @@ fn read_verdicts(
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "bench-reader")
         .set("fetch.wait.max.ms", "5")
+        .set("fetch.error.backoff.ms", "5")
         .set("enable.auto.commit", "false")
         .create()?;
     let mut tpl = TopicPartitionList::new();
@@ -199,8 +200,15 @@ async fn latency(
         settings(&bootstrap, batch, delay_ms, opts.intra_threads)?,
         shutdown.clone(),
     ));
-    // Let the group settle before the clock starts.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The clock starts once the pipeline owns its partitions: one warm-up
+    // event must come back as a verdict first (group join is not latency).
+    let warmup = demo::generate(1, 0, "warmup-");
+    demo::produce_all(&bootstrap, DEMO_INPUT, &warmup)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let b = bootstrap.clone();
+    tokio::task::spawn_blocking(move || read_verdicts(&b, 1, Duration::from_secs(60), |_| {}))
+        .await??;
     let start = Instant::now();
     let intended: HashMap<String, Instant> = events
         .iter()
@@ -215,7 +223,8 @@ async fn latency(
     let b = bootstrap.clone();
     let reader = tokio::task::spawn_blocking(move || {
         let mut read_at: HashMap<String, Instant> = HashMap::new();
-        let r = read_verdicts(&b, count, Duration::from_secs(300), |id| {
+        // The warm-up verdict comes first.
+        let r = read_verdicts(&b, count + 1, Duration::from_secs(300), |id| {
             read_at.insert(id.to_string(), Instant::now());
         });
         r.map(|_| read_at)

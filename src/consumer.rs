@@ -352,6 +352,10 @@ pub fn spawn_poll_loop(
     Ok(PollLoop { thread })
 }
 
+/// How long the pipeline may stay full before the partitions are paused.
+/// Well below `max.poll.interval.ms`: polling is suspended meanwhile.
+const BACKPRESSURE_THRESHOLD: Duration = Duration::from_millis(500);
+
 fn poll_loop(
     consumer: &KafkaConsumer,
     ingest_tx: mpsc::Sender<Ingested>,
@@ -361,6 +365,7 @@ fn poll_loop(
     // Records polled while the pipeline was full: forwarded before new ones.
     let mut backlog: VecDeque<Ingested> = VecDeque::new();
     let mut paused = false;
+    let mut backlog_since: Option<Instant> = None;
     let mut last_commit = Instant::now();
     while !stop_fetching.is_cancelled() {
         if consumer.context().fatal_error().is_some() {
@@ -385,12 +390,25 @@ fn poll_loop(
                 backlog.retain(|r| owned.contains(&r.tp));
             }
         }
+        // A momentarily full channel is normal at full speed: wait a little
+        // without polling (no new records) before pausing, because a pause
+        // throws away librdkafka's prefetched records and a resume refetches.
+        if backlog.is_empty() {
+            backlog_since = None;
+        } else if backlog_since.is_none() {
+            backlog_since = Some(Instant::now());
+        }
+        let sustained = backlog_since.is_some_and(|t| t.elapsed() >= BACKPRESSURE_THRESHOLD);
         if backlog.is_empty() && paused {
             set_paused(consumer, false);
             paused = false;
-        } else if !backlog.is_empty() && (!paused || rebalanced) {
+        } else if sustained && (!paused || rebalanced) {
             set_paused(consumer, true);
             paused = true;
+        }
+        if !backlog.is_empty() && !paused {
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
         }
         let timeout = if paused {
             Duration::from_millis(10)

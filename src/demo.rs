@@ -229,6 +229,7 @@ pub fn demo_settings(bootstrap: &str, group: &str) -> Result<Settings, crate::co
         "session.timeout.ms" = 6000
         "heartbeat.interval.ms" = 500
         "fetch.wait.max.ms" = 10
+        "fetch.error.backoff.ms" = 10
         [kafka.producer]
         "linger.ms" = 2
         [input]

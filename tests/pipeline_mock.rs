@@ -179,7 +179,7 @@ async fn ten_thousand_events_one_verdict_each_in_key_order_and_committed_to_the_
 async fn clean_shutdown_mid_stream_then_restart_gives_every_event_one_verdict() {
     let broker = start_broker();
     let bootstrap = broker.bootstrap_servers().to_string();
-    let events = demo::generate(6_000, 0, "r-");
+    let events = demo::generate(20_000, 0, "r-");
     demo::produce_all(&bootstrap, DEMO_INPUT, &events)
         .await
         .unwrap();
@@ -191,8 +191,8 @@ async fn clean_shutdown_mid_stream_then_restart_gives_every_event_one_verdict() 
     let first = tokio::spawn(modstream::pipeline::run(settings.clone(), shutdown.clone()));
     let started = Instant::now();
     loop {
-        let seen = read(&bootstrap, DEMO_VERDICTS, PARTITIONS, 500).await.len();
-        if seen >= 500 || started.elapsed() > Duration::from_secs(60) {
+        let seen = read(&bootstrap, DEMO_VERDICTS, PARTITIONS, 200).await.len();
+        if seen >= 200 || started.elapsed() > Duration::from_secs(60) {
             break;
         }
     }
