@@ -5,7 +5,7 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -45,14 +45,6 @@ fn sum(exposition: &str, name: &str) -> f64 {
         .sum()
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn metrics_match_what_happened_and_prometheus_scrapes_them() {
     let broker = EmbeddedBroker::start(&[(INPUT, 2), (VERDICTS, 2), (DLQ, 1)]).unwrap();
@@ -70,7 +62,7 @@ fn metrics_match_what_happened_and_prometheus_scrapes_them() {
 
     let dir = tempfile::tempdir().unwrap();
     let config = support::write_config(dir.path(), &bootstrap, "g-metrics");
-    let port = free_port();
+    let port = support::free_port();
     let service = Command::new(env!("CARGO_BIN_EXE_modstream"))
         .args(["run", "--config"])
         .arg(&config)
@@ -148,7 +140,7 @@ fn metrics_match_what_happened_and_prometheus_scrapes_them() {
     );
 
     // A real Prometheus scrapes the service while more events flow.
-    let prom_port = free_port();
+    let prom_port = support::free_port();
     let prom_dir = tempfile::tempdir().unwrap();
     std::fs::write(
         prom_dir.path().join("prometheus.yml"),

@@ -28,7 +28,7 @@ pub fn nisshi_binary() -> PathBuf {
     modstream::inference::default_cache_dir().join("nisshi-0.8.1/bin/nisshi")
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
