@@ -200,15 +200,30 @@ async fn latency(
         settings(&bootstrap, batch, delay_ms, opts.intra_threads)?,
         shutdown.clone(),
     ));
-    // The clock starts once the pipeline owns its partitions: one warm-up
-    // event must come back as a verdict first (group join is not latency).
+    // One reader for the whole run, started first: a new consumer needs about
+    // half a second before its first record, which is not modstream's latency.
+    // The clock starts once a warm-up event came back as a verdict, so the
+    // group join is not counted either.
+    let (warm_tx, warm_rx) = std::sync::mpsc::channel::<()>();
+    let b = bootstrap.clone();
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut read_at: HashMap<String, Instant> = HashMap::new();
+        let r = read_verdicts(&b, count + 1, Duration::from_secs(300), |id| {
+            if id.starts_with("warmup-") {
+                let _ = warm_tx.send(());
+            } else {
+                read_at.insert(id.to_string(), Instant::now());
+            }
+        });
+        r.map(|_| read_at)
+    });
     let warmup = demo::generate(1, 0, "warmup-");
     demo::produce_all(&bootstrap, DEMO_INPUT, &warmup)
         .await
         .map_err(anyhow::Error::msg)?;
-    let b = bootstrap.clone();
-    tokio::task::spawn_blocking(move || read_verdicts(&b, 1, Duration::from_secs(60), |_| {}))
-        .await??;
+    tokio::task::spawn_blocking(move || warm_rx.recv_timeout(Duration::from_secs(60)))
+        .await?
+        .map_err(|_| anyhow::anyhow!("the warm-up verdict did not come back"))?;
     let start = Instant::now();
     let intended: HashMap<String, Instant> = events
         .iter()
@@ -220,26 +235,20 @@ async fn latency(
             )
         })
         .collect();
-    let b = bootstrap.clone();
-    let reader = tokio::task::spawn_blocking(move || {
-        let mut read_at: HashMap<String, Instant> = HashMap::new();
-        // The warm-up verdict comes first.
-        let r = read_verdicts(&b, count + 1, Duration::from_secs(300), |id| {
-            read_at.insert(id.to_string(), Instant::now());
-        });
-        r.map(|_| read_at)
-    });
     let producer = demo::event_producer(&bootstrap).map_err(anyhow::Error::msg)?;
+    // Open loop: send on schedule, collect acknowledgements at the end.
     let slice = ((rate / 100.0) as usize).max(1);
+    let mut pending = Vec::with_capacity(events.len());
     for (i, chunk) in events.chunks(slice).enumerate() {
         tokio::time::sleep_until(
             (start + Duration::from_secs_f64((i * slice) as f64 / rate)).into(),
         )
         .await;
-        demo::produce_with(&producer, DEMO_INPUT, chunk)
-            .await
-            .map_err(anyhow::Error::msg)?;
+        pending.extend(demo::enqueue(&producer, DEMO_INPUT, chunk).map_err(anyhow::Error::msg)?);
     }
+    demo::await_deliveries(pending)
+        .await
+        .map_err(anyhow::Error::msg)?;
     let read_at = reader.await??;
     let finished = read_at.values().max().copied().unwrap_or(start);
     shutdown.stop.cancel();

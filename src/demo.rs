@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
@@ -108,6 +108,16 @@ pub async fn produce_with(
     topic: &str,
     events: &[GeneratedEvent],
 ) -> Result<(), String> {
+    await_deliveries(enqueue(producer, topic, events)?).await
+}
+
+/// Hand records to the producer without waiting for acknowledgements (an
+/// open-loop load generator must not slow down when the broker does).
+pub fn enqueue(
+    producer: &FutureProducer,
+    topic: &str,
+    events: &[GeneratedEvent],
+) -> Result<Vec<DeliveryFuture>, String> {
     let mut pending = Vec::with_capacity(events.len());
     for e in events {
         let record = FutureRecord::to(topic)
@@ -118,6 +128,11 @@ pub async fn produce_with(
             Err((err, _)) => return Err(err.to_string()),
         }
     }
+    Ok(pending)
+}
+
+/// Wait until the broker acknowledged every enqueued record.
+pub async fn await_deliveries(pending: Vec<DeliveryFuture>) -> Result<(), String> {
     for f in pending {
         match f.await {
             Ok(Ok(_)) => {}

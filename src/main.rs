@@ -238,15 +238,21 @@ fn produce(
             } else {
                 (rate as usize / 100).max(1)
             };
+            // Open loop: send on schedule; acknowledgements are awaited at the end.
+            let mut pending = Vec::with_capacity(events.len());
             for (i, chunk) in events.chunks(slice).enumerate() {
                 if rate > 0 {
                     let due = started + Duration::from_secs_f64((i * slice) as f64 / rate as f64);
                     tokio::time::sleep_until(due.into()).await;
                 }
-                modstream::demo::produce_with(&producer, &topic, chunk)
-                    .await
-                    .map_err(anyhow::Error::msg)?;
+                pending.extend(
+                    modstream::demo::enqueue(&producer, &topic, chunk)
+                        .map_err(anyhow::Error::msg)?,
+                );
             }
+            modstream::demo::await_deliveries(pending)
+                .await
+                .map_err(anyhow::Error::msg)?;
             let secs = started.elapsed().as_secs_f64();
             eprintln!(
                 "produced {} events to {topic} in {secs:.1}s ({:.0}/s)",
