@@ -74,7 +74,11 @@ impl Sink {
         cfg.set("bootstrap.servers", &kafka.bootstrap_servers)
             .set("enable.idempotence", "true")
             .set("acks", "all")
-            .set("linger.ms", "5");
+            .set("linger.ms", "5")
+            // librdkafka's own retries end after this; then `deliver` sends
+            // the record again. The default (300 s) would hold a verdict, and
+            // its offset, for five minutes after a broker hiccup.
+            .set("message.timeout.ms", "30000");
         for (k, v) in &kafka.producer {
             cfg.set(k, v);
         }

@@ -144,7 +144,15 @@ async fn offset_commit_errors_delay_commits_but_lose_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn produce_errors_on_verdicts_are_retried_not_skipped() {
-    let run = start(1, 3000, "produce-errors").await;
+    // librdkafka gives up on a record after 3 s here; modstream sends it again.
+    let run = start_with(1, 3000, "produce-errors", |settings, _| {
+        settings
+            .kafka
+            .producer
+            .0
+            .insert("message.timeout.ms".into(), "3000".into());
+    })
+    .await;
     after(300).await;
     run.broker.with_cluster(|c| {
         c.request_errors(
