@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::InferenceSettings;
 use crate::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS};
@@ -40,7 +40,7 @@ pub struct BenchOptions {
     pub out_dir: PathBuf,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct SaturationRow {
     pub max_batch_size: usize,
     pub max_batch_delay_ms: u64,
@@ -52,7 +52,7 @@ pub struct SaturationRow {
     pub inference_share: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct LatencyRow {
     pub max_batch_size: usize,
     pub max_batch_delay_ms: u64,
@@ -66,7 +66,7 @@ pub struct LatencyRow {
     pub max_ms: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Report {
     pub machine: String,
     pub model: String,
@@ -387,6 +387,14 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     Ok(report)
 }
 
+/// Redraw the chart of a saved report (`bench.json` → `bench.svg` beside it).
+pub fn replot(report_path: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let report: Report = serde_json::from_str(&std::fs::read_to_string(report_path)?)?;
+    let svg = report_path.with_extension("svg");
+    std::fs::write(&svg, chart(&report))?;
+    Ok(svg)
+}
+
 /// Throughput and p99 latency against batch size (first delay, highest load
 /// below saturation), as a small SVG.
 pub fn chart(report: &Report) -> String {
@@ -400,10 +408,12 @@ pub fn chart(report: &Report) -> String {
         .filter(|r| r.max_batch_delay_ms == delay)
         .map(|r| (r.max_batch_size as f64, r.pipeline_per_s))
         .collect();
-    let top_load = report
-        .latency
+    // The highest load below saturation (at 100 % queues dominate).
+    let loads: Vec<f64> = report.latency.iter().map(|r| r.offered_fraction).collect();
+    let below: Vec<f64> = loads.iter().copied().filter(|f| *f < 1.0).collect();
+    let top_load = if below.is_empty() { &loads } else { &below }
         .iter()
-        .map(|r| r.offered_fraction)
+        .copied()
         .fold(0.0, f64::max);
     let p99: Vec<(f64, f64)> = report
         .latency
@@ -411,7 +421,7 @@ pub fn chart(report: &Report) -> String {
         .filter(|r| r.offered_fraction == top_load)
         .map(|r| (r.max_batch_size as f64, r.p99_ms))
         .collect();
-    let (w, h, m) = (640.0, 360.0, 50.0);
+    let (w, h, m) = (640.0, 400.0, 70.0);
     let xmax = tput.iter().map(|p| p.0.log2()).fold(1.0, f64::max);
     let x = |b: f64| m + (b.log2() / xmax) * (w - 2.0 * m);
     let line = |points: &[(f64, f64)], color: &str| {
@@ -440,7 +450,9 @@ pub fn chart(report: &Report) -> String {
     format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\">\
 <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\
-<text x=\"{m}\" y=\"24\" font-size=\"14\">modstream: throughput (blue, max {tmax:.0}/s) and p99 latency at {:.0}% load (red, max {lmax:.1} ms) vs max_batch_size</text>\
+<text x=\"{m}\" y=\"20\" font-size=\"14\">modstream vs max_batch_size (log scale)</text>\
+<text x=\"{m}\" y=\"38\" font-size=\"12\" fill=\"steelblue\">throughput at saturation, verdicts/s (top = {tmax:.0})</text>\
+<text x=\"{m}\" y=\"54\" font-size=\"12\" fill=\"firebrick\">p99 latency at {:.0}% of saturation, ms (top = {lmax:.1})</text>\
 <line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>{ticks}{}{}</svg>\n",
         top_load * 100.0,
         h - m,

@@ -82,6 +82,9 @@ enum Command {
         /// Where bench.json and bench.svg go.
         #[arg(long, default_value = "target/bench")]
         out: PathBuf,
+        /// Only redraw bench.svg from this saved bench.json.
+        #[arg(long)]
+        replot: Option<PathBuf>,
     },
     /// Run the pipeline on an embedded Kafka cluster with generated posts.
     Demo {
@@ -112,6 +115,10 @@ fn main() -> ExitCode {
             forever,
         } => produce(bootstrap, topic, count, rate, forever),
         Command::Bench {
+            replot: Some(report),
+            ..
+        } => modstream::bench::replot(&report).map(|svg| println!("{}", svg.display())),
+        Command::Bench {
             events,
             batch_sizes,
             delays_ms,
@@ -119,6 +126,7 @@ fn main() -> ExitCode {
             latency_seconds,
             intra_threads,
             out,
+            replot: None,
         } => bench(modstream::bench::BenchOptions {
             events,
             batch_sizes,
