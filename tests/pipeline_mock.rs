@@ -3,11 +3,13 @@
 //! one, per-key order, committed offsets at the end, and no duplicates after
 //! a clean restart.
 
+mod support;
+
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use modstream::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS, GeneratedEvent, ReadRecord};
 use modstream::embedded::EmbeddedBroker;
@@ -33,28 +35,17 @@ fn verdict_json(r: &ReadRecord) -> serde_json::Value {
 
 /// (committed, end) offset of every input partition for `group`.
 fn committed_and_end(bootstrap: &str, group: &str) -> Vec<(i64, i64)> {
+    let committed = support::committed_on(bootstrap, group, DEMO_INPUT, PARTITIONS);
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
-        .set("group.id", group)
         .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition(DEMO_INPUT, p);
-    }
-    let committed = consumer
-        .committed_offsets(tpl, Duration::from_secs(10))
         .unwrap();
     (0..PARTITIONS)
         .map(|p| {
-            let c = match committed.find_partition(DEMO_INPUT, p).unwrap().offset() {
-                Offset::Offset(o) => o,
-                _ => -1,
-            };
             let (_, high) = consumer
                 .fetch_watermarks(DEMO_INPUT, p, Duration::from_secs(10))
                 .unwrap();
-            (c, high)
+            (committed[p as usize], high)
         })
         .collect()
 }

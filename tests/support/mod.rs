@@ -431,20 +431,8 @@ impl Verification {
 /// Read the verdict topic to its end with a fresh group (until `want`
 /// distinct acked ids are seen or `timeout`), then compute lost/duplicates.
 pub fn verify(bootstrap: &str, acked: &[String], timeout: Duration) -> Verification {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set(
-            "group.id",
-            format!("verifier-{}", Instant::now().elapsed().as_nanos()),
-        )
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "50")
-        .create()
-        .unwrap();
-    let metadata = consumer
-        .fetch_metadata(Some(VERDICTS), Duration::from_secs(10))
-        .unwrap();
-    let partitions = metadata.topics()[0].partitions().len() as i32;
+    let group = format!("verifier-{}", Instant::now().elapsed().as_nanos());
+    let (consumer, partitions) = verdict_reader(bootstrap, &group);
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition_offset(VERDICTS, p, Offset::Beginning)
@@ -504,6 +492,11 @@ pub fn verify(bootstrap: &str, acked: &[String], timeout: Duration) -> Verificat
 
 /// Committed offset per input partition for `group` (-1 when none).
 pub fn committed(bootstrap: &str, group: &str, partitions: i32) -> Vec<i64> {
+    committed_on(bootstrap, group, INPUT, partitions)
+}
+
+/// Committed offset per partition of `topic` for `group` (-1 when none).
+pub fn committed_on(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", group)
@@ -511,13 +504,13 @@ pub fn committed(bootstrap: &str, group: &str, partitions: i32) -> Vec<i64> {
         .unwrap();
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
-        tpl.add_partition(INPUT, p);
+        tpl.add_partition(topic, p);
     }
     let c = consumer
         .committed_offsets(tpl, Duration::from_secs(10))
         .unwrap();
     (0..partitions)
-        .map(|p| match c.find_partition(INPUT, p).unwrap().offset() {
+        .map(|p| match c.find_partition(topic, p).unwrap().offset() {
             Offset::Offset(o) => o,
             _ => -1,
         })
@@ -528,17 +521,7 @@ pub fn committed(bootstrap: &str, group: &str, partitions: i32) -> Vec<i64> {
 /// partition up to its current high watermark.
 pub fn verdict_sources(bootstrap: &str) -> HashSet<(i32, i64)> {
     use rdkafka::Message;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "verdict-sources")
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "50")
-        .create()
-        .unwrap();
-    let metadata = consumer
-        .fetch_metadata(Some(VERDICTS), Duration::from_secs(10))
-        .unwrap();
-    let partitions = metadata.topics()[0].partitions().len() as i32;
+    let (consumer, partitions) = verdict_reader(bootstrap, "verdict-sources");
     let mut tpl = TopicPartitionList::new();
     let mut remaining = HashMap::new();
     for p in 0..partitions {
@@ -618,4 +601,21 @@ pub fn init_logs() {
     if std::env::var_os("RUST_LOG").is_some() {
         modstream::telemetry::init_logging(&Default::default());
     }
+}
+
+/// A consumer of the verdict topic outside any group's commits, and the
+/// topic's partition count.
+fn verdict_reader(bootstrap: &str, group: &str) -> (BaseConsumer, i32) {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "50")
+        .create()
+        .unwrap();
+    let metadata = consumer
+        .fetch_metadata(Some(VERDICTS), Duration::from_secs(10))
+        .unwrap();
+    let partitions = metadata.topics()[0].partitions().len() as i32;
+    (consumer, partitions)
 }
