@@ -142,6 +142,23 @@ pub struct InferenceSettings {
     pub runtime_library: Option<PathBuf>,
     /// Execution providers in order of preference: "cuda", "tensorrt", "cpu".
     pub execution_providers: Vec<String>,
+    /// GPU for the cuda / tensorrt providers.
+    pub device_id: i32,
+    /// Half precision where the provider supports it (TensorRT).
+    pub fp16: bool,
+    /// Fail at start when no GPU provider can be registered, instead of
+    /// falling back to CPU with a warning.
+    pub require_gpu: bool,
+    /// Token models: batches are split by token length into these buckets
+    /// (one forward pass per bucket) so that short posts are not padded to
+    /// the longest one. Lengths above the last bucket go to `max_length`.
+    pub length_buckets: Vec<usize>,
+    /// Token models: pad each pass to its "longest" text or to its "bucket"
+    /// bound (fixed shapes, all warmed up at start).
+    pub pad_to: String,
+    /// Run each padded shape once at start so that the first real batch does
+    /// not pay for allocations and kernel selection.
+    pub warm_up: bool,
 }
 
 impl Default for InferenceSettings {
@@ -152,6 +169,12 @@ impl Default for InferenceSettings {
             intra_threads: 1,
             runtime_library: None,
             execution_providers: vec!["cpu".to_string()],
+            device_id: 0,
+            fp16: false,
+            require_gpu: false,
+            length_buckets: vec![16, 32, 64, 128],
+            pad_to: "longest".to_string(),
+            warm_up: true,
         }
     }
 }
@@ -161,6 +184,17 @@ impl Default for InferenceSettings {
 pub struct Policy {
     pub review_at: f32,
     pub block_at: f32,
+    /// Per-label thresholds (`[policy.labels.toxic] review_at = .., block_at = ..`).
+    /// When set, every listed label is judged and the most severe verdict
+    /// wins; when empty, the manifest's `score_label` with the thresholds above.
+    pub labels: std::collections::BTreeMap<String, Thresholds>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Thresholds {
+    pub review_at: f32,
+    pub block_at: f32,
 }
 
 impl Default for Policy {
@@ -168,6 +202,7 @@ impl Default for Policy {
         Policy {
             review_at: 0.5,
             block_at: 0.85,
+            labels: Default::default(),
         }
     }
 }
@@ -531,12 +566,41 @@ impl Settings {
                 ));
             }
         }
-        let p = &self.policy;
-        if !(0.0..=1.0).contains(&p.review_at)
-            || !(0.0..=1.0).contains(&p.block_at)
-            || p.review_at > p.block_at
+        let inf = &self.inference;
+        if inf.length_buckets.is_empty()
+            || inf.length_buckets.contains(&0)
+            || !inf.length_buckets.is_sorted()
         {
-            return Err(invalid("policy", "need 0 <= review_at <= block_at <= 1"));
+            return Err(invalid(
+                "inference.length_buckets",
+                "need ascending token lengths above zero, e.g. [16, 32, 64, 128]",
+            ));
+        }
+        if !matches!(inf.pad_to.as_str(), "longest" | "bucket") {
+            return Err(invalid(
+                "inference.pad_to",
+                format!("unknown {:?}; use \"longest\" or \"bucket\"", inf.pad_to),
+            ));
+        }
+        if inf.require_gpu && !inf.execution_providers.iter().any(|e| e != "cpu") {
+            return Err(invalid(
+                "inference.require_gpu",
+                "is set but execution_providers names no GPU provider (cuda or tensorrt)",
+            ));
+        }
+        let p = &self.policy;
+        let thresholds = std::iter::once(("policy".to_string(), (p.review_at, p.block_at))).chain(
+            p.labels
+                .iter()
+                .map(|(l, t)| (format!("policy.labels.{l}"), (t.review_at, t.block_at))),
+        );
+        for (key, (review_at, block_at)) in thresholds {
+            if !(0.0..=1.0).contains(&review_at)
+                || !(0.0..=1.0).contains(&block_at)
+                || review_at > block_at
+            {
+                return Err(invalid(&key, "need 0 <= review_at <= block_at <= 1"));
+            }
         }
         if !matches!(self.telemetry.log_format.as_str(), "text" | "json") {
             return Err(invalid(

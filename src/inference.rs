@@ -14,6 +14,7 @@ use ort::value::Tensor;
 use serde::Deserialize;
 
 use crate::config::InferenceSettings;
+use crate::tokens::{self, Activation, Encoded, Encoder, TokenError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InferenceError {
@@ -35,6 +36,10 @@ pub enum InferenceError {
     Mismatch(String),
     #[error("model run failed: {0}")]
     Run(#[from] ort::Error),
+    #[error("inference.require_gpu is set but no GPU provider can be used: {0}")]
+    GpuUnavailable(String),
+    #[error(transparent)]
+    Tokens(#[from] TokenError),
     #[error("inference worker stopped")]
     WorkerGone,
 }
@@ -44,14 +49,45 @@ pub enum InferenceError {
 pub struct Manifest {
     pub name: String,
     pub version: String,
-    /// "text": one string per event.
+    /// "text": one string tensor per event (the model tokenizes itself).
+    /// "tokens": a transformer fed `input_ids`, `attention_mask` (and
+    /// `token_type_ids` when the graph has it) from `tokenizer`.
     pub input_kind: String,
     pub inputs: Vec<String>,
     pub output: String,
+    /// Output columns; for token models may come from `config.json` `id2label`.
+    #[serde(default)]
     pub labels: Vec<String>,
-    /// The label whose probability drives allow / review / block.
+    /// The label whose probability drives allow / review / block when the
+    /// policy has no per-label thresholds.
     pub score_label: String,
+    /// "none" (the output is already probabilities), "softmax" or "sigmoid".
+    /// Default: "none" for text models; for token models from `config.json`
+    /// `problem_type` (multi_label_classification: sigmoid, else softmax).
+    #[serde(default, rename = "activation")]
+    activation_name: Option<String>,
+    #[serde(skip)]
+    pub activation: Activation,
+    /// Token models: the `tokenizer.json` file, relative to the model directory.
+    #[serde(default)]
+    pub tokenizer: Option<String>,
+    /// Token models: longer texts are truncated to this many tokens.
+    #[serde(default)]
+    pub max_length: Option<usize>,
 }
+
+/// The part of a Hugging Face `config.json` that modstream reads.
+#[derive(Debug, Deserialize)]
+struct HfConfig {
+    #[serde(default)]
+    id2label: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    problem_type: Option<String>,
+    #[serde(default)]
+    max_position_embeddings: Option<usize>,
+}
+
+pub const TOKEN_INPUTS: [&str; 3] = ["input_ids", "attention_mask", "token_type_ids"];
 
 impl Manifest {
     pub fn load(model_dir: &Path) -> Result<Manifest, InferenceError> {
@@ -61,19 +97,79 @@ impl Manifest {
             message,
         };
         let text = std::fs::read_to_string(&path).map_err(|e| err(e.to_string()))?;
-        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
-        if manifest.input_kind != "text" || manifest.inputs.len() != 1 {
-            return Err(err(
-                "only input_kind \"text\" with one input is supported".into()
-            ));
+        let mut m: Manifest = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+        let hf_path = model_dir.join("config.json");
+        let hf: Option<HfConfig> = match std::fs::read_to_string(&hf_path) {
+            Ok(t) => Some(
+                serde_json::from_str(&t).map_err(|e| err(format!("{}: {e}", hf_path.display())))?,
+            ),
+            Err(_) => None,
+        };
+        match m.input_kind.as_str() {
+            "text" if m.inputs.len() == 1 => {}
+            "text" => return Err(err("input_kind \"text\" takes exactly one input".into())),
+            "tokens" => {
+                for input in &m.inputs {
+                    if !TOKEN_INPUTS.contains(&input.as_str()) {
+                        return Err(err(format!(
+                            "token model input {input:?} is not one of {TOKEN_INPUTS:?}"
+                        )));
+                    }
+                }
+                if !m.inputs.iter().any(|i| i == "input_ids") {
+                    return Err(err("token model needs an input_ids input".into()));
+                }
+                m.tokenizer
+                    .get_or_insert_with(|| "tokenizer.json".to_string());
+                if m.max_length.is_none() {
+                    m.max_length = hf.as_ref().and_then(|h| h.max_position_embeddings);
+                }
+                if m.max_length.is_none_or(|l| l == 0) {
+                    return Err(err("token model needs max_length > 0".into()));
+                }
+            }
+            other => {
+                return Err(err(format!(
+                    "unknown input_kind {other:?}; use \"text\" or \"tokens\""
+                )));
+            }
         }
-        if !manifest.labels.contains(&manifest.score_label) {
+        if m.labels.is_empty() {
+            let id2label = hf.as_ref().map(|h| &h.id2label).filter(|l| !l.is_empty());
+            let Some(id2label) = id2label else {
+                return Err(err(
+                    "no labels (set \"labels\" or ship config.json with id2label)".into(),
+                ));
+            };
+            let mut pairs: Vec<(usize, &String)> = id2label
+                .iter()
+                .map(|(k, v)| k.parse().map(|i| (i, v)))
+                .collect::<Result<_, _>>()
+                .map_err(|_| err("config.json id2label keys must be integers".into()))?;
+            pairs.sort();
+            if pairs.iter().enumerate().any(|(n, (i, _))| n != *i) {
+                return Err(err("config.json id2label must number labels 0..n".into()));
+            }
+            m.labels = pairs.into_iter().map(|(_, l)| l.clone()).collect();
+        }
+        m.activation = match &m.activation_name {
+            Some(name) => Activation::parse(name).ok_or_else(|| {
+                err(format!(
+                    "unknown activation {name:?}; use none, softmax or sigmoid"
+                ))
+            })?,
+            None if m.input_kind == "tokens" => {
+                Activation::from_problem_type(hf.as_ref().and_then(|h| h.problem_type.as_deref()))
+            }
+            None => Activation::None,
+        };
+        if !m.labels.contains(&m.score_label) {
             return Err(err(format!(
-                "score_label {:?} is not among labels",
-                manifest.score_label
+                "score_label {:?} is not among labels {:?}",
+                m.score_label, m.labels
             )));
         }
-        Ok(manifest)
+        Ok(m)
     }
 
     pub fn score_index(&self) -> usize {
@@ -142,40 +238,84 @@ fn environment(
     })
 }
 
-/// One loaded model: a session plus its manifest.
+/// How a model takes its input.
+enum Input {
+    /// One string per text; the graph tokenizes.
+    Text,
+    /// A transformer: tokenized here, split into length buckets, padded.
+    Tokens {
+        encoder: Box<Encoder>,
+        buckets: Vec<usize>,
+        pad_to_bucket: bool,
+    },
+}
+
+/// Real and padded token counts (token models), for padding efficiency.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TokenStats {
+    pub real: u64,
+    pub padded: u64,
+}
+
+/// One loaded model: a session, its manifest and how it is fed.
 pub struct Model {
     session: Session,
+    input: Input,
     pub manifest: Manifest,
+    /// The execution provider that runs this session (first registered).
+    pub provider: &'static str,
+    /// Tokens fed since load, real and padded (zero for text models).
+    pub tokens: TokenStats,
 }
 
 impl Model {
     pub fn load(settings: &InferenceSettings) -> Result<Model, InferenceError> {
         let manifest = Manifest::load(&settings.model_dir)?;
+        let input = match manifest.input_kind.as_str() {
+            "tokens" => {
+                let file = manifest.tokenizer.as_deref().unwrap_or("tokenizer.json");
+                let max_length = manifest.max_length.unwrap_or(512);
+                Input::Tokens {
+                    encoder: Box::new(Encoder::load(&settings.model_dir.join(file), max_length)?),
+                    buckets: settings.length_buckets.clone(),
+                    pad_to_bucket: settings.pad_to == "bucket",
+                }
+            }
+            _ => Input::Text,
+        };
         let env = environment(settings)?;
         let path = settings.model_dir.join("model.onnx");
         let load = |source| InferenceError::ModelLoad {
             path: path.clone(),
             source,
         };
-        let session = Session::builder(env)
-            .map_err(load)?
-            .with_execution_providers(execution_providers(&settings.execution_providers))
-            .map_err(|e| load(e.into()))?
+        let mut builder = Session::builder(env).map_err(load)?;
+        let provider = register_providers(&mut builder, settings)?;
+        let session = builder
             .with_intra_threads(settings.intra_threads)
             .map_err(|e| load(e.into()))?
             .with_inter_threads(1)
             .map_err(|e| load(e.into()))?
             .commit_from_file(&path)
             .map_err(load)?;
-        let model = Model { session, manifest };
+        let model = Model {
+            session,
+            input,
+            manifest,
+            provider,
+            tokens: TokenStats::default(),
+        };
         model.check_signature()?;
         Ok(model)
     }
 
     fn check_signature(&self) -> Result<(), InferenceError> {
         let m = &self.manifest;
-        let inputs: Vec<&str> = self.session.inputs().iter().map(|i| i.name()).collect();
-        if inputs != m.inputs.iter().map(String::as_str).collect::<Vec<_>>() {
+        let mut inputs: Vec<&str> = self.session.inputs().iter().map(|i| i.name()).collect();
+        let mut expected: Vec<&str> = m.inputs.iter().map(String::as_str).collect();
+        inputs.sort();
+        expected.sort();
+        if inputs != expected {
             return Err(InferenceError::Mismatch(format!(
                 "inputs are {inputs:?}, manifest says {:?}",
                 m.inputs
@@ -205,11 +345,41 @@ impl Model {
         inputs.chain(outputs).collect()
     }
 
-    /// Score texts in one forward pass: one probability per label per text.
+    /// Score texts: one probability per label per text, in input order.
+    /// Text models run one forward pass; token models one per length bucket.
     pub fn score(&mut self, texts: &mut [String]) -> Result<Vec<Vec<f32>>, InferenceError> {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
+        match &self.input {
+            Input::Text => self.score_text(texts),
+            Input::Tokens {
+                encoder,
+                buckets,
+                pad_to_bucket,
+            } => {
+                let encoded = texts
+                    .iter()
+                    .map(|t| encoder.encode(t))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
+                let passes = tokens::plan(&lengths, buckets, encoder.max_length, *pad_to_bucket);
+                let mut scores = vec![Vec::new(); texts.len()];
+                for pass in &passes {
+                    let rows = self.run_tokens(&encoded, pass)?;
+                    for (&i, row) in pass.members.iter().zip(rows) {
+                        scores[i] = row;
+                    }
+                }
+                let (real, padded) = tokens::token_counts(&lengths, &passes);
+                self.tokens.real += real;
+                self.tokens.padded += padded;
+                Ok(scores)
+            }
+        }
+    }
+
+    fn score_text(&mut self, texts: &mut [String]) -> Result<Vec<Vec<f32>>, InferenceError> {
         // ONNX Runtime takes C strings: an interior NUL would fail tensor
         // creation, so it becomes a space (the tokenizer splits there anyway).
         for t in texts.iter_mut().filter(|t| t.contains('\0')) {
@@ -219,15 +389,65 @@ impl Model {
         let outputs = self
             .session
             .run(ort::inputs![self.manifest.inputs[0].as_str() => input])?;
-        let (shape, data) = outputs[self.manifest.output.as_str()].try_extract_tensor::<f32>()?;
-        let labels = self.manifest.labels.len();
-        if shape.len() != 2 || shape[0] as usize != texts.len() || shape[1] as usize != labels {
-            return Err(InferenceError::Mismatch(format!(
-                "output shape {shape:?}, expected [{}, {labels}]",
-                texts.len()
-            )));
+        probabilities(&self.manifest, &outputs, texts.len())
+    }
+
+    /// One forward pass of a token model over the pass's texts.
+    fn run_tokens(
+        &mut self,
+        encoded: &[Encoded],
+        pass: &tokens::Pass,
+    ) -> Result<Vec<Vec<f32>>, InferenceError> {
+        let [ids, mask, types] = tokens::tensors(encoded, pass);
+        let mut inputs = Vec::with_capacity(3);
+        for (name, array) in TOKEN_INPUTS.into_iter().zip([ids, mask, types]) {
+            if self.manifest.inputs.iter().any(|i| i == name) {
+                inputs.push((name, Tensor::from_array(array)?));
+            }
         }
-        Ok(data.chunks(labels).map(<[f32]>::to_vec).collect())
+        let outputs = self.session.run(inputs)?;
+        probabilities(&self.manifest, &outputs, pass.members.len())
+    }
+
+    /// Run every shape the model will see once (batch of 1 and of
+    /// `max_batch`; for token models at each bucket length), so that the
+    /// first real batch does not pay for allocations and kernel selection.
+    pub fn warm_up(&mut self, max_batch: usize) -> Result<Duration, InferenceError> {
+        let started = Instant::now();
+        let sizes = [1, max_batch.max(1)];
+        let lengths = match &self.input {
+            Input::Text => Vec::new(),
+            Input::Tokens {
+                encoder, buckets, ..
+            } => {
+                let mut l: Vec<usize> = buckets
+                    .iter()
+                    .copied()
+                    .filter(|&b| b < encoder.max_length)
+                    .collect();
+                l.push(encoder.max_length);
+                l
+            }
+        };
+        if lengths.is_empty() {
+            for n in sizes {
+                self.score_text(&mut vec!["warm up".to_string(); n])?;
+            }
+        }
+        for len in lengths {
+            for n in sizes {
+                let one = Encoded {
+                    ids: vec![100; len],
+                    type_ids: vec![0; len],
+                };
+                let pass = tokens::Pass {
+                    members: vec![0; n],
+                    padded_len: len,
+                };
+                self.run_tokens(std::slice::from_ref(&one), &pass)?;
+            }
+        }
+        Ok(started.elapsed())
     }
 
     /// Score a batch; if the run fails, retry it once (the failure may be
@@ -251,15 +471,63 @@ impl Model {
     }
 }
 
-fn execution_providers(names: &[String]) -> Vec<ort::ep::ExecutionProviderDispatch> {
-    names
-        .iter()
-        .map(|name| match name.as_str() {
-            "cuda" => ort::ep::CUDA::default().build(),
-            "tensorrt" => ort::ep::TensorRT::default().build(),
-            _ => ort::ep::CPU::default().build(),
-        })
-        .collect()
+/// The manifest's output as probabilities: [rows, labels], activation applied.
+fn probabilities(
+    manifest: &Manifest,
+    outputs: &ort::session::SessionOutputs<'_>,
+    rows: usize,
+) -> Result<Vec<Vec<f32>>, InferenceError> {
+    let (shape, data) = outputs[manifest.output.as_str()].try_extract_tensor::<f32>()?;
+    let labels = manifest.labels.len();
+    if shape.len() != 2 || shape[0] as usize != rows || shape[1] as usize != labels {
+        return Err(InferenceError::Mismatch(format!(
+            "output shape {shape:?}, expected [{rows}, {labels}]"
+        )));
+    }
+    Ok(data
+        .chunks(labels)
+        .map(|row| manifest.activation.apply(row))
+        .collect())
+}
+
+/// Register the configured execution providers in order; the first one that
+/// registers runs the session (CPU takes whatever it cannot). A GPU provider
+/// that cannot be used is an error with `require_gpu`, else a warning.
+fn register_providers(
+    builder: &mut ort::session::builder::SessionBuilder,
+    settings: &InferenceSettings,
+) -> Result<&'static str, InferenceError> {
+    let mut chosen = None;
+    let mut failures = Vec::new();
+    for name in &settings.execution_providers {
+        let ep = match name.as_str() {
+            "cuda" => ort::ep::CUDA::default()
+                .with_device_id(settings.device_id)
+                .build(),
+            "tensorrt" => ort::ep::TensorRT::default()
+                .with_device_id(settings.device_id)
+                .with_fp16(settings.fp16)
+                .build(),
+            _ => {
+                chosen.get_or_insert("CPUExecutionProvider");
+                break;
+            }
+        };
+        match ep.register(builder) {
+            Ok(()) => {
+                chosen.get_or_insert(ep.name());
+            }
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+    }
+    let gpu = chosen.is_some_and(|c| c != "CPUExecutionProvider");
+    if !failures.is_empty() && settings.require_gpu && !gpu {
+        return Err(InferenceError::GpuUnavailable(failures.join("; ")));
+    }
+    if !failures.is_empty() {
+        tracing::warn!(failed = %failures.join("; "), "execution provider unavailable; falling back");
+    }
+    Ok(chosen.unwrap_or("CPUExecutionProvider"))
 }
 
 /// A batch of texts to score; `id` lets the pipeline find its events again.
@@ -275,6 +543,8 @@ pub struct InferenceResult {
     /// One entry per text, in job order.
     pub scores: Vec<Result<Vec<f32>, String>>,
     pub elapsed: Duration,
+    /// Tokens this job fed the model, real and padded (token models).
+    pub tokens: TokenStats,
 }
 
 /// The worker threads. Dropping the job sender stops them.
@@ -287,8 +557,10 @@ pub struct InferencePool {
 impl InferencePool {
     /// Load one session per worker and start the threads. Fails (before any
     /// event is consumed) if the runtime or the model cannot be loaded.
+    /// `max_batch` is the largest job size (for the warm-up).
     pub fn start(
         settings: &InferenceSettings,
+        max_batch: usize,
         results: tokio::sync::mpsc::Sender<InferenceResult>,
     ) -> Result<InferencePool, InferenceError> {
         let (jobs_tx, jobs_rx) = async_channel::bounded::<InferenceJob>(settings.workers * 2);
@@ -296,6 +568,18 @@ impl InferencePool {
         let mut manifest = None;
         for worker in 0..settings.workers {
             let mut model = Model::load(settings)?;
+            let warm_up = if settings.warm_up {
+                Some(model.warm_up(max_batch)?)
+            } else {
+                None
+            };
+            tracing::info!(
+                worker,
+                provider = model.provider,
+                model = %model.manifest.name,
+                warm_up = ?warm_up,
+                "inference session ready"
+            );
             manifest.get_or_insert_with(|| model.manifest.clone());
             let jobs = jobs_rx.clone();
             let results = results.clone();
@@ -304,11 +588,16 @@ impl InferencePool {
                 .spawn(move || {
                     while let Ok(mut job) = jobs.recv_blocking() {
                         let started = Instant::now();
+                        let before = model.tokens;
                         let scores = model.score_isolating(&mut job.texts);
                         let result = InferenceResult {
                             id: job.id,
                             scores,
                             elapsed: started.elapsed(),
+                            tokens: TokenStats {
+                                real: model.tokens.real - before.real,
+                                padded: model.tokens.padded - before.padded,
+                            },
                         };
                         if results.blocking_send(result).is_err() {
                             break;

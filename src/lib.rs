@@ -17,4 +17,5 @@ pub mod pipeline;
 pub mod producer;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tokens;
 pub mod verdict;

@@ -40,6 +40,14 @@ enum Command {
     CheckModel {
         #[arg(long, default_value = "models/profanity-check")]
         model: PathBuf,
+        /// Execution providers in order of preference (cuda, tensorrt, cpu).
+        #[arg(long, value_delimiter = ',', default_value = "cpu")]
+        providers: Vec<String>,
+        #[arg(long, default_value_t = 0)]
+        device_id: i32,
+        /// Fail unless a GPU provider can be used.
+        #[arg(long)]
+        require_gpu: bool,
         texts: Vec<String>,
     },
     /// Produce generated posts (benign, abusive, urgent, 1 % malformed) to a topic.
@@ -106,7 +114,22 @@ fn main() -> ExitCode {
             config,
             print_config,
         } => run(config, print_config),
-        Command::CheckModel { model, texts } => check_model(model, texts),
+        Command::CheckModel {
+            model,
+            providers,
+            device_id,
+            require_gpu,
+            texts,
+        } => check_model(
+            InferenceSettings {
+                model_dir: model,
+                execution_providers: providers,
+                device_id,
+                require_gpu,
+                ..Default::default()
+            },
+            texts,
+        ),
         Command::Produce {
             bootstrap,
             topic,
@@ -186,15 +209,11 @@ fn run(config: Option<PathBuf>, print_config: bool) -> anyhow::Result<()> {
     })
 }
 
-fn check_model(model_dir: PathBuf, mut texts: Vec<String>) -> anyhow::Result<()> {
+fn check_model(settings: InferenceSettings, mut texts: Vec<String>) -> anyhow::Result<()> {
     modstream::telemetry::init_logging(&TelemetrySettings {
         log_level: "warn".into(),
         ..Default::default()
     });
-    let settings = InferenceSettings {
-        model_dir,
-        ..Default::default()
-    };
     let mut model = Model::load(&settings)?;
     let m = &model.manifest;
     println!(
@@ -206,13 +225,19 @@ fn check_model(model_dir: PathBuf, mut texts: Vec<String>) -> anyhow::Result<()>
     for line in model.describe() {
         println!("  {line}");
     }
-    println!("  labels {:?}, verdict from {:?}", m.labels, m.score_label);
+    println!(
+        "  labels {:?}, activation {:?}, verdict from {:?}",
+        m.labels, m.activation, m.score_label
+    );
+    println!("  provider {}", model.provider);
     let labels = m.labels.clone();
+    let warm_up = model.warm_up(32)?;
+    println!("  warm-up {:.0} ms", warm_up.as_secs_f64() * 1000.0);
     let scores = model.score(&mut texts)?;
-    let policy = modstream::config::Policy::default();
-    let index = model.manifest.score_index();
+    let scorer =
+        modstream::verdict::Scorer::new(&model.manifest, &modstream::config::Policy::default());
     for (text, s) in texts.iter().zip(scores) {
-        let verdict = modstream::verdict::decide(&policy, s[index]);
+        let verdict = scorer.decide(&s);
         let pairs: Vec<String> = labels
             .iter()
             .zip(&s)

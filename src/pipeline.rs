@@ -47,6 +47,8 @@ pub enum PipelineError {
         "{0} events were not delivered before kafka.shutdown_timeout; they stay uncommitted and are reprocessed after a restart"
     )]
     Abandoned(u64),
+    #[error("invalid policy for this model: {0}")]
+    Policy(String),
 }
 
 /// Counts of one run, for the demo and the tests.
@@ -61,6 +63,9 @@ pub struct RunSummary {
     /// Model runs, and the time spent in them.
     pub batches: u64,
     pub inference_seconds: f64,
+    /// Token models: tokens fed, real and padded (padding efficiency = real ÷ padded).
+    pub real_tokens: u64,
+    pub padded_tokens: u64,
 }
 
 /// A valid event waiting for its verdict.
@@ -129,7 +134,22 @@ pub async fn run_with_health(
     health: Arc<Health>,
 ) -> Result<RunSummary, PipelineError> {
     let (results_tx, results_rx) = mpsc::channel(settings.inference.workers * 4);
-    let pool = InferencePool::start(&settings.inference, results_tx)?;
+    let pool = InferencePool::start(
+        &settings.inference,
+        settings.batching.max_batch_size,
+        results_tx,
+    )?;
+    if let Some(label) = settings
+        .policy
+        .labels
+        .keys()
+        .find(|l| !pool.manifest.labels.contains(l))
+    {
+        return Err(PipelineError::Policy(format!(
+            "policy.labels.{label}: the model has no such label (it has {:?})",
+            pool.manifest.labels
+        )));
+    }
     tracing::info!(model = %pool.manifest.name, version = %pool.manifest.version, workers = settings.inference.workers, "model loaded");
     health.model_loaded.store(true, Ordering::SeqCst);
     let sink = Sink::new(&settings.kafka)?;
@@ -484,6 +504,7 @@ impl Core {
                         id,
                         scores: vec![],
                         elapsed: std::time::Duration::ZERO,
+                        tokens: Default::default(),
                     });
                 }
             }
@@ -497,6 +518,10 @@ impl Core {
         metrics::histogram!(metric::INFERENCE_SECONDS).record(result.elapsed.as_secs_f64());
         self.summary.batches += 1;
         self.summary.inference_seconds += result.elapsed.as_secs_f64();
+        self.summary.real_tokens += result.tokens.real;
+        self.summary.padded_tokens += result.tokens.padded;
+        metrics::counter!(metric::TOKENS_REAL_TOTAL).increment(result.tokens.real);
+        metrics::counter!(metric::TOKENS_PADDED_TOTAL).increment(result.tokens.padded);
         let mut scores = result.scores.into_iter();
         for segment in segments {
             let scored: Vec<Scored> = segment

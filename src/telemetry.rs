@@ -46,6 +46,11 @@ pub mod metric {
     pub const ERRORS_TOTAL: &str = "modstream_errors_total";
     /// Input record timestamp to verdict acknowledgement, seconds.
     pub const END_TO_END_SECONDS: &str = "modstream_end_to_end_latency_seconds";
+    /// Tokens fed to a token model (real ones, not padding).
+    pub const TOKENS_REAL_TOTAL: &str = "modstream_tokens_real_total";
+    /// Tokens fed to a token model including padding; real ÷ padded is the
+    /// padding efficiency.
+    pub const TOKENS_PADDED_TOTAL: &str = "modstream_tokens_padded_total";
     /// Records behind the end of the partition (librdkafka statistics).
     /// Labels: topic, partition.
     pub const CONSUMER_LAG: &str = "modstream_consumer_lag";
@@ -68,6 +73,8 @@ pub mod metric {
         STALE_RECORDS_TOTAL,
         ERRORS_TOTAL,
         END_TO_END_SECONDS,
+        TOKENS_REAL_TOTAL,
+        TOKENS_PADDED_TOTAL,
         CONSUMER_LAG,
     ];
 }
@@ -110,6 +117,16 @@ pub fn describe_metrics() {
         metric::INFERENCE_SECONDS,
         Unit::Seconds,
         "duration of one model run"
+    );
+    describe_counter!(
+        metric::TOKENS_REAL_TOTAL,
+        Unit::Count,
+        "tokens fed to a token model, padding excluded"
+    );
+    describe_counter!(
+        metric::TOKENS_PADDED_TOTAL,
+        Unit::Count,
+        "tokens fed to a token model, padding included"
     );
     describe_counter!(
         metric::INFERENCE_FAILURES_TOTAL,

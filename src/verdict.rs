@@ -14,7 +14,7 @@
 
 use serde_json::json;
 
-use crate::config::Policy;
+use crate::config::{Policy, Thresholds};
 use crate::consumer::Tp;
 use crate::event::{Event, Rejection};
 use crate::inference::Manifest;
@@ -27,28 +27,51 @@ pub const BLOCK: &str = "block";
 /// Turns model probabilities into verdict records.
 pub struct Scorer {
     labels: Vec<String>,
-    score_index: usize,
+    /// (label index, thresholds) judged for every event: the policy's
+    /// per-label thresholds, or the manifest's score_label with the global ones.
+    rules: Vec<(usize, Thresholds)>,
     model_name: String,
     model_version: String,
-    policy: Policy,
 }
 
 impl Scorer {
+    /// Labels named in `policy.labels` that the model lacks are ignored here;
+    /// the pipeline refuses such a policy at start.
     pub fn new(manifest: &Manifest, policy: &Policy) -> Scorer {
+        let rules = if policy.labels.is_empty() {
+            vec![(
+                manifest.score_index(),
+                Thresholds {
+                    review_at: policy.review_at,
+                    block_at: policy.block_at,
+                },
+            )]
+        } else {
+            policy
+                .labels
+                .iter()
+                .filter_map(|(label, t)| {
+                    let i = manifest.labels.iter().position(|l| l == label)?;
+                    Some((i, *t))
+                })
+                .collect()
+        };
         Scorer {
             labels: manifest.labels.clone(),
-            score_index: manifest.score_index(),
+            rules,
             model_name: manifest.name.clone(),
             model_version: manifest.version.clone(),
-            policy: policy.clone(),
         }
     }
 
+    /// The most severe verdict over the judged labels.
     pub fn decide(&self, probabilities: &[f32]) -> &'static str {
-        decide(
-            &self.policy,
-            probabilities.get(self.score_index).copied().unwrap_or(0.0),
-        )
+        let severity = |v: &str| [ALLOW, REVIEW, BLOCK].iter().position(|s| *s == v);
+        self.rules
+            .iter()
+            .map(|(i, t)| decide(t, probabilities.get(*i).copied().unwrap_or(0.0)))
+            .max_by_key(|v| severity(v))
+            .unwrap_or(ALLOW)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -93,10 +116,10 @@ impl Scorer {
 }
 
 /// `score >= block_at` blocks, `score >= review_at` goes to review.
-pub fn decide(policy: &Policy, score: f32) -> &'static str {
-    if score >= policy.block_at {
+pub fn decide(t: &Thresholds, score: f32) -> &'static str {
+    if score >= t.block_at {
         BLOCK
-    } else if score >= policy.review_at {
+    } else if score >= t.review_at {
         REVIEW
     } else {
         ALLOW
@@ -144,7 +167,7 @@ mod tests {
 
     #[test]
     fn thresholds_split_allow_review_block() {
-        let p = Policy {
+        let p = Thresholds {
             review_at: 0.5,
             block_at: 0.9,
         };
@@ -152,5 +175,30 @@ mod tests {
         assert_eq!(decide(&p, 0.5), REVIEW);
         assert_eq!(decide(&p, 0.89), REVIEW);
         assert_eq!(decide(&p, 0.9), BLOCK);
+    }
+
+    #[test]
+    fn per_label_thresholds_take_the_most_severe_verdict() {
+        let manifest: Manifest = serde_json::from_value(serde_json::json!({
+            "name": "m", "version": "1", "input_kind": "tokens",
+            "inputs": ["input_ids"], "output": "logits",
+            "labels": ["toxic", "threat", "insult"], "score_label": "toxic",
+        }))
+        .unwrap();
+        let mut policy = Policy::default();
+        let t = |review_at, block_at| Thresholds {
+            review_at,
+            block_at,
+        };
+        policy.labels.insert("toxic".into(), t(0.8, 0.95));
+        policy.labels.insert("threat".into(), t(0.2, 0.5));
+        let scorer = Scorer::new(&manifest, &policy);
+        assert_eq!(scorer.decide(&[0.1, 0.1, 0.99]), ALLOW); // insult not judged
+        assert_eq!(scorer.decide(&[0.85, 0.1, 0.0]), REVIEW);
+        assert_eq!(scorer.decide(&[0.85, 0.6, 0.0]), BLOCK); // threat blocks
+        // Without per-label thresholds: score_label with the global ones.
+        let scorer = Scorer::new(&manifest, &Policy::default());
+        assert_eq!(scorer.decide(&[0.9, 0.0, 0.0]), BLOCK);
+        assert_eq!(scorer.decide(&[0.1, 0.99, 0.99]), ALLOW);
     }
 }

@@ -1,0 +1,189 @@
+//! The MiniLM-L6 transformer (built by scripts/build-minilm-model.sh, which
+//! the test command runs): tokenization and scores must match what the
+//! build script's NumPy reference forward pass computed, length bucketing
+//! must not change scores, and the whole pipeline must moderate with it.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use modstream::config::InferenceSettings;
+use modstream::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS};
+use modstream::embedded::EmbeddedBroker;
+use modstream::inference::Model;
+use modstream::shutdown::Shutdown;
+use modstream::tokens::Encoder;
+
+fn model_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/minilm-l6");
+    assert!(
+        dir.join("model.onnx").is_file(),
+        "{} missing: run scripts/build-minilm-model.sh (scripts/test.sh does)",
+        dir.display()
+    );
+    dir
+}
+
+fn settings(pad_to: &str) -> InferenceSettings {
+    InferenceSettings {
+        model_dir: model_dir(),
+        pad_to: pad_to.to_string(),
+        ..Default::default()
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Check {
+    text: String,
+    ids: Vec<i64>,
+    probabilities: Vec<f32>,
+}
+
+fn checks() -> Vec<Check> {
+    let text = std::fs::read_to_string(model_dir().join("check.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn token_ids_match_the_python_tokenizer() {
+    let encoder = Encoder::load(&model_dir().join("tokenizer.json"), 128).unwrap();
+    for c in checks() {
+        let ids = encoder.encode(&c.text).unwrap().ids;
+        assert_eq!(ids, c.ids, "token ids of {:?}", c.text);
+        assert!(ids.len() <= 128);
+    }
+}
+
+#[test]
+fn scores_match_the_reference_forward_pass_batched_and_alone() {
+    let checks = checks();
+    let mut texts: Vec<String> = checks.iter().map(|c| c.text.clone()).collect();
+    assert!(texts.len() >= 10);
+    for pad_to in ["longest", "bucket"] {
+        let mut m = Model::load(&settings(pad_to)).unwrap();
+        assert_eq!(
+            m.manifest.labels,
+            ["clean", "offensive"],
+            "labels from config.json id2label"
+        );
+        let batched = m.score(&mut texts).unwrap();
+        for (c, got) in checks.iter().zip(&batched) {
+            for (g, want) in got.iter().zip(&c.probabilities) {
+                assert!(
+                    (g - want).abs() < 1e-4,
+                    "{pad_to}: {:?} scored {got:?}, reference {:?}",
+                    c.text,
+                    c.probabilities
+                );
+            }
+        }
+        for (i, text) in texts.iter().enumerate().take(4) {
+            let alone = m.score(&mut [text.clone()]).unwrap();
+            assert!((alone[0][1] - batched[i][1]).abs() < 1e-4);
+        }
+    }
+}
+
+#[test]
+fn buckets_keep_padding_low_on_mixed_lengths() {
+    // 15 short posts and one long one: padded to the longest in one pass, the
+    // short ones would carry ~100 padding tokens each.
+    let mut texts: Vec<String> = demo::sample_posts()
+        .iter()
+        .take(15)
+        .map(|(_, t)| t.to_string())
+        .collect();
+    texts.push(texts.join(" "));
+    let mut bucketed = Model::load(&settings("longest")).unwrap();
+    bucketed.score(&mut texts).unwrap();
+    let one_pass = InferenceSettings {
+        length_buckets: vec![128],
+        ..settings("longest")
+    };
+    let mut single = Model::load(&one_pass).unwrap();
+    single.score(&mut texts).unwrap();
+    assert_eq!(bucketed.tokens.real, single.tokens.real);
+    let efficiency = |m: &Model| m.tokens.real as f64 / m.tokens.padded as f64;
+    assert!(
+        efficiency(&bucketed) > 0.7 && efficiency(&single) < 0.3,
+        "bucketed {:.2}, one pass {:.2}",
+        efficiency(&bucketed),
+        efficiency(&single)
+    );
+}
+
+#[test]
+fn gpu_providers_fall_back_to_cpu_unless_required() {
+    // This machine's ONNX Runtime is the CPU build: CUDA cannot register.
+    let fallback = InferenceSettings {
+        execution_providers: vec!["cuda".into(), "cpu".into()],
+        ..settings("longest")
+    };
+    let mut m = Model::load(&fallback).unwrap();
+    if m.provider == "CUDAExecutionProvider" {
+        return; // a GPU build of ONNX Runtime with a usable GPU: nothing to fall back from
+    }
+    assert_eq!(m.provider, "CPUExecutionProvider");
+    assert_eq!(m.score(&mut ["hello".to_string()]).unwrap().len(), 1);
+    let required = InferenceSettings {
+        require_gpu: true,
+        ..fallback
+    };
+    let err = Model::load(&required)
+        .err()
+        .expect("require_gpu fails on CPU");
+    assert!(err.to_string().contains("require_gpu"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_moderates_with_the_transformer() {
+    let broker =
+        EmbeddedBroker::start(&[(DEMO_INPUT, 2), (DEMO_VERDICTS, 2), (DEMO_DLQ, 1)]).unwrap();
+    let bootstrap = broker.bootstrap_servers().to_string();
+    let events = demo::generate(300, 100, "t-");
+    let valid: HashSet<String> = events
+        .iter()
+        .filter(|e| e.text.is_some())
+        .map(|e| e.event_id.clone())
+        .collect();
+    demo::produce_all(&bootstrap, DEMO_INPUT, &events)
+        .await
+        .unwrap();
+
+    let mut settings = demo::demo_settings(&bootstrap, "g-minilm").unwrap();
+    settings.inference.model_dir = model_dir();
+    settings.inference.workers = 2;
+    settings.batching.max_batch_size = 16;
+    let shutdown = Shutdown::new();
+    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
+    let b = bootstrap.clone();
+    let want = valid.len();
+    let verdicts = tokio::task::spawn_blocking(move || {
+        demo::read_topic(&b, DEMO_VERDICTS, 2, want, Duration::from_secs(120))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    shutdown.stop.cancel();
+    let summary = tokio::time::timeout(Duration::from_secs(60), pipeline)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+
+    let mut seen = HashSet::new();
+    for v in &verdicts {
+        let json: serde_json::Value = serde_json::from_slice(&v.payload).unwrap();
+        assert_eq!(json["model"]["name"], "minilm-l6-moderation");
+        let offensive = json["scores"]["offensive"].as_f64().unwrap();
+        let clean = json["scores"]["clean"].as_f64().unwrap();
+        assert!(
+            (offensive + clean - 1.0).abs() < 1e-4,
+            "softmax over the labels"
+        );
+        seen.insert(json["event_id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(seen, valid, "one verdict per valid event");
+    assert_eq!(summary.verdicts as usize, valid.len());
+    assert!(summary.real_tokens > 0 && summary.real_tokens <= summary.padded_tokens);
+}
