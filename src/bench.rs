@@ -37,6 +37,12 @@ pub struct BenchOptions {
     pub loads: Vec<f64>,
     pub latency_seconds: u64,
     pub intra_threads: usize,
+    /// Model directory (default: the shipped profanity model).
+    pub model_dir: Option<PathBuf>,
+    /// Inference workers (sessions) in the pipeline; the raw loop uses one.
+    pub workers: usize,
+    /// Offered load of the overload run, as a multiple of saturation (0: skip).
+    pub overload: f64,
     pub out_dir: PathBuf,
 }
 
@@ -50,6 +56,34 @@ pub struct SaturationRow {
     pub pipeline_over_raw: f64,
     pub mean_batch_size: f64,
     pub inference_share: f64,
+    /// Model runs by size: "1", "2-3", "4-7", ... → count.
+    pub run_sizes: std::collections::BTreeMap<String, u64>,
+    /// Time split: mean wait for a batch to close, mean model run, mean
+    /// enqueue-to-acknowledgement of one verdict.
+    pub batch_wait_ms: f64,
+    pub inference_ms: f64,
+    pub produce_ms: f64,
+    /// Token models: real ÷ padded tokens in the pipeline run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padding_efficiency: Option<f64>,
+    /// Token models: the raw model on the same batches padded to their
+    /// longest text in one pass (no length buckets), and its efficiency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_unbucketed_per_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_unbucketed_padding_efficiency: Option<f64>,
+}
+
+/// Peak memory of a separate `modstream run` process offered more than it
+/// can take (open loop) for a while, against the same at a light load.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct OverloadRow {
+    pub offered_multiple: f64,
+    pub offered_per_s: f64,
+    pub seconds: u64,
+    pub events: usize,
+    pub peak_rss_bytes: u64,
+    pub light_load_peak_rss_bytes: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -74,33 +108,57 @@ pub struct Report {
     pub saturation: Vec<SaturationRow>,
     pub latency: Vec<LatencyRow>,
     pub peak_rss_bytes: u64,
+    #[serde(default)]
+    pub workers: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overload: Option<OverloadRow>,
 }
 
-/// Raw model throughput: events/s scoring `texts` in batches of `batch`.
+/// Raw model throughput: events/s scoring `texts` in batches of `batch`
+/// (arrival order), and the padding efficiency of those runs (token models).
 pub fn raw_model_throughput(
     model: &mut Model,
     texts: &[String],
     batch: usize,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, Option<f64>)> {
     let mut batches: Vec<Vec<String>> = texts.chunks(batch).map(<[String]>::to_vec).collect();
     model.score(&mut batches[0])?; // warm-up
+    let before = model.tokens;
     let started = Instant::now();
     for b in &mut batches {
         model.score(b)?;
     }
-    Ok(texts.len() as f64 / started.elapsed().as_secs_f64())
+    let per_s = texts.len() as f64 / started.elapsed().as_secs_f64();
+    let padded = model.tokens.padded - before.padded;
+    let efficiency = (padded > 0).then(|| (model.tokens.real - before.real) as f64 / padded as f64);
+    Ok((per_s, efficiency))
+}
+
+/// Power-of-two buckets of run sizes: "1", "2-3", "4-7", ...
+fn run_size_histogram(sizes: &[u64]) -> std::collections::BTreeMap<String, u64> {
+    let mut h = std::collections::BTreeMap::new();
+    for (size, &n) in sizes.iter().enumerate().filter(|(s, n)| *s > 0 && **n > 0) {
+        let low = 1usize << size.ilog2();
+        let key = if low == 1 {
+            "1".to_string()
+        } else {
+            format!("{low:>4}-{}", low * 2 - 1)
+        };
+        *h.entry(key).or_insert(0) += n;
+    }
+    h
 }
 
 fn settings(
+    opts: &BenchOptions,
     bootstrap: &str,
     batch: usize,
     delay_ms: u64,
-    threads: usize,
 ) -> anyhow::Result<crate::config::Settings> {
     let mut s = demo::demo_settings(bootstrap, "bench")?;
     s.batching.max_batch_size = batch;
     s.batching.max_batch_delay = Duration::from_millis(delay_ms);
-    s.inference.intra_threads = threads;
+    s.inference = inference_settings(opts);
     s.limits.max_in_flight = s.limits.max_in_flight.max(batch * 4);
     Ok(s)
 }
@@ -128,7 +186,7 @@ async fn saturation(
     let shutdown = Shutdown::new();
     let started = Instant::now();
     let run = tokio::spawn(crate::pipeline::run(
-        settings(&bootstrap, batch, delay_ms, opts.intra_threads)?,
+        settings(opts, &bootstrap, batch, delay_ms)?,
         shutdown.clone(),
     ));
     let want = events.len();
@@ -197,7 +255,7 @@ async fn latency(
     let events = demo::generate(count, 0, "l-");
     let shutdown = Shutdown::new();
     let run = tokio::spawn(crate::pipeline::run(
-        settings(&bootstrap, batch, delay_ms, opts.intra_threads)?,
+        settings(opts, &bootstrap, batch, delay_ms)?,
         shutdown.clone(),
     ));
     // One reader for the whole run, started first: a new consumer needs about
@@ -274,9 +332,111 @@ async fn latency(
     })
 }
 
+/// Offer `rate`/s for `seconds` (open loop) to a separate `modstream run`
+/// process, let it work on the backlog 5 s more, and read its peak RSS.
+async fn peak_rss_under_load(
+    opts: &BenchOptions,
+    batch: usize,
+    delay_ms: u64,
+    rate: f64,
+    seconds: u64,
+) -> anyhow::Result<(usize, u64)> {
+    let exe = std::env::current_exe()?;
+    anyhow::ensure!(
+        exe.file_stem().is_some_and(|n| n == "modstream"),
+        "the overload run needs the modstream binary (run `modstream bench`)"
+    );
+    let broker = broker()?;
+    let bootstrap = broker.bootstrap_servers().to_string();
+    let dir = std::env::temp_dir().join(format!("modstream-overload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let model_dir = std::path::absolute(inference_settings(opts).model_dir)?;
+    let config = dir.join("modstream.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}
+[inference]
+model_dir = {:?}
+intra_threads = {}
+workers = {}
+[telemetry]
+listen = \"127.0.0.1:0\"
+log_level = \"warn\"
+",
+            demo::demo_config(&bootstrap, "overload", batch, delay_ms),
+            model_dir.display().to_string(),
+            opts.intra_threads,
+            opts.workers.max(1),
+        ),
+    )?;
+    let mut child = std::process::Command::new(&exe)
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    let pid = child.id().to_string();
+    let count = (rate * seconds as f64) as usize;
+    let events = demo::generate(count, 0, "o-");
+    let producer = demo::event_producer(&bootstrap).map_err(anyhow::Error::msg)?;
+    let start = Instant::now();
+    let slice = ((rate / 100.0) as usize).max(1);
+    let mut pending = Vec::with_capacity(events.len());
+    let mut peak = 0;
+    for (i, chunk) in events.chunks(slice).enumerate() {
+        tokio::time::sleep_until(
+            (start + Duration::from_secs_f64((i * slice) as f64 / rate)).into(),
+        )
+        .await;
+        pending.extend(demo::enqueue(&producer, DEMO_INPUT, chunk).map_err(anyhow::Error::msg)?);
+        peak = peak.max(peak_rss_of(&pid));
+    }
+    demo::await_deliveries(pending)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        peak = peak.max(peak_rss_of(&pid));
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    let exit = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        child.wait().ok()
+    })
+    .await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    anyhow::ensure!(
+        peak > 0,
+        "could not read the peak RSS of pid {pid} (exit {exit:?})"
+    );
+    Ok((count, peak))
+}
+
+fn mean_ms(total_seconds: f64, count: u64) -> f64 {
+    if count == 0 {
+        0.0
+    } else {
+        total_seconds * 1000.0 / count as f64
+    }
+}
+
 /// Peak resident set size of this process (Linux), bytes.
 pub fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    peak_rss_of("self")
+}
+
+/// Peak resident set size of a process (`/proc/<pid>/status` VmHWM), bytes.
+pub fn peak_rss_of(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -287,23 +447,55 @@ pub fn peak_rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
-    let inference = InferenceSettings {
+fn inference_settings(opts: &BenchOptions) -> InferenceSettings {
+    let mut inference = InferenceSettings {
         intra_threads: opts.intra_threads,
+        workers: opts.workers.max(1),
         ..Default::default()
     };
+    if let Some(dir) = &opts.model_dir {
+        inference.model_dir = dir.clone();
+    }
+    inference
+}
+
+pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
+    let inference = inference_settings(&opts);
     let mut model = Model::load(&inference)?;
+    // Token models: the same model without length buckets (one pass per
+    // batch, padded to its longest text), the naive dynamic batching.
+    let mut unbucketed = match model.manifest.input_kind.as_str() {
+        "tokens" => Some(Model::load(&InferenceSettings {
+            length_buckets: vec![model.manifest.max_length.unwrap_or(512)],
+            ..inference.clone()
+        })?),
+        _ => None,
+    };
     let texts: Vec<String> = demo::generate(opts.events, 0, "raw-")
         .into_iter()
         .filter_map(|e| e.text)
         .collect();
     let mut saturation_rows = Vec::new();
     eprintln!(
-        "{:>6} {:>8} {:>12} {:>12} {:>7} {:>10}",
-        "batch", "delay", "pipeline/s", "raw/s", "ratio", "mean batch"
+        "{:>6} {:>8} {:>11} {:>9} {:>6} {:>7} {:>8} {:>8} {:>8} {:>6} {:>10}",
+        "batch",
+        "delay",
+        "pipeline/s",
+        "raw/s",
+        "ratio",
+        "mean n",
+        "wait ms",
+        "model ms",
+        "prod ms",
+        "pad eff",
+        "unbucketed"
     );
     for &batch in &opts.batch_sizes {
-        let raw = raw_model_throughput(&mut model, &texts, batch)?;
+        let (raw, _) = raw_model_throughput(&mut model, &texts, batch)?;
+        let naive = match unbucketed.as_mut() {
+            Some(m) => Some(raw_model_throughput(m, &texts, batch)?),
+            None => None,
+        };
         for &delay in &opts.delays_ms {
             let (per_s, summary, elapsed) = saturation(&opts, batch, delay).await?;
             let mean_batch = if summary.batches > 0 {
@@ -320,15 +512,31 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
                 pipeline_over_raw: per_s / raw,
                 mean_batch_size: mean_batch,
                 inference_share: summary.inference_seconds / elapsed,
+                run_sizes: run_size_histogram(&summary.run_sizes),
+                batch_wait_ms: mean_ms(summary.batch_wait_seconds, summary.closed_batches),
+                inference_ms: mean_ms(summary.inference_seconds, summary.batches),
+                produce_ms: mean_ms(summary.produce_seconds, summary.verdicts + summary.dlq),
+                padding_efficiency: (summary.padded_tokens > 0)
+                    .then(|| summary.real_tokens as f64 / summary.padded_tokens as f64),
+                raw_unbucketed_per_s: naive.map(|n| n.0),
+                raw_unbucketed_padding_efficiency: naive.and_then(|n| n.1),
+            };
+            let opt = |v: Option<f64>, digits: usize| {
+                v.map_or("-".to_string(), |v| format!("{v:.digits$}"))
             };
             eprintln!(
-                "{:>6} {:>6}ms {:>12.0} {:>12.0} {:>7.2} {:>10.1}",
+                "{:>6} {:>6}ms {:>11.0} {:>9.0} {:>6.2} {:>7.1} {:>8.1} {:>8.1} {:>8.1} {:>6} {:>10}",
                 batch,
                 delay,
                 row.pipeline_per_s,
                 row.raw_model_per_s,
                 row.pipeline_over_raw,
-                row.mean_batch_size
+                row.mean_batch_size,
+                row.batch_wait_ms,
+                row.inference_ms,
+                row.produce_ms,
+                opt(row.padding_efficiency, 2),
+                opt(row.raw_unbucketed_per_s, 0)
             );
             saturation_rows.push(row);
         }
@@ -362,6 +570,35 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
             latency_rows.push(row);
         }
     }
+    let overload = match saturation_rows
+        .iter()
+        .find(|r| r.max_batch_size == *opts.batch_sizes.last().unwrap_or(&1))
+    {
+        Some(sat) if opts.overload > 0.0 => {
+            let (batch, delay) = (sat.max_batch_size, sat.max_batch_delay_ms);
+            let seconds = 3;
+            let (_, light) =
+                peak_rss_under_load(&opts, batch, delay, sat.pipeline_per_s * 0.25, seconds)
+                    .await?;
+            let rate = sat.pipeline_per_s * opts.overload;
+            let (events, peak) = peak_rss_under_load(&opts, batch, delay, rate, seconds).await?;
+            eprintln!(
+                "overload: {events} events offered at {:.0}× saturation ({rate:.0}/s for {seconds}s): peak RSS {} MiB (at 25 %: {} MiB)",
+                opts.overload,
+                peak >> 20,
+                light >> 20
+            );
+            Some(OverloadRow {
+                offered_multiple: opts.overload,
+                offered_per_s: rate,
+                seconds,
+                events,
+                peak_rss_bytes: peak,
+                light_load_peak_rss_bytes: light,
+            })
+        }
+        _ => None,
+    };
     let report = Report {
         machine: format!(
             "{} cores",
@@ -372,6 +609,8 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         saturation: saturation_rows,
         latency: latency_rows,
         peak_rss_bytes: peak_rss_bytes(),
+        workers: inference.workers,
+        overload,
     };
     std::fs::create_dir_all(&opts.out_dir)?;
     std::fs::write(

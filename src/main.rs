@@ -69,6 +69,15 @@ enum Command {
         /// Keep going: send `count` events again and again.
         #[arg(long)]
         forever: bool,
+        /// Fraction of posts written from the abusive samples.
+        #[arg(long, default_value_t = 0.2)]
+        abusive_share: f64,
+        /// Fraction of posts marked urgent (they skip the batching deadline).
+        #[arg(long, default_value_t = 0.05)]
+        urgent_share: f64,
+        /// Every n-th record is malformed (0: none).
+        #[arg(long, default_value_t = 100)]
+        malformed_every: usize,
     },
     /// Measure throughput and latency on the embedded cluster, against the raw model.
     Bench {
@@ -87,6 +96,16 @@ enum Command {
         latency_seconds: u64,
         #[arg(long, default_value_t = 1)]
         intra_threads: usize,
+        /// Inference workers (sessions) in the pipeline.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// Model directory (default: models/profanity-check).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Offer this multiple of saturation to a separate `modstream run`
+        /// for 3 s and report its peak RSS (0: skip).
+        #[arg(long, default_value_t = 10.0)]
+        overload: f64,
         /// Where bench.json and bench.svg go.
         #[arg(long, default_value = "target/bench")]
         out: PathBuf,
@@ -136,7 +155,21 @@ fn main() -> ExitCode {
             count,
             rate,
             forever,
-        } => produce(bootstrap, topic, count, rate, forever),
+            abusive_share,
+            urgent_share,
+            malformed_every,
+        } => produce(
+            bootstrap,
+            topic,
+            count,
+            rate,
+            forever,
+            modstream::demo::Mix {
+                malformed_every,
+                abusive_share,
+                urgent_share,
+            },
+        ),
         Command::Bench {
             replot: Some(report),
             ..
@@ -148,6 +181,9 @@ fn main() -> ExitCode {
             loads,
             latency_seconds,
             intra_threads,
+            workers,
+            model,
+            overload,
             out,
             replot: None,
         } => bench(modstream::bench::BenchOptions {
@@ -157,6 +193,9 @@ fn main() -> ExitCode {
             loads,
             latency_seconds,
             intra_threads,
+            model_dir: model,
+            workers,
+            overload,
             out_dir: out,
         }),
         Command::Demo {
@@ -254,14 +293,21 @@ fn produce(
     count: usize,
     rate: u64,
     forever: bool,
+    mix: modstream::demo::Mix,
 ) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&mix.abusive_share) && (0.0..=1.0).contains(&mix.urgent_share),
+        "--abusive-share and --urgent-share are fractions between 0 and 1"
+    );
+    let progress = std::io::stderr().is_terminal();
     runtime()?.block_on(async {
         let producer = modstream::demo::event_producer(&bootstrap).map_err(anyhow::Error::msg)?;
         let mut round = 0u64;
         loop {
-            let events = modstream::demo::generate(
+            let events = modstream::demo::generate_mix(
                 count,
-                100,
+                &mix,
                 &format!("gen-{}-{round}-", std::process::id()),
             );
             let started = std::time::Instant::now();
@@ -273,6 +319,7 @@ fn produce(
             };
             // Open loop: send on schedule; acknowledgements are awaited at the end.
             let mut pending = Vec::with_capacity(events.len());
+            let mut shown = started;
             for (i, chunk) in events.chunks(slice).enumerate() {
                 if rate > 0 {
                     let due = started + Duration::from_secs_f64((i * slice) as f64 / rate as f64);
@@ -282,6 +329,18 @@ fn produce(
                     modstream::demo::enqueue(&producer, &topic, chunk)
                         .map_err(anyhow::Error::msg)?,
                 );
+                if progress && shown.elapsed() >= Duration::from_millis(500) {
+                    shown = std::time::Instant::now();
+                    let sent = pending.len();
+                    eprint!(
+                        "\r{sent}/{} sent ({:.0}/s) ",
+                        events.len(),
+                        sent as f64 / started.elapsed().as_secs_f64()
+                    );
+                }
+            }
+            if progress {
+                eprint!("\r");
             }
             modstream::demo::await_deliveries(pending)
                 .await

@@ -66,6 +66,14 @@ pub struct RunSummary {
     /// Token models: tokens fed, real and padded (padding efficiency = real ÷ padded).
     pub real_tokens: u64,
     pub padded_tokens: u64,
+    /// Model runs by size: `run_sizes[n]` runs of n events.
+    pub run_sizes: Vec<u64>,
+    /// Where an event's time goes: waiting for its batch to close (summed
+    /// over closed batches), and from enqueueing its verdict to the broker's
+    /// acknowledgement (summed over records).
+    pub batch_wait_seconds: f64,
+    pub closed_batches: u64,
+    pub produce_seconds: f64,
 }
 
 /// A valid event waiting for its verdict.
@@ -107,6 +115,8 @@ struct Ack {
     generation: u64,
     offset: i64,
     outcome: Result<Outcome, ProducerError>,
+    /// Enqueue to acknowledgement.
+    took: std::time::Duration,
 }
 
 enum Outcome {
@@ -421,8 +431,10 @@ impl Core {
         let Some(partition) = self.partitions.get_mut(tp) else {
             return;
         };
-        metrics::histogram!(metric::BATCH_WAIT_SECONDS)
-            .record(batch.opened_at.elapsed().as_secs_f64());
+        let waited = batch.opened_at.elapsed().as_secs_f64();
+        metrics::histogram!(metric::BATCH_WAIT_SECONDS).record(waited);
+        self.summary.batch_wait_seconds += waited;
+        self.summary.closed_batches += 1;
         let ready = ReadyBatch {
             tp: tp.clone(),
             generation: partition.generation,
@@ -491,6 +503,11 @@ impl Core {
             let id = self.next_job_id;
             self.next_job_id += 1;
             metrics::histogram!(metric::BATCH_SIZE).record(size as f64);
+            let sizes = &mut self.summary.run_sizes;
+            if sizes.len() <= size {
+                sizes.resize(size + 1, 0);
+            }
+            sizes[size] += 1;
             match self.pool.try_submit(InferenceJob { id, texts }) {
                 Ok(()) => {
                     self.in_inference.insert(id, segments);
@@ -601,6 +618,7 @@ impl Core {
     fn deliver(&mut self, tp: Tp, generation: u64, offset: i64, out: OutRecord, outcome: Outcome) {
         let delivery = self.sink.deliver(out, self.abort.clone());
         let acks = self.acks_tx.clone();
+        let started = Instant::now();
         self.deliveries.spawn(async move {
             let outcome = delivery.await.map(|()| outcome);
             let _ = acks
@@ -609,6 +627,7 @@ impl Core {
                     generation,
                     offset,
                     outcome,
+                    took: started.elapsed(),
                 })
                 .await;
         });
@@ -616,6 +635,7 @@ impl Core {
 
     fn on_ack(&mut self, ack: Ack) {
         self.release(1);
+        self.summary.produce_seconds += ack.took.as_secs_f64();
         let Ok(outcome) = ack.outcome else {
             self.summary.abandoned += 1;
             return;

@@ -1,28 +1,41 @@
 //! `modstream bench` end to end on a tiny load: the report has its fields and
 //! its counts match the run (no timing assertions: the machine is shared).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use modstream::bench::{BenchOptions, run};
+use modstream::bench::{BenchOptions, Report, run};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tiny_bench_writes_a_complete_report() {
+/// `modstream bench` as a user runs it (the overload run needs the binary).
+fn bench_binary(out: &std::path::Path) -> Report {
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_modstream"))
+        .args([
+            "bench",
+            "--events",
+            "400",
+            "--batch-sizes",
+            "1,16",
+            "--delays-ms",
+            "5",
+            "--loads",
+            "0.5",
+            "--latency-seconds",
+            "1",
+            "--overload",
+            "3",
+            "--out",
+        ])
+        .arg(out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn a_tiny_bench_writes_a_complete_report() {
     let out = tempfile::tempdir().unwrap();
-    let report = tokio::time::timeout(
-        Duration::from_secs(240),
-        run(BenchOptions {
-            events: 400,
-            batch_sizes: vec![1, 16],
-            delays_ms: vec![5],
-            loads: vec![0.5],
-            latency_seconds: 1,
-            intra_threads: 1,
-            out_dir: out.path().to_path_buf(),
-        }),
-    )
-    .await
-    .expect("bench finishes")
-    .unwrap();
+    let report = bench_binary(out.path());
 
     assert_eq!(
         report.saturation.len(),
@@ -34,6 +47,14 @@ async fn a_tiny_bench_writes_a_complete_report() {
         assert!(row.pipeline_per_s > 0.0 && row.raw_model_per_s > 0.0);
         assert!(row.mean_batch_size >= 1.0 && row.mean_batch_size <= row.max_batch_size as f64);
         assert!((row.pipeline_over_raw - row.pipeline_per_s / row.raw_model_per_s).abs() < 1e-9);
+        // The run-size histogram counts every model run.
+        let runs: u64 = row.run_sizes.values().sum();
+        assert!(
+            (runs as f64 - 400.0 / row.mean_batch_size).abs() < 0.5,
+            "{row:?}"
+        );
+        assert!(row.batch_wait_ms >= 0.0 && row.inference_ms > 0.0 && row.produce_ms > 0.0);
+        assert!(row.padding_efficiency.is_none(), "not a token model");
     }
     let unbatched = report
         .saturation
@@ -54,6 +75,13 @@ async fn a_tiny_bench_writes_a_complete_report() {
         assert!(row.offered_per_s > 0.0);
     }
     assert!(report.peak_rss_bytes > 0);
+    let overload = report.overload.as_ref().expect("an overload row");
+    assert_eq!(overload.offered_multiple, 3.0);
+    assert!(
+        overload.events > 0
+            && overload.peak_rss_bytes > 0
+            && overload.light_load_peak_rss_bytes > 0
+    );
 
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("bench.json")).unwrap())
@@ -69,4 +97,43 @@ async fn a_tiny_bench_writes_a_complete_report() {
     }
     let svg = std::fs::read_to_string(out.path().join("bench.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_transformer_bench_reports_padding_and_the_unbucketed_baseline() {
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/minilm-l6");
+    assert!(
+        model.join("model.onnx").is_file(),
+        "run scripts/build-minilm-model.sh"
+    );
+    let out = tempfile::tempdir().unwrap();
+    let report = tokio::time::timeout(
+        Duration::from_secs(300),
+        run(BenchOptions {
+            events: 96,
+            batch_sizes: vec![16],
+            delays_ms: vec![5],
+            loads: vec![],
+            latency_seconds: 1,
+            intra_threads: 1,
+            model_dir: Some(model),
+            workers: 1,
+            overload: 0.0,
+            out_dir: out.path().to_path_buf(),
+        }),
+    )
+    .await
+    .expect("bench finishes")
+    .unwrap();
+    assert!(report.model.starts_with("minilm-l6-moderation"));
+    let row = &report.saturation[0];
+    let bucketed = row.padding_efficiency.expect("token models report padding");
+    let unbucketed = row.raw_unbucketed_padding_efficiency.unwrap();
+    assert!(bucketed > 0.0 && bucketed <= 1.0);
+    assert!(
+        unbucketed < bucketed,
+        "buckets pad less than one pass per batch ({unbucketed:.2} vs {bucketed:.2})"
+    );
+    assert!(row.raw_unbucketed_per_s.unwrap() > 0.0);
+    assert!(report.overload.is_none());
 }
