@@ -39,6 +39,9 @@ pub struct BenchOptions {
     pub intra_threads: usize,
     /// Model directory (default: the shipped profanity model).
     pub model_dir: Option<PathBuf>,
+    /// Execution providers, in order of preference.
+    pub providers: Vec<String>,
+    pub require_gpu: bool,
     /// Inference workers (sessions) in the pipeline; the raw loop uses one.
     pub workers: usize,
     /// Offered load of the overload run, as a multiple of saturation (0: skip).
@@ -63,9 +66,12 @@ pub struct SaturationRow {
     pub batch_wait_ms: f64,
     pub inference_ms: f64,
     pub produce_ms: f64,
-    /// Token models: real ÷ padded tokens in the pipeline run.
+    /// Token models: real ÷ padded tokens in the pipeline run, and real
+    /// tokens per post.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub padding_efficiency: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_tokens: Option<f64>,
     /// Token models: the raw model on the same batches padded to their
     /// longest text in one pass (no length buckets), and its efficiency.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -80,7 +86,8 @@ pub struct SaturationRow {
 pub struct OverloadRow {
     pub offered_multiple: f64,
     pub offered_per_s: f64,
-    pub seconds: u64,
+    /// How long the load was offered (3 s, shorter where the event cap hit).
+    pub seconds: f64,
     pub events: usize,
     pub peak_rss_bytes: u64,
     pub light_load_peak_rss_bytes: u64,
@@ -110,6 +117,9 @@ pub struct Report {
     pub peak_rss_bytes: u64,
     #[serde(default)]
     pub workers: usize,
+    /// The execution provider that ran the model.
+    #[serde(default)]
+    pub provider: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overload: Option<OverloadRow>,
 }
@@ -184,17 +194,28 @@ async fn saturation(
         .await
         .map_err(anyhow::Error::msg)?;
     let shutdown = Shutdown::new();
-    let started = Instant::now();
-    let run = tokio::spawn(crate::pipeline::run(
+    let health = std::sync::Arc::new(crate::telemetry::Health::default());
+    let run = tokio::spawn(crate::pipeline::run_with_health(
         settings(opts, &bootstrap, batch, delay_ms)?,
         shutdown.clone(),
+        health.clone(),
     ));
     let want = events.len();
     let b = bootstrap.clone();
-    let (done_at, _) = tokio::task::spawn_blocking(move || {
+    let reader = tokio::task::spawn_blocking(move || {
         read_verdicts(&b, want, Duration::from_secs(600), |_| {})
-    })
-    .await??;
+    });
+    // The clock starts once the model is loaded and warmed up (start-up is
+    // not throughput); the group join is inside the measured time.
+    while !health
+        .model_loaded
+        .load(std::sync::atomic::Ordering::SeqCst)
+        && !run.is_finished()
+    {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let started = Instant::now();
+    let (_, done_at) = reader.await??;
     let elapsed = done_at.duration_since(started).as_secs_f64();
     shutdown.stop.cancel();
     let summary = run.await??;
@@ -202,13 +223,13 @@ async fn saturation(
 }
 
 /// Read verdicts until `want` arrived; calls `seen(event_id)` at each one.
-/// Returns when the last one was read.
+/// Returns when the first and the last one were read.
 fn read_verdicts(
     bootstrap: &str,
     want: usize,
     timeout: Duration,
     mut seen: impl FnMut(&str),
-) -> anyhow::Result<(Instant, usize)> {
+) -> anyhow::Result<(Instant, Instant)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "bench-reader")
@@ -224,10 +245,12 @@ fn read_verdicts(
     let deadline = Instant::now() + timeout;
     let mut n = 0;
     let mut last = Instant::now();
+    let mut first = None;
     while n < want && Instant::now() < deadline {
         if let Some(m) = consumer.poll(Duration::from_millis(50)) {
             let m = m?;
             last = Instant::now();
+            first.get_or_insert(last);
             n += 1;
             if let Ok(v) =
                 serde_json::from_slice::<serde_json::Value>(m.payload().unwrap_or_default())
@@ -237,7 +260,7 @@ fn read_verdicts(
         }
     }
     anyhow::ensure!(n == want, "only {n} of {want} verdicts within {timeout:?}");
-    Ok((last, n))
+    Ok((first.unwrap_or(last), last))
 }
 
 /// Open-loop paced load at `rate`/s for `seconds`; latency from each event's
@@ -332,7 +355,11 @@ async fn latency(
     })
 }
 
-/// Offer `rate`/s for `seconds` (open loop) to a separate `modstream run`
+/// Largest overload backlog: 4 partitions × 5 MB of mock-cluster retention
+/// at ~250 bytes per event would be 80,000.
+const MAX_OVERLOAD_EVENTS: usize = 60_000;
+
+/// Offer `rate`/s for `seconds` (at most [`MAX_OVERLOAD_EVENTS`]; open loop) to a separate `modstream run`
 /// process, let it work on the backlog 5 s more, and read its peak RSS.
 async fn peak_rss_under_load(
     opts: &BenchOptions,
@@ -350,33 +377,32 @@ async fn peak_rss_under_load(
     let bootstrap = broker.bootstrap_servers().to_string();
     let dir = std::env::temp_dir().join(format!("modstream-overload-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let model_dir = std::path::absolute(inference_settings(opts).model_dir)?;
     let config = dir.join("modstream.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "{}
-[inference]
-model_dir = {:?}
-intra_threads = {}
-workers = {}
-[telemetry]
-listen = \"127.0.0.1:0\"
-log_level = \"warn\"
-",
-            demo::demo_config(&bootstrap, "overload", batch, delay_ms),
-            model_dir.display().to_string(),
-            opts.intra_threads,
-            opts.workers.max(1),
-        ),
-    )?;
+    let inference = inference_settings(opts);
+    let model_dir = std::path::absolute(&inference.model_dir)?;
+    let toml = [
+        demo::demo_config(&bootstrap, "overload", batch, delay_ms),
+        "[inference]".to_string(),
+        format!("model_dir = {:?}", model_dir.display().to_string()),
+        format!("intra_threads = {}", inference.intra_threads),
+        format!("workers = {}", inference.workers),
+        format!("execution_providers = {:?}", inference.execution_providers),
+        format!("require_gpu = {}", inference.require_gpu),
+        "[telemetry]".to_string(),
+        "listen = \"127.0.0.1:0\"".to_string(),
+        "log_level = \"warn\"".to_string(),
+    ];
+    std::fs::write(&config, toml.join("\n"))?;
     let mut child = std::process::Command::new(&exe)
         .args(["run", "--config"])
         .arg(&config)
         .stdout(std::process::Stdio::null())
         .spawn()?;
     let pid = child.id().to_string();
-    let count = (rate * seconds as f64) as usize;
+    // librdkafka's mock cluster keeps 5 MB per partition and drops older
+    // records (the consumer then warns "Offset out of range" and skips
+    // ahead): cap the offered backlog below that.
+    let count = ((rate * seconds as f64) as usize).min(MAX_OVERLOAD_EVENTS);
     let events = demo::generate(count, 0, "o-");
     let producer = demo::event_producer(&bootstrap).map_err(anyhow::Error::msg)?;
     let start = Instant::now();
@@ -451,8 +477,12 @@ fn inference_settings(opts: &BenchOptions) -> InferenceSettings {
     let mut inference = InferenceSettings {
         intra_threads: opts.intra_threads,
         workers: opts.workers.max(1),
+        require_gpu: opts.require_gpu,
         ..Default::default()
     };
+    if !opts.providers.is_empty() {
+        inference.execution_providers = opts.providers.clone();
+    }
     if let Some(dir) = &opts.model_dir {
         inference.model_dir = dir.clone();
     }
@@ -466,7 +496,8 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     // batch, padded to its longest text), the naive dynamic batching.
     let mut unbucketed = match model.manifest.input_kind.as_str() {
         "tokens" => Some(Model::load(&InferenceSettings {
-            length_buckets: vec![model.manifest.max_length.unwrap_or(512)],
+            pad_to: "longest".to_string(),
+            pass_overhead_tokens: 1 << 30,
             ..inference.clone()
         })?),
         _ => None,
@@ -518,6 +549,8 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
                 produce_ms: mean_ms(summary.produce_seconds, summary.verdicts + summary.dlq),
                 padding_efficiency: (summary.padded_tokens > 0)
                     .then(|| summary.real_tokens as f64 / summary.padded_tokens as f64),
+                mean_tokens: (summary.real_tokens > 0)
+                    .then(|| summary.real_tokens as f64 / summary.verdicts.max(1) as f64),
                 raw_unbucketed_per_s: naive.map(|n| n.0),
                 raw_unbucketed_padding_efficiency: naive.and_then(|n| n.1),
             };
@@ -583,15 +616,16 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
             let rate = sat.pipeline_per_s * opts.overload;
             let (events, peak) = peak_rss_under_load(&opts, batch, delay, rate, seconds).await?;
             eprintln!(
-                "overload: {events} events offered at {:.0}× saturation ({rate:.0}/s for {seconds}s): peak RSS {} MiB (at 25 %: {} MiB)",
+                "overload: {events} events offered at {:.0}× saturation ({rate:.0}/s for {:.1}s): peak RSS {} MiB (at 25 %: {} MiB)",
                 opts.overload,
+                events as f64 / rate,
                 peak >> 20,
                 light >> 20
             );
             Some(OverloadRow {
                 offered_multiple: opts.overload,
                 offered_per_s: rate,
-                seconds,
+                seconds: events as f64 / rate,
                 events,
                 peak_rss_bytes: peak,
                 light_load_peak_rss_bytes: light,
@@ -605,6 +639,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
             std::thread::available_parallelism().map_or(0, |n| n.get())
         ),
         model: format!("{} {}", model.manifest.name, model.manifest.version),
+        provider: model.provider.to_string(),
         intra_threads: opts.intra_threads,
         saturation: saturation_rows,
         latency: latency_rows,

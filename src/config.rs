@@ -149,13 +149,18 @@ pub struct InferenceSettings {
     /// Fail at start when no GPU provider can be registered, instead of
     /// falling back to CPU with a warning.
     pub require_gpu: bool,
-    /// Token models: batches are split by token length into these buckets
-    /// (one forward pass per bucket) so that short posts are not padded to
-    /// the longest one. Lengths above the last bucket go to `max_length`.
-    pub length_buckets: Vec<usize>,
-    /// Token models: pad each pass to its "longest" text or to its "bucket"
-    /// bound (fixed shapes, all warmed up at start).
+    /// Token models: how a batch is split by token length into forward
+    /// passes so that short posts are not padded to a long one.
+    /// "longest": sorted by length, cut where padding costs more than
+    /// `pass_overhead_tokens` per extra pass, each pass padded to its
+    /// longest text. "bucket": one pass per `length_buckets` bucket, padded
+    /// to the bucket bound (fixed shapes, e.g. for TensorRT).
     pub pad_to: String,
+    /// Token models, pad_to = "longest": a pass's fixed cost in tokens.
+    pub pass_overhead_tokens: usize,
+    /// Token models: bucket bounds for pad_to = "bucket" (lengths above the
+    /// last go to the model's max_length); also the lengths warmed up.
+    pub length_buckets: Vec<usize>,
     /// Run each padded shape once at start so that the first real batch does
     /// not pay for allocations and kernel selection.
     pub warm_up: bool,
@@ -172,8 +177,9 @@ impl Default for InferenceSettings {
             device_id: 0,
             fp16: false,
             require_gpu: false,
-            length_buckets: vec![16, 32, 64, 128],
             pad_to: "longest".to_string(),
+            pass_overhead_tokens: 24,
+            length_buckets: vec![16, 32, 64, 128],
             warm_up: true,
         }
     }

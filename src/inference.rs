@@ -14,7 +14,7 @@ use ort::value::Tensor;
 use serde::Deserialize;
 
 use crate::config::InferenceSettings;
-use crate::tokens::{self, Activation, Encoded, Encoder, TokenError};
+use crate::tokens::{self, Activation, Encoded, Encoder, Split, TokenError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InferenceError {
@@ -242,11 +242,12 @@ fn environment(
 enum Input {
     /// One string per text; the graph tokenizes.
     Text,
-    /// A transformer: tokenized here, split into length buckets, padded.
+    /// A transformer: tokenized here, each batch split by length, padded.
     Tokens {
         encoder: Box<Encoder>,
-        buckets: Vec<usize>,
-        pad_to_bucket: bool,
+        split: Split,
+        /// Token lengths warmed up at start.
+        warm_lengths: Vec<usize>,
     },
 }
 
@@ -277,8 +278,13 @@ impl Model {
                 let max_length = manifest.max_length.unwrap_or(512);
                 Input::Tokens {
                     encoder: Box::new(Encoder::load(&settings.model_dir.join(file), max_length)?),
-                    buckets: settings.length_buckets.clone(),
-                    pad_to_bucket: settings.pad_to == "bucket",
+                    split: match settings.pad_to.as_str() {
+                        "bucket" => Split::Buckets(settings.length_buckets.clone()),
+                        _ => Split::Longest {
+                            pass_overhead: settings.pass_overhead_tokens,
+                        },
+                    },
+                    warm_lengths: settings.length_buckets.clone(),
                 }
             }
             _ => Input::Text,
@@ -353,17 +359,13 @@ impl Model {
         }
         match &self.input {
             Input::Text => self.score_text(texts),
-            Input::Tokens {
-                encoder,
-                buckets,
-                pad_to_bucket,
-            } => {
+            Input::Tokens { encoder, split, .. } => {
                 let encoded = texts
                     .iter()
                     .map(|t| encoder.encode(t))
                     .collect::<Result<Vec<_>, _>>()?;
                 let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
-                let passes = tokens::plan(&lengths, buckets, encoder.max_length, *pad_to_bucket);
+                let passes = tokens::plan(&lengths, split, encoder.max_length);
                 let mut scores = vec![Vec::new(); texts.len()];
                 for pass in &passes {
                     let rows = self.run_tokens(&encoded, pass)?;
@@ -418,9 +420,11 @@ impl Model {
         let lengths = match &self.input {
             Input::Text => Vec::new(),
             Input::Tokens {
-                encoder, buckets, ..
+                encoder,
+                warm_lengths,
+                ..
             } => {
-                let mut l: Vec<usize> = buckets
+                let mut l: Vec<usize> = warm_lengths
                     .iter()
                     .copied()
                     .filter(|&b| b < encoder.max_length)

@@ -102,6 +102,12 @@ enum Command {
         /// Model directory (default: models/profanity-check).
         #[arg(long)]
         model: Option<PathBuf>,
+        /// Execution providers in order of preference (cuda, tensorrt, cpu).
+        #[arg(long, value_delimiter = ',', default_value = "cpu")]
+        providers: Vec<String>,
+        /// Fail unless a GPU provider can be used.
+        #[arg(long)]
+        require_gpu: bool,
         /// Offer this multiple of saturation to a separate `modstream run`
         /// for 3 s and report its peak RSS (0: skip).
         #[arg(long, default_value_t = 10.0)]
@@ -183,6 +189,8 @@ fn main() -> ExitCode {
             intra_threads,
             workers,
             model,
+            providers,
+            require_gpu,
             overload,
             out,
             replot: None,
@@ -194,6 +202,8 @@ fn main() -> ExitCode {
             latency_seconds,
             intra_threads,
             model_dir: model,
+            providers,
+            require_gpu,
             workers,
             overload,
             out_dir: out,

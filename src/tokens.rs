@@ -1,10 +1,10 @@
 //! Token models (BERT-style transformers): text to token ids, batches split
 //! by token length, padded tensors, logits to probabilities.
 //!
-//! Why buckets: a forward pass costs its padded size (texts × longest). Posts
+//! Why split: a forward pass costs its padded size (texts × longest). Posts
 //! are mostly short with a long tail, so one long post in a batch of 64 makes
-//! the other 63 pay for its length. Splitting a batch into length buckets
-//! (one pass each) keeps padding low; `padding_efficiency` measures it.
+//! the other 63 pay for its length. Splitting a batch by length (one pass per
+//! group of similar lengths) keeps padding low; [`token_counts`] measures it.
 
 use std::path::Path;
 
@@ -115,16 +115,61 @@ pub struct Pass {
     pub padded_len: usize,
 }
 
-/// Split a batch by token length: each text goes to the smallest bucket
-/// bound that holds it (`max_length` closes the last bucket); one pass per
-/// non-empty bucket, padded to the bucket bound or to its longest text.
-/// Every text is in exactly one pass; passes come shortest first.
-pub fn plan(
-    lengths: &[usize],
-    buckets: &[usize],
-    max_length: usize,
-    pad_to_bucket: bool,
-) -> Vec<Pass> {
+/// How a batch is split into forward passes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Split {
+    /// Sort by length and cut where it pays: each pass is padded to its
+    /// longest text; the cuts minimise padded tokens plus `pass_overhead`
+    /// tokens per pass (a run's fixed cost, so that passes do not get tiny).
+    Longest { pass_overhead: usize },
+    /// Fixed shapes: each text goes to the smallest bucket bound that holds
+    /// it (`max_length` closes the last bucket), padded to that bound.
+    Buckets(Vec<usize>),
+}
+
+/// Split a batch into passes (see [`Split`]). Every text is in exactly one
+/// pass, no pass is longer than `max_length`; passes come shortest first.
+pub fn plan(lengths: &[usize], split: &Split, max_length: usize) -> Vec<Pass> {
+    match split {
+        Split::Longest { pass_overhead } => plan_sorted(lengths, max_length, *pass_overhead),
+        Split::Buckets(buckets) => plan_buckets(lengths, buckets, max_length),
+    }
+}
+
+/// Optimal contiguous cuts of the length-sorted batch (dynamic programming,
+/// O(n²) for n texts): cost of a pass = overhead + texts × its longest.
+fn plan_sorted(lengths: &[usize], max_length: usize, overhead: usize) -> Vec<Pass> {
+    let mut order: Vec<usize> = (0..lengths.len()).collect();
+    order.sort_by_key(|&i| lengths[i]);
+    let len = |k: usize| lengths[order[k]].min(max_length);
+    let n = order.len();
+    // best[j]: cheapest split of the first j sorted texts; cut[j]: its last cut.
+    let mut best = vec![0usize; n + 1];
+    let mut cut = vec![0usize; n + 1];
+    for j in 1..=n {
+        let longest = len(j - 1);
+        let (cost, from) = (0..j)
+            .map(|i| (best[i] + overhead + (j - i) * longest, i))
+            .min()
+            .unwrap_or((0, 0));
+        best[j] = cost;
+        cut[j] = from;
+    }
+    let mut passes = Vec::new();
+    let mut j = n;
+    while j > 0 {
+        let i = cut[j];
+        passes.push(Pass {
+            members: order[i..j].to_vec(),
+            padded_len: len(j - 1),
+        });
+        j = i;
+    }
+    passes.reverse();
+    passes
+}
+
+fn plan_buckets(lengths: &[usize], buckets: &[usize], max_length: usize) -> Vec<Pass> {
     let mut bounds: Vec<usize> = buckets
         .iter()
         .copied()
@@ -135,7 +180,7 @@ pub fn plan(
         .iter()
         .map(|&b| Pass {
             members: Vec::new(),
-            padded_len: if pad_to_bucket { b } else { 0 },
+            padded_len: b,
         })
         .collect();
     for (i, &len) in lengths.iter().enumerate() {
@@ -143,11 +188,7 @@ pub fn plan(
             .iter()
             .position(|&b| len <= b)
             .unwrap_or(bounds.len() - 1);
-        let pass = &mut passes[slot];
-        pass.members.push(i);
-        if !pad_to_bucket {
-            pass.padded_len = pass.padded_len.max(len.min(max_length));
-        }
+        passes[slot].members.push(i);
     }
     passes.retain(|p| !p.members.is_empty());
     passes
@@ -194,35 +235,43 @@ mod tests {
 
     #[test]
     fn short_posts_are_not_padded_to_a_long_one() {
-        let lengths = [10, 12, 120, 9, 30];
-        let passes = plan(&lengths, &[16, 32, 64, 128], 128, false);
+        let lengths = [10, 12, 120, 9, 30, 11];
+        let passes = plan(&lengths, &Split::Longest { pass_overhead: 16 }, 128);
+        let shapes: Vec<(Vec<usize>, usize)> = passes
+            .iter()
+            .map(|p| (p.members.clone(), p.padded_len))
+            .collect();
         assert_eq!(
-            passes,
-            vec![
-                Pass {
-                    members: vec![0, 1, 3],
-                    padded_len: 12
-                },
-                Pass {
-                    members: vec![4],
-                    padded_len: 30
-                },
-                Pass {
-                    members: vec![2],
-                    padded_len: 120
-                },
-            ]
+            shapes,
+            vec![(vec![3, 0, 5, 1], 12), (vec![4], 30), (vec![2], 120)]
         );
         let (real, padded) = token_counts(&lengths, &passes);
-        assert_eq!((real, padded), (181, 186));
-        // One pass padded to the longest would be 5 × 120 = 600 tokens.
-        let one = plan(&lengths, &[128], 128, false);
-        assert_eq!(token_counts(&lengths, &one), (181, 600));
+        assert_eq!((real, padded), (192, 198));
+        // One pass padded to the longest would be 6 × 120 = 720 tokens.
+        let one = plan(
+            &lengths,
+            &Split::Longest {
+                pass_overhead: 10_000,
+            },
+            128,
+        );
+        assert_eq!(one.len(), 1);
+        assert_eq!(token_counts(&lengths, &one), (192, 720));
+    }
+
+    #[test]
+    fn a_pass_overhead_keeps_passes_from_getting_tiny() {
+        // 9, 10, 11, 12: one pass of 4 × 12 = 48 tokens beats four exact
+        // passes (42 tokens) once each pass costs 16 more.
+        let passes = plan(&[9, 10, 11, 12], &Split::Longest { pass_overhead: 16 }, 128);
+        assert_eq!(passes.len(), 1);
+        let passes = plan(&[9, 10, 11, 12], &Split::Longest { pass_overhead: 0 }, 128);
+        assert_eq!(passes.len(), 4);
     }
 
     #[test]
     fn pad_to_bucket_gives_fixed_shapes() {
-        let passes = plan(&[3, 17, 200], &[16, 32], 64, true);
+        let passes = plan(&[3, 17, 200], &Split::Buckets(vec![16, 32]), 64);
         let lens: Vec<usize> = passes.iter().map(|p| p.padded_len).collect();
         assert_eq!(lens, vec![16, 32, 64]);
     }
@@ -267,9 +316,15 @@ mod tests {
         #[test]
         fn every_text_in_exactly_one_pass_that_fits_it(
             lengths in proptest::collection::vec(1usize..300, 0..200),
+            overhead in 0usize..64,
             pad_to_bucket in any::<bool>(),
         ) {
-            let passes = plan(&lengths, &[8, 16, 32, 64], 128, pad_to_bucket);
+            let split = if pad_to_bucket {
+                Split::Buckets(vec![8, 16, 32, 64])
+            } else {
+                Split::Longest { pass_overhead: overhead }
+            };
+            let passes = plan(&lengths, &split, 128);
             let mut seen: Vec<usize> = passes.iter().flat_map(|p| p.members.clone()).collect();
             seen.sort();
             prop_assert_eq!(seen, (0..lengths.len()).collect::<Vec<_>>());

@@ -117,6 +117,8 @@ async fn the_transformer_bench_reports_padding_and_the_unbucketed_baseline() {
             latency_seconds: 1,
             intra_threads: 1,
             model_dir: Some(model),
+            providers: vec!["cpu".into()],
+            require_gpu: false,
             workers: 1,
             overload: 0.0,
             out_dir: out.path().to_path_buf(),

@@ -85,7 +85,7 @@ fn scores_match_the_reference_forward_pass_batched_and_alone() {
 }
 
 #[test]
-fn buckets_keep_padding_low_on_mixed_lengths() {
+fn splitting_by_length_keeps_padding_low_on_mixed_lengths() {
     // 15 short posts and one long one: padded to the longest in one pass, the
     // short ones would carry ~100 padding tokens each.
     let mut texts: Vec<String> = demo::sample_posts()
@@ -97,7 +97,7 @@ fn buckets_keep_padding_low_on_mixed_lengths() {
     let mut bucketed = Model::load(&settings("longest")).unwrap();
     bucketed.score(&mut texts).unwrap();
     let one_pass = InferenceSettings {
-        length_buckets: vec![128],
+        pass_overhead_tokens: 1 << 30,
         ..settings("longest")
     };
     let mut single = Model::load(&one_pass).unwrap();
