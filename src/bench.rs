@@ -39,6 +39,9 @@ pub struct BenchOptions {
     pub intra_threads: usize,
     /// Model directory (default: the shipped profanity model).
     pub model_dir: Option<PathBuf>,
+    /// An external cluster instead of the embedded one: each run gets fresh
+    /// topics (`modstream-bench-*`, left behind) and a fresh group.
+    pub bootstrap: Option<String>,
     /// Execution providers, in order of preference.
     pub providers: Vec<String>,
     pub require_gpu: bool,
@@ -115,6 +118,9 @@ pub struct Report {
     pub saturation: Vec<SaturationRow>,
     pub latency: Vec<LatencyRow>,
     pub peak_rss_bytes: u64,
+    /// "embedded" or the external bootstrap servers.
+    #[serde(default)]
+    pub broker: String,
     #[serde(default)]
     pub workers: usize,
     /// The execution provider that ran the model.
@@ -161,24 +167,103 @@ fn run_size_histogram(sizes: &[u64]) -> std::collections::BTreeMap<String, u64> 
 
 fn settings(
     opts: &BenchOptions,
-    bootstrap: &str,
+    cell: &Cell,
     batch: usize,
     delay_ms: u64,
 ) -> anyhow::Result<crate::config::Settings> {
-    let mut s = demo::demo_settings(bootstrap, "bench")?;
-    s.batching.max_batch_size = batch;
-    s.batching.max_batch_delay = Duration::from_millis(delay_ms);
+    let mut s = crate::config::Settings::from_toml(&cell.config(batch, delay_ms))?;
     s.inference = inference_settings(opts);
     s.limits.max_in_flight = s.limits.max_in_flight.max(batch * 4);
     Ok(s)
 }
 
-fn broker() -> anyhow::Result<EmbeddedBroker> {
-    Ok(EmbeddedBroker::start(&[
-        (DEMO_INPUT, PARTITIONS),
-        (DEMO_VERDICTS, PARTITIONS),
-        (DEMO_DLQ, 1),
-    ])?)
+/// Where one run happens: a fresh embedded cluster, or (`--bootstrap`) fresh
+/// topics and a fresh group on the given cluster, so that runs never see
+/// each other's records.
+struct Cell {
+    _embedded: Option<EmbeddedBroker>,
+    bootstrap: String,
+    input: String,
+    verdicts: String,
+    dlq: String,
+    group: String,
+}
+
+impl Cell {
+    async fn new(opts: &BenchOptions) -> anyhow::Result<Cell> {
+        let Some(bootstrap) = &opts.bootstrap else {
+            let broker = EmbeddedBroker::start(&[
+                (DEMO_INPUT, PARTITIONS),
+                (DEMO_VERDICTS, PARTITIONS),
+                (DEMO_DLQ, 1),
+            ])?;
+            return Ok(Cell {
+                bootstrap: broker.bootstrap_servers().to_string(),
+                _embedded: Some(broker),
+                input: DEMO_INPUT.to_string(),
+                verdicts: DEMO_VERDICTS.to_string(),
+                dlq: DEMO_DLQ.to_string(),
+                group: "bench".to_string(),
+            });
+        };
+        static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let run = RUN.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let prefix = format!(
+            "modstream-bench-{}-{}-{run}",
+            std::process::id(),
+            chrono::Utc::now().timestamp()
+        );
+        let cell = Cell {
+            _embedded: None,
+            bootstrap: bootstrap.clone(),
+            input: format!("{prefix}-events"),
+            verdicts: format!("{prefix}-verdicts"),
+            dlq: format!("{prefix}-dlq"),
+            group: prefix,
+        };
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .create()?;
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        for (topic, partitions) in [
+            (&cell.input, PARTITIONS),
+            (&cell.verdicts, PARTITIONS),
+            (&cell.dlq, 1),
+        ] {
+            // The cluster's default replication first; 1 where that is refused.
+            let mut created = Err(String::new());
+            for replication in [-1, 1] {
+                let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+                created = match admin.create_topics([&new], &options).await {
+                    Ok(mut r) => r
+                        .pop()
+                        .unwrap_or(Err((
+                            topic.clone(),
+                            rdkafka::types::RDKafkaErrorCode::Unknown,
+                        )))
+                        .map(|_| ())
+                        .map_err(|(_, e)| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                if created.is_ok() {
+                    break;
+                }
+            }
+            created.map_err(|e| anyhow::anyhow!("cannot create bench topic {topic}: {e}"))?;
+        }
+        Ok(cell)
+    }
+
+    fn config(&self, batch: usize, delay_ms: u64) -> String {
+        demo::demo_config_for(
+            &self.bootstrap,
+            &self.group,
+            [&self.input, &self.verdicts, &self.dlq],
+            batch,
+            delay_ms,
+        )
+    }
 }
 
 /// Pipeline at saturation: events pre-produced, then timed to the last verdict.
@@ -187,23 +272,22 @@ async fn saturation(
     batch: usize,
     delay_ms: u64,
 ) -> anyhow::Result<(f64, crate::pipeline::RunSummary, f64)> {
-    let broker = broker()?;
-    let bootstrap = broker.bootstrap_servers().to_string();
+    let cell = Cell::new(opts).await?;
     let events = demo::generate(opts.events, 0, "s-");
-    demo::produce_all(&bootstrap, DEMO_INPUT, &events)
+    demo::produce_all(&cell.bootstrap, &cell.input, &events)
         .await
         .map_err(anyhow::Error::msg)?;
     let shutdown = Shutdown::new();
     let health = std::sync::Arc::new(crate::telemetry::Health::default());
     let run = tokio::spawn(crate::pipeline::run_with_health(
-        settings(opts, &bootstrap, batch, delay_ms)?,
+        settings(opts, &cell, batch, delay_ms)?,
         shutdown.clone(),
         health.clone(),
     ));
     let want = events.len();
-    let b = bootstrap.clone();
+    let (b, t) = (cell.bootstrap.clone(), cell.verdicts.clone());
     let reader = tokio::task::spawn_blocking(move || {
-        read_verdicts(&b, want, Duration::from_secs(600), |_| {})
+        read_verdicts(&b, &t, want, Duration::from_secs(600), |_| {})
     });
     // The clock starts once the model is loaded and warmed up (start-up is
     // not throughput); the group join is inside the measured time.
@@ -226,6 +310,7 @@ async fn saturation(
 /// Returns when the first and the last one were read.
 fn read_verdicts(
     bootstrap: &str,
+    topic: &str,
     want: usize,
     timeout: Duration,
     mut seen: impl FnMut(&str),
@@ -239,7 +324,7 @@ fn read_verdicts(
         .create()?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..PARTITIONS {
-        tpl.add_partition_offset(DEMO_VERDICTS, p, Offset::Beginning)?;
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
     }
     consumer.assign(&tpl)?;
     let deadline = Instant::now() + timeout;
@@ -272,13 +357,13 @@ async fn latency(
     fraction: f64,
     rate: f64,
 ) -> anyhow::Result<LatencyRow> {
-    let broker = broker()?;
-    let bootstrap = broker.bootstrap_servers().to_string();
+    let cell = Cell::new(opts).await?;
+    let bootstrap = cell.bootstrap.clone();
     let count = ((rate * opts.latency_seconds as f64) as usize).max(10);
     let events = demo::generate(count, 0, "l-");
     let shutdown = Shutdown::new();
     let run = tokio::spawn(crate::pipeline::run(
-        settings(opts, &bootstrap, batch, delay_ms)?,
+        settings(opts, &cell, batch, delay_ms)?,
         shutdown.clone(),
     ));
     // One reader for the whole run, started first: a new consumer needs about
@@ -286,10 +371,10 @@ async fn latency(
     // The clock starts once a warm-up event came back as a verdict, so the
     // group join is not counted either.
     let (warm_tx, warm_rx) = std::sync::mpsc::channel::<()>();
-    let b = bootstrap.clone();
+    let (b, t) = (bootstrap.clone(), cell.verdicts.clone());
     let reader = tokio::task::spawn_blocking(move || {
         let mut read_at: HashMap<String, Instant> = HashMap::new();
-        let r = read_verdicts(&b, count + 1, Duration::from_secs(300), |id| {
+        let r = read_verdicts(&b, &t, count + 1, Duration::from_secs(300), |id| {
             if id.starts_with("warmup-") {
                 let _ = warm_tx.send(());
             } else {
@@ -299,7 +384,7 @@ async fn latency(
         r.map(|_| read_at)
     });
     let warmup = demo::generate(1, 0, "warmup-");
-    demo::produce_all(&bootstrap, DEMO_INPUT, &warmup)
+    demo::produce_all(&bootstrap, &cell.input, &warmup)
         .await
         .map_err(anyhow::Error::msg)?;
     tokio::task::spawn_blocking(move || warm_rx.recv_timeout(Duration::from_secs(60)))
@@ -325,7 +410,7 @@ async fn latency(
             (start + Duration::from_secs_f64((i * slice) as f64 / rate)).into(),
         )
         .await;
-        pending.extend(demo::enqueue(&producer, DEMO_INPUT, chunk).map_err(anyhow::Error::msg)?);
+        pending.extend(demo::enqueue(&producer, &cell.input, chunk).map_err(anyhow::Error::msg)?);
     }
     demo::await_deliveries(pending)
         .await
@@ -373,15 +458,15 @@ async fn peak_rss_under_load(
         exe.file_stem().is_some_and(|n| n == "modstream"),
         "the overload run needs the modstream binary (run `modstream bench`)"
     );
-    let broker = broker()?;
-    let bootstrap = broker.bootstrap_servers().to_string();
+    let cell = Cell::new(opts).await?;
+    let bootstrap = cell.bootstrap.clone();
     let dir = std::env::temp_dir().join(format!("modstream-overload-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config = dir.join("modstream.toml");
     let inference = inference_settings(opts);
     let model_dir = std::path::absolute(&inference.model_dir)?;
     let toml = [
-        demo::demo_config(&bootstrap, "overload", batch, delay_ms),
+        cell.config(batch, delay_ms),
         "[inference]".to_string(),
         format!("model_dir = {:?}", model_dir.display().to_string()),
         format!("intra_threads = {}", inference.intra_threads),
@@ -414,7 +499,7 @@ async fn peak_rss_under_load(
             (start + Duration::from_secs_f64((i * slice) as f64 / rate)).into(),
         )
         .await;
-        pending.extend(demo::enqueue(&producer, DEMO_INPUT, chunk).map_err(anyhow::Error::msg)?);
+        pending.extend(demo::enqueue(&producer, &cell.input, chunk).map_err(anyhow::Error::msg)?);
         peak = peak.max(peak_rss_of(&pid));
     }
     demo::await_deliveries(pending)
@@ -645,6 +730,10 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         latency: latency_rows,
         peak_rss_bytes: peak_rss_bytes(),
         workers: inference.workers,
+        broker: opts
+            .bootstrap
+            .clone()
+            .unwrap_or_else(|| "embedded".to_string()),
         overload,
     };
     std::fs::create_dir_all(&opts.out_dir)?;

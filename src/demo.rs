@@ -192,11 +192,27 @@ pub fn enqueue(
     topic: &str,
     events: &[GeneratedEvent],
 ) -> Result<Vec<DeliveryFuture>, String> {
+    enqueue_at(producer, topic, events, None)
+}
+
+/// [`enqueue`] with each record's Kafka timestamp set to its *intended*
+/// send time, `(first_ms, ms_per_event)`: a paced generator that falls
+/// behind then shows up in modstream's end-to-end latency instead of hiding
+/// it (no coordinated omission).
+pub fn enqueue_at(
+    producer: &FutureProducer,
+    topic: &str,
+    events: &[GeneratedEvent],
+    intended: Option<(i64, f64)>,
+) -> Result<Vec<DeliveryFuture>, String> {
     let mut pending = Vec::with_capacity(events.len());
-    for e in events {
-        let record = FutureRecord::to(topic)
+    for (i, e) in events.iter().enumerate() {
+        let mut record = FutureRecord::to(topic)
             .key(e.key.as_bytes())
             .payload(e.payload.as_slice());
+        if let Some((first_ms, step_ms)) = intended {
+            record = record.timestamp(first_ms + (i as f64 * step_ms) as i64);
+        }
         match producer.send_result(record) {
             Ok(f) => pending.push(f),
             Err((err, _)) => return Err(err.to_string()),
@@ -311,6 +327,23 @@ pub fn demo_settings(bootstrap: &str, group: &str) -> Result<Settings, crate::co
 
 /// The demo configuration as TOML (for a separate `modstream run` process).
 pub fn demo_config(bootstrap: &str, group: &str, max_batch_size: usize, delay_ms: u64) -> String {
+    demo_config_for(
+        bootstrap,
+        group,
+        [DEMO_INPUT, DEMO_VERDICTS, DEMO_DLQ],
+        max_batch_size,
+        delay_ms,
+    )
+}
+
+/// [`demo_config`] with other topics: `[input, verdicts, dlq]`.
+pub fn demo_config_for(
+    bootstrap: &str,
+    group: &str,
+    [input, verdicts, dlq]: [&str; 3],
+    max_batch_size: usize,
+    delay_ms: u64,
+) -> String {
     format!(
         r#"
         [kafka]
@@ -327,10 +360,10 @@ pub fn demo_config(bootstrap: &str, group: &str, max_batch_size: usize, delay_ms
         [kafka.producer]
         "linger.ms" = 2
         [input]
-        topics = ["{DEMO_INPUT}"]
+        topics = ["{input}"]
         [output]
-        topic = "{DEMO_VERDICTS}"
-        dlq_topic = "{DEMO_DLQ}"
+        topic = "{verdicts}"
+        dlq_topic = "{dlq}"
         [batching]
         max_batch_size = {max_batch_size}
         max_batch_delay = "{delay_ms}ms"

@@ -572,10 +572,15 @@ impl InferencePool {
         let mut manifest = None;
         for worker in 0..settings.workers {
             let mut model = Model::load(settings)?;
-            let warm_up = if settings.warm_up {
-                Some(model.warm_up(max_batch)?)
-            } else {
-                None
+            // The warm-up inputs are synthetic: a model may reject them and
+            // still score real events, so a failure here is only a warning.
+            let warm_up = match settings.warm_up.then(|| model.warm_up(max_batch)) {
+                Some(Ok(took)) => Some(took),
+                Some(Err(e)) => {
+                    tracing::warn!(worker, error = %e, "warm-up run failed; the first batches pay for it");
+                    None
+                }
+                None => None,
             };
             tracing::info!(
                 worker,

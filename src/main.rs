@@ -102,6 +102,10 @@ enum Command {
         /// Model directory (default: models/profanity-check).
         #[arg(long)]
         model: Option<PathBuf>,
+        /// Run against this Kafka cluster instead of the embedded one (each
+        /// run creates fresh `modstream-bench-*` topics there).
+        #[arg(long)]
+        bootstrap: Option<String>,
         /// Execution providers in order of preference (cuda, tensorrt, cpu).
         #[arg(long, value_delimiter = ',', default_value = "cpu")]
         providers: Vec<String>,
@@ -189,6 +193,7 @@ fn main() -> ExitCode {
             intra_threads,
             workers,
             model,
+            bootstrap,
             providers,
             require_gpu,
             overload,
@@ -202,6 +207,7 @@ fn main() -> ExitCode {
             latency_seconds,
             intra_threads,
             model_dir: model,
+            bootstrap,
             providers,
             require_gpu,
             workers,
@@ -280,8 +286,10 @@ fn check_model(settings: InferenceSettings, mut texts: Vec<String>) -> anyhow::R
     );
     println!("  provider {}", model.provider);
     let labels = m.labels.clone();
-    let warm_up = model.warm_up(32)?;
-    println!("  warm-up {:.0} ms", warm_up.as_secs_f64() * 1000.0);
+    match model.warm_up(32) {
+        Ok(took) => println!("  warm-up {:.0} ms", took.as_secs_f64() * 1000.0),
+        Err(e) => println!("  warm-up failed (synthetic inputs): {e}"),
+    }
     let scores = model.score(&mut texts)?;
     let scorer =
         modstream::verdict::Scorer::new(&model.manifest, &modstream::config::Policy::default());
@@ -321,6 +329,7 @@ fn produce(
                 &format!("gen-{}-{round}-", std::process::id()),
             );
             let started = std::time::Instant::now();
+            let started_ms = chrono::Utc::now().timestamp_millis();
             // Paced in slices of 10 ms so that the rate holds without bursts.
             let slice = if rate == 0 {
                 events.len().max(1)
@@ -335,8 +344,13 @@ fn produce(
                     let due = started + Duration::from_secs_f64((i * slice) as f64 / rate as f64);
                     tokio::time::sleep_until(due.into()).await;
                 }
+                // Paced: each record carries its intended send time.
+                let intended = (rate > 0).then(|| {
+                    let step = 1000.0 / rate as f64;
+                    (started_ms + ((i * slice) as f64 * step) as i64, step)
+                });
                 pending.extend(
-                    modstream::demo::enqueue(&producer, &topic, chunk)
+                    modstream::demo::enqueue_at(&producer, &topic, chunk, intended)
                         .map_err(anyhow::Error::msg)?,
                 );
                 if progress && shown.elapsed() >= Duration::from_millis(500) {

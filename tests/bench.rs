@@ -1,6 +1,8 @@
 //! `modstream bench` end to end on a tiny load: the report has its fields and
 //! its counts match the run (no timing assertions: the machine is shared).
 
+mod support;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -106,27 +108,13 @@ async fn the_transformer_bench_reports_padding_and_the_unbucketed_baseline() {
         model.join("model.onnx").is_file(),
         "run scripts/build-minilm-model.sh"
     );
-    let out = tempfile::tempdir().unwrap();
-    let report = tokio::time::timeout(
-        Duration::from_secs(300),
-        run(BenchOptions {
-            events: 96,
-            batch_sizes: vec![16],
-            delays_ms: vec![5],
-            loads: vec![],
-            latency_seconds: 1,
-            intra_threads: 1,
-            model_dir: Some(model),
-            providers: vec!["cpu".into()],
-            require_gpu: false,
-            workers: 1,
-            overload: 0.0,
-            out_dir: out.path().to_path_buf(),
-        }),
-    )
-    .await
-    .expect("bench finishes")
-    .unwrap();
+    let report = tiny_bench(BenchOptions {
+        events: 96,
+        loads: vec![],
+        model_dir: Some(model),
+        ..tiny_options()
+    })
+    .await;
     assert!(report.model.starts_with("minilm-l6-moderation"));
     let row = &report.saturation[0];
     let bucketed = row.padding_efficiency.expect("token models report padding");
@@ -138,4 +126,52 @@ async fn the_transformer_bench_reports_padding_and_the_unbucketed_baseline() {
     );
     assert!(row.raw_unbucketed_per_s.unwrap() > 0.0);
     assert!(report.overload.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bench_runs_against_an_external_broker() {
+    let broker = support::Broker::start_memory();
+    let report = tiny_bench(BenchOptions {
+        bootstrap: Some(broker.bootstrap()),
+        ..tiny_options()
+    })
+    .await;
+    assert_eq!(report.broker, broker.bootstrap());
+    assert_eq!(report.saturation.len(), 1);
+    assert_eq!(report.saturation[0].events, 300);
+    let runs: u64 = report.saturation[0].run_sizes.values().sum();
+    assert!(runs > 0);
+    assert_eq!(report.latency.len(), 1);
+    assert!(report.latency[0].p50_ms <= report.latency[0].max_ms);
+}
+
+/// One batch size, one delay, one latency point of 1 s, no overload run.
+fn tiny_options() -> BenchOptions {
+    BenchOptions {
+        events: 300,
+        batch_sizes: vec![16],
+        delays_ms: vec![5],
+        loads: vec![0.5],
+        latency_seconds: 1,
+        intra_threads: 1,
+        model_dir: None,
+        bootstrap: None,
+        providers: vec!["cpu".into()],
+        require_gpu: false,
+        workers: 1,
+        overload: 0.0,
+        out_dir: PathBuf::new(),
+    }
+}
+
+async fn tiny_bench(opts: BenchOptions) -> Report {
+    let out = tempfile::tempdir().unwrap();
+    let opts = BenchOptions {
+        out_dir: out.path().to_path_buf(),
+        ..opts
+    };
+    tokio::time::timeout(Duration::from_secs(300), run(opts))
+        .await
+        .expect("bench finishes")
+        .unwrap()
 }
