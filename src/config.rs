@@ -738,6 +738,27 @@ mod tests {
         );
         let same = MINIMAL.replace("[output]", "[output]\ntopic = \"posts\"");
         assert_eq!(invalid_key(Settings::from_toml(&same)), "output.topic");
+        assert_eq!(
+            invalid_key(with("[inference]\nlength_buckets = [64, 16]")),
+            "inference.length_buckets"
+        );
+        assert_eq!(
+            invalid_key(with("[inference]\npad_to = \"max\"")),
+            "inference.pad_to"
+        );
+        assert_eq!(
+            invalid_key(with("[inference]\nrequire_gpu = true")),
+            "inference.require_gpu",
+            "require_gpu needs a GPU provider in the list"
+        );
+        assert_eq!(
+            invalid_key(with(
+                "[policy.labels.threat]\nreview_at = 0.6\nblock_at = 0.2"
+            )),
+            "policy.labels.threat"
+        );
+        let per_label = with("[policy.labels.threat]\nreview_at = 0.2\nblock_at = 0.5").unwrap();
+        assert_eq!(per_label.policy.labels["threat"].block_at, 0.5);
     }
 
     #[test]

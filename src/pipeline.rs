@@ -228,6 +228,8 @@ pub async fn run_with_health(
         sink,
         kafka,
         abort: shutdown.abort.clone(),
+        stop: shutdown.stop.clone(),
+        producer_fatal: None,
         partitions: HashMap::new(),
         revoked_at: HashMap::new(),
         ready: VecDeque::new(),
@@ -251,6 +253,7 @@ pub async fn run_with_health(
         summary,
         deliveries,
         kafka,
+        producer_fatal,
         ..
     } = core;
     let fatal = kafka.context().fatal_error();
@@ -275,6 +278,9 @@ pub async fn run_with_health(
     if let Some(fatal) = fatal {
         return Err(consumer::ConsumerError::Refused(fatal).into());
     }
+    if let Some(fatal) = producer_fatal {
+        return Err(ProducerError::Fatal(fatal).into());
+    }
     if summary.abandoned > 0 {
         return Err(PipelineError::Abandoned(summary.abandoned));
     }
@@ -288,6 +294,9 @@ struct Core {
     sink: Sink,
     kafka: Arc<KafkaConsumer>,
     abort: CancellationToken,
+    stop: CancellationToken,
+    /// A fatal producer error: nothing more can be delivered; the run stops.
+    producer_fatal: Option<String>,
     partitions: HashMap<Tp, Partition>,
     /// Generation at which a partition was revoked: older records are stale.
     revoked_at: HashMap<Tp, u64>,
@@ -636,9 +645,22 @@ impl Core {
     fn on_ack(&mut self, ack: Ack) {
         self.release(1);
         self.summary.produce_seconds += ack.took.as_secs_f64();
-        let Ok(outcome) = ack.outcome else {
-            self.summary.abandoned += 1;
-            return;
+        let outcome = match ack.outcome {
+            Ok(outcome) => outcome,
+            Err(ProducerError::Fatal(message)) => {
+                self.summary.abandoned += 1;
+                if self.producer_fatal.is_none() {
+                    tracing::error!(error = %message, "stopping: the producer cannot deliver any more");
+                    self.producer_fatal = Some(message);
+                    self.stop.cancel();
+                    self.abort.cancel();
+                }
+                return;
+            }
+            Err(_) => {
+                self.summary.abandoned += 1;
+                return;
+            }
         };
         match outcome {
             Outcome::Verdict(label, event_time_ms) => {

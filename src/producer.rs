@@ -5,6 +5,8 @@
 //! acknowledged it (`acks=all`, idempotent producer). A failed delivery is
 //! retried with backoff until it succeeds or the caller gives up through the
 //! cancellation token; the caller marks an offset delivered only on `Ok`.
+//! A fatal client error (idempotence broken) is not retried: it ends the
+//! delivery with [`ProducerError::Fatal`] and the pipeline stops.
 
 use std::future::Future;
 use std::time::Duration;
@@ -25,6 +27,10 @@ pub enum ProducerError {
     Create(#[source] KafkaError),
     #[error("delivery abandoned at shutdown")]
     Abandoned,
+    /// The idempotent producer hit a fatal error (e.g. a broken sequence):
+    /// librdkafka will not deliver anything more from this client.
+    #[error("fatal producer error: {0}")]
+    Fatal(String),
 }
 
 /// A record to produce, owned so that it can be sent again on failure.
@@ -115,6 +121,10 @@ impl Sink {
                 };
                 metrics::counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => record.kind)
                     .increment(1);
+                if let Some((code, reason)) = producer.client().fatal_error() {
+                    tracing::error!(topic = %record.topic, error = %error, "fatal producer error; not retrying");
+                    return Err(ProducerError::Fatal(format!("{code:?}: {reason}")));
+                }
                 tracing::warn!(topic = %record.topic, kind = record.kind, error = %error, retry_in_ms = backoff.as_millis() as u64, "delivery failed; retrying");
                 tokio::select! {
                     _ = cancel.cancelled() => return Err(ProducerError::Abandoned),
@@ -136,5 +146,56 @@ impl Sink {
     /// Wait for everything queued to be delivered (shutdown).
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         self.producer.flush(Timeout::After(timeout))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fatal_producer_error_ends_the_delivery_instead_of_retrying_forever() {
+        let broker = crate::embedded::EmbeddedBroker::start(&[("out", 1)]).unwrap();
+        let kafka = crate::config::Settings::from_toml(&format!(
+            "[kafka]\nbootstrap_servers = \"{}\"\n[input]\ntopics = [\"in\"]\n[output]\ntopic = \"out\"\ndlq_topic = \"dlq\"",
+            broker.bootstrap_servers()
+        ))
+        .unwrap()
+        .kafka;
+        let sink = Sink::new(&kafka).unwrap();
+        let record = OutRecord {
+            topic: "out".into(),
+            key: None,
+            payload: b"v".to_vec(),
+            headers: Vec::new(),
+            kind: "verdict",
+        };
+        sink.deliver(record.clone(), CancellationToken::new())
+            .await
+            .expect("delivered before the fault");
+        // librdkafka's own hook for testing fatal errors.
+        let code = unsafe {
+            rdkafka::bindings::rd_kafka_test_fatal_error(
+                sink.producer.client().native_ptr(),
+                rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                c"injected by the test".as_ptr(),
+            )
+        };
+        assert_eq!(
+            code,
+            rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+        );
+        let result = tokio::time::timeout(
+            Duration::from_secs(10),
+            sink.deliver(record, CancellationToken::new()),
+        )
+        .await
+        .expect("a fatal error ends the delivery, no endless retry");
+        match result {
+            Err(ProducerError::Fatal(message)) => {
+                assert!(message.contains("injected"), "{message}")
+            }
+            other => panic!("expected a fatal error, got {other:?}"),
+        }
     }
 }

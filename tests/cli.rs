@@ -107,3 +107,36 @@ fn a_corrupt_model_fails_at_start_with_one_clear_line() {
         "{stderr}"
     );
 }
+
+#[test]
+fn require_gpu_without_a_usable_gpu_fails_with_the_reason() {
+    // The test command fetches the CPU build of ONNX Runtime: CUDA cannot
+    // register, so the run must stop instead of falling back.
+    let out = modstream()
+        .args([
+            "check-model",
+            "--providers",
+            "cuda,cpu",
+            "--require-gpu",
+            "hello",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if stdout.contains("provider CUDAExecutionProvider") {
+        return; // a GPU build with a usable GPU: nothing to refuse
+    }
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("require_gpu") && stderr.contains("cuda"),
+        "{stderr}"
+    );
+    // Without require_gpu the same command falls back to CPU and scores.
+    let out = modstream()
+        .args(["check-model", "--providers", "cuda,cpu", "hello"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("provider CPUExecutionProvider"));
+}
