@@ -531,7 +531,14 @@ fn register_providers(
     if !failures.is_empty() {
         tracing::warn!(failed = %failures.join("; "), "execution provider unavailable; falling back");
     }
-    Ok(chosen.unwrap_or("CPUExecutionProvider"))
+    let chosen = chosen.unwrap_or("CPUExecutionProvider");
+    if settings.fp16 && chosen != "TensorrtExecutionProvider" {
+        tracing::warn!(
+            provider = chosen,
+            "inference.fp16 applies to TensorRT only; this session runs the model's own precision"
+        );
+    }
+    Ok(chosen)
 }
 
 /// A batch of texts to score; `id` lets the pipeline find its events again.

@@ -113,6 +113,31 @@ fn splitting_by_length_keeps_padding_low_on_mixed_lengths() {
 }
 
 #[test]
+fn hostile_texts_score_without_crashing() {
+    let mut m = Model::load(&settings("longest")).unwrap();
+    let mut texts = vec![
+        "nul\0inside\0text".to_string(),
+        "\u{1F600}\u{1F621} emoji only".to_string(),
+        "\u{5e9}\u{5dc}\u{5d5}\u{5dd} RTL".to_string(),
+        "e\u{301}\u{301}\u{301} combining".to_string(),
+        " ".to_string(),
+        "".to_string(),
+        "word ".repeat(20_000),
+    ];
+    let n = texts.len();
+    let results = m.score_isolating(&mut texts);
+    assert_eq!(results.len(), n);
+    for r in &results {
+        let p = r.as_ref().expect("every text scores");
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-4);
+    }
+    assert!(
+        m.tokens.padded <= (n * 128) as u64,
+        "truncated to max_length"
+    );
+}
+
+#[test]
 fn gpu_providers_fall_back_to_cpu_unless_required() {
     // This machine's ONNX Runtime is the CPU build: CUDA cannot register.
     let fallback = InferenceSettings {
