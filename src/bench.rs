@@ -108,6 +108,14 @@ pub struct LatencyRow {
     pub p99_ms: f64,
     pub p999_ms: f64,
     pub max_ms: f64,
+    /// The urgent events alone (they close their batch at once, skipping
+    /// `max_batch_delay`).
+    #[serde(default)]
+    pub urgent_events: usize,
+    #[serde(default)]
+    pub urgent_p50_ms: f64,
+    #[serde(default)]
+    pub urgent_p99_ms: f64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -419,10 +427,20 @@ async fn latency(
     let finished = read_at.values().max().copied().unwrap_or(start);
     shutdown.stop.cancel();
     run.await??;
+    let urgent: std::collections::HashSet<&str> = events
+        .iter()
+        .filter(|e| e.urgent)
+        .map(|e| e.event_id.as_str())
+        .collect();
     let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    let mut hu = h.clone();
     for (id, at) in &read_at {
         if let Some(t) = intended.get(id) {
-            h.record(at.saturating_duration_since(*t).as_micros().max(1) as u64)?;
+            let micros = at.saturating_duration_since(*t).as_micros().max(1) as u64;
+            h.record(micros)?;
+            if urgent.contains(id.as_str()) {
+                hu.record(micros)?;
+            }
         }
     }
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
@@ -437,6 +455,9 @@ async fn latency(
         p99_ms: ms(0.99),
         p999_ms: ms(0.999),
         max_ms: h.max() as f64 / 1000.0,
+        urgent_events: hu.len() as usize,
+        urgent_p50_ms: hu.value_at_quantile(0.5) as f64 / 1000.0,
+        urgent_p99_ms: hu.value_at_quantile(0.99) as f64 / 1000.0,
     })
 }
 
@@ -675,7 +696,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         for &fraction in &opts.loads {
             let row = latency(&opts, batch, delay, fraction, sat.pipeline_per_s * fraction).await?;
             eprintln!(
-                "{:>6} {:>6}ms {:>6.0}% {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+                "{:>6} {:>6}ms {:>6.0}% {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1}   urgent {:.1} / {:.1}",
                 batch,
                 delay,
                 fraction * 100.0,
@@ -683,7 +704,9 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
                 row.p50_ms,
                 row.p99_ms,
                 row.p999_ms,
-                row.max_ms
+                row.max_ms,
+                row.urgent_p50_ms,
+                row.urgent_p99_ms
             );
             latency_rows.push(row);
         }

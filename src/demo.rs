@@ -36,6 +36,8 @@ pub struct GeneratedEvent {
     pub payload: Vec<u8>,
     /// The text when the payload is a valid event; None for malformed ones.
     pub text: Option<String>,
+    /// Marked `"priority": "urgent"`.
+    pub urgent: bool,
 }
 
 /// What a generated stream holds.
@@ -130,14 +132,12 @@ pub fn generate_mix(count: usize, mix: &Mix, prefix: &str) -> Vec<GeneratedEvent
                     key,
                     payload,
                     text: None,
+                    urgent: false,
                 };
             }
             let text = post_text(i, share(i, 0xAB, mix.abusive_share));
-            let priority = if share(i, 0x0E, mix.urgent_share) {
-                "urgent"
-            } else {
-                "normal"
-            };
+            let urgent = share(i, 0x0E, mix.urgent_share);
+            let priority = if urgent { "urgent" } else { "normal" };
             let payload = serde_json::json!({
                 "event_id": event_id,
                 "text": text,
@@ -153,6 +153,7 @@ pub fn generate_mix(count: usize, mix: &Mix, prefix: &str) -> Vec<GeneratedEvent
                 key,
                 payload,
                 text: Some(text.to_string()),
+                urgent,
             }
         })
         .collect()
