@@ -269,6 +269,17 @@ def main():
     print(f"encoder check: ONNX Runtime vs NumPy float64 reference, max |diff| of embeddings {worst:.2e}")
     if worst > 1e-4:
         sys.exit(f"ONNX graph disagrees with the reference forward pass ({worst:.2e})")
+    # The embedding output was only for this check: ship logits alone.
+    del sess
+    shipped = [o for o in model.graph.output if o.name == "logits"]
+    del model.graph.output[:]
+    model.graph.output.extend(shipped)
+    model.graph.node.remove(next(n for n in model.graph.node if list(n.output) == ["embedding"]))
+    onnx.checker.check_model(model)
+    onnx.save(model, str(out_dir / "model.onnx"))
+
+    sess = ort.InferenceSession(str(out_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in sess.get_outputs()] == ["logits"]
 
     # 3. What the Rust side must reproduce: ids and probabilities.
     ids, mask, types = encode(tokenizer, check_texts)
