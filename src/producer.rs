@@ -122,7 +122,8 @@ impl Sink {
                 metrics::counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => record.kind)
                     .increment(1);
                 if let Some((code, reason)) = producer.client().fatal_error() {
-                    tracing::error!(topic = %record.topic, error = %error, "fatal producer error; not retrying");
+                    // The pipeline logs the stop once; every in-flight record ends here.
+                    tracing::debug!(topic = %record.topic, error = %error, "fatal producer error; not retrying");
                     return Err(ProducerError::Fatal(format!("{code:?}: {reason}")));
                 }
                 tracing::warn!(topic = %record.topic, kind = record.kind, error = %error, retry_in_ms = backoff.as_millis() as u64, "delivery failed; retrying");

@@ -74,7 +74,10 @@ fn a_tiny_bench_writes_a_complete_report() {
     );
     for row in &report.latency {
         assert!(row.p50_ms <= row.p99_ms && row.p99_ms <= row.max_ms);
-        assert!(row.urgent_events > 0, "the generated load has urgent events");
+        assert!(
+            row.urgent_events > 0,
+            "the generated load has urgent events"
+        );
         assert!(row.urgent_p50_ms <= row.urgent_p99_ms);
         assert!(row.offered_per_s > 0.0);
     }

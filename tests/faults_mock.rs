@@ -372,3 +372,53 @@ async fn delivery_timeouts_are_retried_and_a_stop_meanwhile_loses_nothing() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fatal_producer_error_stops_the_run_without_committing_past_it() {
+    // With the gapless guarantee, librdkafka treats an out-of-order sequence
+    // as fatal for the idempotent producer: it will deliver nothing more.
+    let run = start_with(1, 3000, "fatal-producer", |settings, _| {
+        settings
+            .kafka
+            .producer
+            .0
+            .insert("enable.gapless.guarantee".into(), "true".into());
+    })
+    .await;
+    after(300).await;
+    run.broker.with_cluster(|c| {
+        c.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER; 3],
+        )
+    });
+    let result = tokio::time::timeout(Duration::from_secs(60), run.pipeline)
+        .await
+        .expect("the run stops by itself after a fatal producer error")
+        .unwrap();
+    match result {
+        Err(modstream::pipeline::PipelineError::Producer(e)) => {
+            assert!(e.to_string().contains("fatal"), "{e}")
+        }
+        other => panic!("expected a fatal producer error, got {other:?}"),
+    }
+    // Nothing was committed past an event without a verdict.
+    let bootstrap = run.broker.bootstrap_servers().to_string();
+    let group = run.group.clone();
+    let (committed, sources) = tokio::task::spawn_blocking(move || {
+        (
+            support::committed(&bootstrap, &group, PARTITIONS),
+            support::verdict_sources(&bootstrap),
+        )
+    })
+    .await
+    .unwrap();
+    for (p, &c) in committed.iter().enumerate() {
+        for offset in 0..c.max(0) {
+            assert!(
+                sources.contains(&(p as i32, offset)),
+                "partition {p} committed to {c} but offset {offset} has no verdict"
+            );
+        }
+    }
+}
