@@ -14,9 +14,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
+};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
+use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -100,6 +103,15 @@ pub struct ModstreamContext {
     rebalanced: AtomicBool,
     rebalance_tx: mpsc::Sender<RebalanceEvent>,
     drain_timeout: Duration,
+    /// Position stored for each owned partition (everything before it has
+    /// its verdict delivered).
+    stored: std::sync::Mutex<std::collections::HashMap<(String, i32), i64>>,
+    /// Positions of the partitions revoked by the last rebalance. If one
+    /// comes straight back, consumption resumes there rather than at the
+    /// committed offset, which lags when the commit made in the revoke was
+    /// refused (REBALANCE_IN_PROGRESS) or failed: fewer duplicates, and
+    /// never a skipped event, since everything before it was delivered.
+    resume_at: std::sync::Mutex<std::collections::HashMap<(String, i32), i64>>,
 }
 
 impl ClientContext for ModstreamContext {
@@ -133,6 +145,84 @@ impl ModstreamContext {
     pub fn fatal_error(&self) -> Option<String> {
         self.fatal.lock().ok().and_then(|f| f.clone())
     }
+
+    /// Revoked partitions keep their stored positions for the next assignment.
+    fn remember_revoked(&self, tpl: &TopicPartitionList) {
+        let (Ok(mut stored), Ok(mut resume)) = (self.stored.lock(), self.resume_at.lock()) else {
+            return;
+        };
+        resume.clear();
+        for e in tpl.elements() {
+            let key = (e.topic().to_string(), e.partition());
+            if let Some(position) = stored.remove(&key) {
+                resume.insert(key, position);
+            }
+        }
+    }
+
+    /// Start the assigned partitions that were revoked by the last rebalance
+    /// at their stored positions where those are ahead of the committed
+    /// offsets; forget older ones. Returns the positions applied.
+    fn resume_where_delivered(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        tpl: &mut TopicPartitionList,
+    ) -> TopicPartitionList {
+        let mut resumed = TopicPartitionList::new();
+        let candidates: Vec<((String, i32), i64)> = match self.resume_at.lock() {
+            Ok(mut resume) => resume
+                .drain()
+                .filter(|((t, p), _)| tpl.find_partition(t, *p).is_some())
+                .collect(),
+            Err(_) => return resumed,
+        };
+        if candidates.is_empty() {
+            return resumed;
+        }
+        // Never behind the group's committed offsets (another member may
+        // have gone further): if they cannot be read, keep librdkafka's default.
+        let Ok(committed) = consumer.committed_offsets(tpl.clone(), Duration::from_secs(5)) else {
+            return resumed;
+        };
+        for ((topic, partition), position) in candidates {
+            let ahead = match committed
+                .find_partition(&topic, partition)
+                .map(|e| e.offset())
+            {
+                Some(Offset::Offset(c)) => position > c,
+                Some(Offset::Invalid) | None => true,
+                Some(_) => false,
+            };
+            if ahead
+                && tpl
+                    .set_partition_offset(&topic, partition, Offset::Offset(position))
+                    .is_ok()
+            {
+                tracing::debug!(%topic, partition, position, "resuming at the delivered position");
+                let _ = resumed.add_partition_offset(&topic, partition, Offset::Offset(position));
+            }
+        }
+        resumed
+    }
+
+    /// Store the resumed positions again so that the next commit carries
+    /// them even if no new record arrives (the refused commit is made good).
+    fn store_resumed(&self, consumer: &BaseConsumer<Self>, resumed: &TopicPartitionList) {
+        if resumed.count() == 0 {
+            return;
+        }
+        if let Err(e) = consumer.store_offsets(resumed) {
+            tracing::debug!(error = %e, "resumed positions not stored");
+            return;
+        }
+        if let Ok(mut stored) = self.stored.lock() {
+            for e in resumed.elements() {
+                if let Offset::Offset(position) = e.offset() {
+                    stored.insert((e.topic().to_string(), e.partition()), position);
+                }
+            }
+        }
+    }
 }
 
 fn partitions_of(tpl: &TopicPartitionList) -> Vec<Tp> {
@@ -146,6 +236,48 @@ fn partitions_of(tpl: &TopicPartitionList) -> Vec<Tp> {
 }
 
 impl ConsumerContext for ModstreamContext {
+    /// rdkafka's default rebalance (pre_rebalance, assign or unassign,
+    /// post_rebalance), with [`ModstreamContext::resume_where_delivered`]
+    /// applied to an assignment before it takes effect.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let assign = err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
+        let resumed = if assign {
+            self.resume_where_delivered(consumer, tpl)
+        } else {
+            TopicPartitionList::new()
+        };
+        let tpl: &TopicPartitionList = tpl;
+        let rebalance = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(tpl),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(tpl),
+            other => Rebalance::Error(KafkaError::Rebalance(other.into())),
+        };
+        self.pre_rebalance(consumer, &rebalance);
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        let result = match (assign, cooperative) {
+            (true, true) => consumer.incremental_assign(tpl),
+            (true, false) => consumer.assign(tpl),
+            (false, true) => consumer.incremental_unassign(tpl),
+            (false, false) => consumer.unassign(),
+        };
+        match result {
+            Ok(()) => self.store_resumed(consumer, &resumed),
+            Err(e) => {
+                metrics::counter!(metric::ERRORS_TOTAL, "kind" => "rebalance").increment(1);
+                tracing::error!(error = %e, assign, "applying the rebalance failed");
+            }
+        }
+        self.post_rebalance(consumer, &rebalance);
+    }
+
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Revoke(tpl) => {
@@ -184,6 +316,9 @@ impl ConsumerContext for ModstreamContext {
                     );
                 }
                 commit(consumer, CommitMode::Sync);
+                // Also for lost partitions (eviction): the assignment checks
+                // the positions against the group's committed offsets.
+                self.remember_revoked(tpl);
             }
             Rebalance::Assign(_) => {}
             Rebalance::Error(e) => {
@@ -258,6 +393,8 @@ pub fn create(
         rebalanced: AtomicBool::new(false),
         rebalance_tx,
         drain_timeout: settings.kafka.drain_timeout,
+        stored: Default::default(),
+        resume_at: Default::default(),
     };
     let consumer: KafkaConsumer = cfg
         .create_with_context(context)
@@ -314,9 +451,16 @@ pub fn store_position(consumer: &KafkaConsumer, tp: &Tp, position: i64) {
     {
         return;
     }
-    if let Err(e) = consumer.store_offsets(&tpl) {
+    match consumer.store_offsets(&tpl) {
+        Ok(()) => {
+            if let Ok(mut stored) = consumer.context().stored.lock() {
+                stored.insert((tp.topic.to_string(), tp.partition), position);
+            }
+        }
         // Happens for a partition revoked meanwhile: its new owner takes over.
-        tracing::debug!(topic = %tp.topic, partition = tp.partition, error = %e, "offset not stored");
+        Err(e) => {
+            tracing::debug!(topic = %tp.topic, partition = tp.partition, error = %e, "offset not stored")
+        }
     }
 }
 
