@@ -29,26 +29,47 @@ use crate::shutdown::Shutdown;
 
 const PARTITIONS: i32 = 4;
 
+/// What to measure; also the command line of `modstream bench`.
+#[derive(Debug, Clone, clap::Args)]
 pub struct BenchOptions {
+    /// Events per saturation run.
+    #[arg(long, default_value_t = 20_000)]
     pub events: usize,
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
     pub batch_sizes: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "5,20")]
     pub delays_ms: Vec<u64>,
     /// Offered load as fractions of saturation, for the latency curve.
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,0.75,1.0")]
     pub loads: Vec<f64>,
+    /// Seconds of paced load per latency point.
+    #[arg(long, default_value_t = 5)]
     pub latency_seconds: u64,
+    #[arg(long, default_value_t = 1)]
     pub intra_threads: usize,
-    /// Model directory (default: the shipped profanity model).
+    /// Model directory (default: models/profanity-check).
+    #[arg(long = "model")]
     pub model_dir: Option<PathBuf>,
-    /// An external cluster instead of the embedded one: each run gets fresh
-    /// topics (`modstream-bench-*`, left behind) and a fresh group.
+    /// Run against this Kafka cluster instead of the embedded one (each run
+    /// creates fresh `modstream-bench-*` topics there, left behind, and a
+    /// fresh group).
+    #[arg(long)]
     pub bootstrap: Option<String>,
-    /// Execution providers, in order of preference.
+    /// Execution providers in order of preference (cuda, tensorrt, cpu).
+    #[arg(long, value_delimiter = ',', default_value = "cpu")]
     pub providers: Vec<String>,
+    /// Fail unless a GPU provider can be used.
+    #[arg(long)]
     pub require_gpu: bool,
     /// Inference workers (sessions) in the pipeline; the raw loop uses one.
+    #[arg(long, default_value_t = 1)]
     pub workers: usize,
-    /// Offered load of the overload run, as a multiple of saturation (0: skip).
+    /// Offer this multiple of saturation to a separate `modstream run` for
+    /// 3 s and report its peak RSS (0: skip).
+    #[arg(long, default_value_t = 10.0)]
     pub overload: f64,
+    /// Where bench.json and bench.svg go.
+    #[arg(long = "out", default_value = "target/bench")]
     pub out_dir: PathBuf,
 }
 

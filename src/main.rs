@@ -79,46 +79,10 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         malformed_every: usize,
     },
-    /// Measure throughput and latency on the embedded cluster, against the raw model.
+    /// Measure throughput and latency (embedded cluster or --bootstrap), against the raw model.
     Bench {
-        /// Events per saturation run.
-        #[arg(long, default_value_t = 20_000)]
-        events: usize,
-        #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
-        batch_sizes: Vec<usize>,
-        #[arg(long, value_delimiter = ',', default_value = "5,20")]
-        delays_ms: Vec<u64>,
-        /// Offered load as fractions of saturation, for the latency curve.
-        #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,0.75,1.0")]
-        loads: Vec<f64>,
-        /// Seconds of paced load per latency point.
-        #[arg(long, default_value_t = 5)]
-        latency_seconds: u64,
-        #[arg(long, default_value_t = 1)]
-        intra_threads: usize,
-        /// Inference workers (sessions) in the pipeline.
-        #[arg(long, default_value_t = 1)]
-        workers: usize,
-        /// Model directory (default: models/profanity-check).
-        #[arg(long)]
-        model: Option<PathBuf>,
-        /// Run against this Kafka cluster instead of the embedded one (each
-        /// run creates fresh `modstream-bench-*` topics there).
-        #[arg(long)]
-        bootstrap: Option<String>,
-        /// Execution providers in order of preference (cuda, tensorrt, cpu).
-        #[arg(long, value_delimiter = ',', default_value = "cpu")]
-        providers: Vec<String>,
-        /// Fail unless a GPU provider can be used.
-        #[arg(long)]
-        require_gpu: bool,
-        /// Offer this multiple of saturation to a separate `modstream run`
-        /// for 3 s and report its peak RSS (0: skip).
-        #[arg(long, default_value_t = 10.0)]
-        overload: f64,
-        /// Where bench.json and bench.svg go.
-        #[arg(long, default_value = "target/bench")]
-        out: PathBuf,
+        #[command(flatten)]
+        options: modstream::bench::BenchOptions,
         /// Only redraw bench.svg from this saved bench.json.
         #[arg(long)]
         replot: Option<PathBuf>,
@@ -185,35 +149,9 @@ fn main() -> ExitCode {
             ..
         } => modstream::bench::replot(&report).map(|svg| println!("{}", svg.display())),
         Command::Bench {
-            events,
-            batch_sizes,
-            delays_ms,
-            loads,
-            latency_seconds,
-            intra_threads,
-            workers,
-            model,
-            bootstrap,
-            providers,
-            require_gpu,
-            overload,
-            out,
+            options,
             replot: None,
-        } => bench(modstream::bench::BenchOptions {
-            events,
-            batch_sizes,
-            delays_ms,
-            loads,
-            latency_seconds,
-            intra_threads,
-            model_dir: model,
-            bootstrap,
-            providers,
-            require_gpu,
-            workers,
-            overload,
-            out_dir: out,
-        }),
+        } => bench(options),
         Command::Demo {
             events,
             max_seconds,
