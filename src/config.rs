@@ -14,10 +14,37 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read configuration: {0}")]
+    #[error("cannot read configuration")]
     Load(#[from] config::ConfigError),
     #[error("invalid configuration: {key}: {reason}")]
     Invalid { key: String, reason: String },
+}
+
+/// A value that does not fit its key (wrong type, unknown variant) names
+/// the key, like the checks in [`Settings::validate`]; the index of a list
+/// element is left out. Other errors (an unknown or missing key) stay as
+/// the configuration library words them.
+fn with_key(e: config::ConfigError) -> ConfigError {
+    let key_of = |key: &str| match key.find('[') {
+        Some(i) => key[..i].to_string(),
+        None => key.to_string(),
+    };
+    let about_value = |e: &config::ConfigError| match e {
+        config::ConfigError::Type { .. } => true,
+        config::ConfigError::Message(m) => m.starts_with(UNKNOWN_VALUE),
+        _ => false,
+    };
+    match e {
+        config::ConfigError::At {
+            error,
+            key: Some(key),
+            ..
+        } if about_value(&error) => invalid(&key_of(&key), error.to_string()),
+        config::ConfigError::Type {
+            key: Some(ref key), ..
+        } => invalid(&key_of(key), e.to_string()),
+        other => ConfigError::Load(other),
+    }
 }
 
 fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
@@ -141,7 +168,7 @@ pub struct InferenceSettings {
     /// Path of libonnxruntime.so; `ORT_DYLIB_PATH` wins over it.
     pub runtime_library: Option<PathBuf>,
     /// Execution providers in order of preference: "cuda", "tensorrt", "cpu".
-    pub execution_providers: Vec<String>,
+    pub execution_providers: Vec<ExecutionProvider>,
     /// GPU for the cuda / tensorrt providers.
     pub device_id: i32,
     /// Half precision where the provider supports it (TensorRT).
@@ -155,7 +182,7 @@ pub struct InferenceSettings {
     /// `pass_overhead_tokens` per extra pass, each pass padded to its
     /// longest text. "bucket": one pass per `length_buckets` bucket, padded
     /// to the bucket bound (fixed shapes, e.g. for TensorRT).
-    pub pad_to: String,
+    pub pad_to: PadTo,
     /// Token models, pad_to = "longest": a pass's fixed cost in tokens.
     pub pass_overhead_tokens: usize,
     /// Token models: bucket bounds for pad_to = "bucket" (lengths above the
@@ -173,16 +200,79 @@ impl Default for InferenceSettings {
             workers: 1,
             intra_threads: 1,
             runtime_library: None,
-            execution_providers: vec!["cpu".to_string()],
+            execution_providers: vec![ExecutionProvider::Cpu],
             device_id: 0,
             fp16: false,
             require_gpu: false,
-            pad_to: "longest".to_string(),
+            pad_to: PadTo::Longest,
             pass_overhead_tokens: 24,
             length_buckets: vec![16, 32, 64, 128],
             warm_up: true,
         }
     }
+}
+
+/// A setting that takes one of a fixed set of strings: an unknown one is
+/// refused with the allowed ones (serde's own enum errors, as the config
+/// library words them, do not list them).
+macro_rules! choice {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "&'static str")]
+        pub enum $name {
+            $($(#[$vmeta])* $variant),+
+        }
+
+        impl $name {
+            /// The values the setting takes.
+            pub const ALL: &[&'static str] = &[$($text),+];
+
+            /// The value as written in the configuration.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+        }
+
+        impl From<$name> for &'static str {
+            fn from(value: $name) -> Self {
+                value.name()
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = String;
+            fn try_from(value: String) -> Result<Self, String> {
+                match value.as_str() {
+                    $($text => Ok($name::$variant),)+
+                    other => Err(format!(
+                        "{UNKNOWN_VALUE} {other:?}; use one of: {}",
+                        Self::ALL.join(", ")
+                    )),
+                }
+            }
+        }
+    };
+}
+
+/// How [`choice`] errors start (to tell them from other errors).
+const UNKNOWN_VALUE: &str = "unknown value";
+
+choice! {
+    /// An ONNX Runtime execution provider.
+    #[derive(clap::ValueEnum)]
+    ExecutionProvider { Cpu = "cpu", Cuda = "cuda", Tensorrt = "tensorrt" }
+}
+
+choice! {
+    /// Token models: how a batch is split into padded forward passes.
+    PadTo { Longest = "longest", Bucket = "bucket" }
+}
+
+choice! {
+    LogFormat { Text = "text", Json = "json" }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -219,7 +309,7 @@ pub struct TelemetrySettings {
     /// Address of the /metrics, /healthz, /readyz listener.
     pub listen: std::net::SocketAddr,
     /// "text" or "json".
-    pub log_format: String,
+    pub log_format: LogFormat,
     /// Used when RUST_LOG is not set.
     pub log_level: String,
 }
@@ -228,7 +318,7 @@ impl Default for TelemetrySettings {
     fn default() -> Self {
         TelemetrySettings {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 9464)),
-            log_format: "text".to_string(),
+            log_format: LogFormat::Text,
             log_level: "info".to_string(),
         }
     }
@@ -405,7 +495,7 @@ impl Settings {
                     .separator("__"),
             )
             .build()?;
-        let settings: Settings = built.try_deserialize()?;
+        let settings: Settings = built.try_deserialize().map_err(with_key)?;
         settings.validate()?;
         Ok(settings)
     }
@@ -415,7 +505,7 @@ impl Settings {
         let built = config::Config::builder()
             .add_source(config::File::from_str(text, config::FileFormat::Toml))
             .build()?;
-        let settings: Settings = built.try_deserialize()?;
+        let settings: Settings = built.try_deserialize().map_err(with_key)?;
         settings.validate()?;
         Ok(settings)
     }
@@ -564,14 +654,6 @@ impl Settings {
                 "name at least one (e.g. [\"cpu\"])",
             ));
         }
-        for ep in &self.inference.execution_providers {
-            if !matches!(ep.as_str(), "cpu" | "cuda" | "tensorrt") {
-                return Err(invalid(
-                    "inference.execution_providers",
-                    format!("unknown provider {ep:?}; use cpu, cuda or tensorrt"),
-                ));
-            }
-        }
         let inf = &self.inference;
         if inf.length_buckets.is_empty()
             || inf.length_buckets.contains(&0)
@@ -582,13 +664,12 @@ impl Settings {
                 "need ascending token lengths above zero, e.g. [16, 32, 64, 128]",
             ));
         }
-        if !matches!(inf.pad_to.as_str(), "longest" | "bucket") {
-            return Err(invalid(
-                "inference.pad_to",
-                format!("unknown {:?}; use \"longest\" or \"bucket\"", inf.pad_to),
-            ));
-        }
-        if inf.require_gpu && !inf.execution_providers.iter().any(|e| e != "cpu") {
+        if inf.require_gpu
+            && !inf
+                .execution_providers
+                .iter()
+                .any(|e| *e != ExecutionProvider::Cpu)
+        {
             return Err(invalid(
                 "inference.require_gpu",
                 "is set but execution_providers names no GPU provider (cuda or tensorrt)",
@@ -607,12 +688,6 @@ impl Settings {
             {
                 return Err(invalid(&key, "need 0 <= review_at <= block_at <= 1"));
             }
-        }
-        if !matches!(self.telemetry.log_format.as_str(), "text" | "json") {
-            return Err(invalid(
-                "telemetry.log_format",
-                "must be \"text\" or \"json\"",
-            ));
         }
         Ok(())
     }
@@ -777,6 +852,42 @@ mod tests {
             Some("hunter2"),
             "librdkafka still gets it"
         );
+    }
+
+    #[test]
+    fn a_typo_in_a_choice_is_refused_with_the_allowed_values() {
+        for (extra, want_key, allowed) in [
+            (
+                "[inference]\nexecution_providers = [\"cpu\", \"tpu\"]",
+                "inference.execution_providers",
+                "cpu, cuda, tensorrt",
+            ),
+            (
+                "[inference]\npad_to = \"max\"",
+                "inference.pad_to",
+                "longest, bucket",
+            ),
+            (
+                "[telemetry]\nlog_format = \"xml\"",
+                "telemetry.log_format",
+                "text, json",
+            ),
+        ] {
+            match with(extra) {
+                Err(ConfigError::Invalid { key, reason }) => {
+                    assert_eq!(key, want_key);
+                    assert!(reason.contains(allowed), "{key}: {reason}");
+                }
+                other => panic!("{extra}: expected an invalid-config error, got {other:?}"),
+            }
+        }
+        let s = with("[inference]\nexecution_providers = [\"tensorrt\", \"cpu\"]").unwrap();
+        assert_eq!(
+            s.inference.execution_providers,
+            vec![ExecutionProvider::Tensorrt, ExecutionProvider::Cpu]
+        );
+        // Dumped as written.
+        assert!(s.redacted_dump().contains("\"tensorrt\""));
     }
 
     #[test]

@@ -1,17 +1,20 @@
-//! The Kafka consumer: one dedicated thread owns and polls it.
+//! The Kafka consumer: one dedicated thread creates it, owns it and is the
+//! only one to poll it.
 //!
 //! Guarantee: records are forwarded in poll order, stamped with the rebalance
 //! generation they were polled in; the pipeline is never handed more than its
 //! bounded channel holds: when it is full, the assigned partitions are paused
 //! (polling goes on, so the group membership stays alive) and resumed once the
-//! backlog is forwarded. A revoke blocks inside the rebalance callback until
-//! the pipeline has drained the revoked partitions (bounded by
-//! `kafka.drain_timeout`), then commits synchronously. Offsets are only ever
-//! *stored* by the pipeline, after delivery; this thread commits what is stored.
+//! backlog is forwarded. Offsets are only ever *stored* as positions the hub
+//! sends (after delivery, see [`crate::rebalance`] for revokes); this thread
+//! commits what is stored.
+//!
+//! What this thread owns: the consumer handle, the pause state, and the
+//! rebalance generation. It learns positions only by message.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{
@@ -21,24 +24,29 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
+use crate::rebalance::{self, Positions, RebalanceEvent};
 use crate::telemetry::metric;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
-    #[error("cannot create the Kafka consumer: {0}")]
+    #[error("cannot create the Kafka consumer")]
     Create(#[source] KafkaError),
-    #[error("cannot subscribe to {topics:?}: {source}")]
+    #[error("cannot subscribe to {topics:?}")]
     Subscribe {
         topics: Vec<String>,
         #[source]
         source: KafkaError,
     },
-    #[error("cannot start the consumer thread: {0}")]
+    #[error("cannot start the consumer thread")]
     Thread(#[source] std::io::Error),
+    #[error("the consumer thread stopped before it was ready")]
+    ThreadGone,
+    #[error("the consumer thread panicked")]
+    Panicked,
     #[error("Kafka refused this client: {0} (check sasl.username / sasl.password / ACLs)")]
     Refused(String),
     #[error("cannot reach Kafka at {bootstrap} within {waited_s} s")]
@@ -82,36 +90,43 @@ pub struct Ingested {
     pub received_at: tokio::time::Instant,
 }
 
-/// Sent by the rebalance callback to the pipeline.
-#[derive(Debug)]
-pub enum RebalanceEvent {
-    /// Drain these partitions, store their offsets, then answer on `done`.
-    Revoke {
-        partitions: Vec<Tp>,
-        generation: u64,
-        done: std::sync::mpsc::Sender<()>,
-    },
-    Assign {
-        partitions: Vec<Tp>,
-    },
+/// What the consumer thread hands the hub: records, rebalance requests, and
+/// a sender for the positions to store.
+pub struct ConsumerChannels {
+    pub records: mpsc::Receiver<Ingested>,
+    pub rebalances: mpsc::Receiver<RebalanceEvent>,
+    pub positions: async_channel::Sender<Positions>,
+}
+
+/// The running consumer thread. Joining it returns the fatal client error
+/// that stopped it, if any.
+pub struct ConsumerThread {
+    thread: std::thread::JoinHandle<Option<String>>,
+}
+
+impl ConsumerThread {
+    /// Wait for the thread to commit, leave the group and close (blocking);
+    /// the fatal client error that stopped it, if any.
+    pub fn join(self) -> Result<(), ConsumerError> {
+        match self.thread.join() {
+            Ok(None) => Ok(()),
+            Ok(Some(fatal)) => Err(ConsumerError::Refused(fatal)),
+            Err(_) => Err(ConsumerError::Panicked),
+        }
+    }
 }
 
 pub struct ModstreamContext {
     /// The first fatal client error, if any: the pipeline stops on it.
-    fatal: std::sync::Mutex<Option<String>>,
+    fatal: OnceLock<String>,
     generation: AtomicU64,
     rebalanced: AtomicBool,
+    /// A revoke happened since the last assignment: ask the hub where the
+    /// partitions it drained were delivered up to.
+    revoked: AtomicBool,
     rebalance_tx: mpsc::Sender<RebalanceEvent>,
+    positions_rx: async_channel::Receiver<Positions>,
     drain_timeout: Duration,
-    /// Position stored for each owned partition (everything before it has
-    /// its verdict delivered).
-    stored: std::sync::Mutex<std::collections::HashMap<(String, i32), i64>>,
-    /// Positions of the partitions revoked by the last rebalance. If one
-    /// comes straight back, consumption resumes there rather than at the
-    /// committed offset, which lags when the commit made in the revoke was
-    /// refused (REBALANCE_IN_PROGRESS) or failed: fewer duplicates, and
-    /// never a skipped event, since everything before it was delivered.
-    resume_at: std::sync::Mutex<std::collections::HashMap<(String, i32), i64>>,
 }
 
 impl ClientContext for ModstreamContext {
@@ -131,9 +146,7 @@ impl ClientContext for ModstreamContext {
     fn error(&self, error: KafkaError, reason: &str) {
         if is_fatal(&error) {
             tracing::error!(error = %error, reason, "fatal Kafka client error");
-            if let Ok(mut fatal) = self.fatal.lock() {
-                fatal.get_or_insert_with(|| format!("{error}: {reason}"));
-            }
+            self.set_fatal(format!("{error}: {reason}"));
         } else {
             metrics::counter!(metric::ERRORS_TOTAL, "kind" => "client").increment(1);
             tracing::warn!(error = %error, reason, "kafka client error");
@@ -142,51 +155,46 @@ impl ClientContext for ModstreamContext {
 }
 
 impl ModstreamContext {
-    pub fn fatal_error(&self) -> Option<String> {
-        self.fatal.lock().ok().and_then(|f| f.clone())
+    fn fatal_error(&self) -> Option<String> {
+        self.fatal.get().cloned()
     }
 
-    /// Revoked partitions keep their stored positions for the next assignment.
-    fn remember_revoked(&self, tpl: &TopicPartitionList) {
-        let (Ok(mut stored), Ok(mut resume)) = (self.stored.lock(), self.resume_at.lock()) else {
-            return;
-        };
-        resume.clear();
-        for e in tpl.elements() {
-            let key = (e.topic().to_string(), e.partition());
-            if let Some(position) = stored.remove(&key) {
-                resume.insert(key, position);
-            }
+    fn set_fatal(&self, message: String) {
+        let _ = self.fatal.set(message);
+    }
+
+    /// Store the positions the hub sent so far (each batch in order).
+    fn store_sent_positions(&self, consumer: &BaseConsumer<Self>) {
+        while let Ok(positions) = self.positions_rx.try_recv() {
+            store(consumer, &positions);
         }
     }
 
-    /// Start the assigned partitions that were revoked by the last rebalance
-    /// at their stored positions where those are ahead of the committed
-    /// offsets; forget older ones. Returns the positions applied.
+    /// Start the assigned partitions that the hub drained in the last revoke
+    /// at their delivered positions where those are ahead of the committed
+    /// offsets. Returns the positions applied.
     fn resume_where_delivered(
         &self,
         consumer: &BaseConsumer<Self>,
         tpl: &mut TopicPartitionList,
-    ) -> TopicPartitionList {
-        let mut resumed = TopicPartitionList::new();
-        let candidates: Vec<((String, i32), i64)> = match self.resume_at.lock() {
-            Ok(mut resume) => resume
-                .drain()
-                .filter(|((t, p), _)| tpl.find_partition(t, *p).is_some())
-                .collect(),
-            Err(_) => return resumed,
-        };
+    ) -> Positions {
+        if !self.revoked.swap(false, Ordering::SeqCst) {
+            return Vec::new();
+        }
+        let candidates =
+            rebalance::request_resume(&self.rebalance_tx, partitions_of(tpl), self.drain_timeout);
         if candidates.is_empty() {
-            return resumed;
+            return Vec::new();
         }
         // Never behind the group's committed offsets (another member may
         // have gone further): if they cannot be read, keep librdkafka's default.
         let Ok(committed) = consumer.committed_offsets(tpl.clone(), Duration::from_secs(5)) else {
-            return resumed;
+            return Vec::new();
         };
-        for ((topic, partition), position) in candidates {
+        let mut resumed = Vec::new();
+        for (tp, position) in candidates {
             let ahead = match committed
-                .find_partition(&topic, partition)
+                .find_partition(&tp.topic, tp.partition)
                 .map(|e| e.offset())
             {
                 Some(Offset::Offset(c)) => position > c,
@@ -195,33 +203,14 @@ impl ModstreamContext {
             };
             if ahead
                 && tpl
-                    .set_partition_offset(&topic, partition, Offset::Offset(position))
+                    .set_partition_offset(&tp.topic, tp.partition, Offset::Offset(position))
                     .is_ok()
             {
-                tracing::debug!(%topic, partition, position, "resuming at the delivered position");
-                let _ = resumed.add_partition_offset(&topic, partition, Offset::Offset(position));
+                tracing::debug!(topic = %tp.topic, partition = tp.partition, position, "resuming at the delivered position");
+                resumed.push((tp, position));
             }
         }
         resumed
-    }
-
-    /// Store the resumed positions again so that the next commit carries
-    /// them even if no new record arrives (the refused commit is made good).
-    fn store_resumed(&self, consumer: &BaseConsumer<Self>, resumed: &TopicPartitionList) {
-        if resumed.count() == 0 {
-            return;
-        }
-        if let Err(e) = consumer.store_offsets(resumed) {
-            tracing::debug!(error = %e, "resumed positions not stored");
-            return;
-        }
-        if let Ok(mut stored) = self.stored.lock() {
-            for e in resumed.elements() {
-                if let Offset::Offset(position) = e.offset() {
-                    stored.insert((e.topic().to_string(), e.partition()), position);
-                }
-            }
-        }
     }
 }
 
@@ -249,7 +238,7 @@ impl ConsumerContext for ModstreamContext {
         let resumed = if assign {
             self.resume_where_delivered(consumer, tpl)
         } else {
-            TopicPartitionList::new()
+            Vec::new()
         };
         let tpl: &TopicPartitionList = tpl;
         let rebalance = match err {
@@ -269,7 +258,17 @@ impl ConsumerContext for ModstreamContext {
             (false, false) => consumer.unassign(),
         };
         match result {
-            Ok(()) => self.store_resumed(consumer, &resumed),
+            // Stored again so that the next commit carries them even if no
+            // new record arrives (the refused commit is made good); the hub
+            // answers them again at the next revoke.
+            Ok(()) if !resumed.is_empty() => {
+                if store(consumer, &resumed) {
+                    let _ = self
+                        .rebalance_tx
+                        .blocking_send(RebalanceEvent::Resumed { positions: resumed });
+                }
+            }
+            Ok(()) => {}
             Err(e) => {
                 metrics::counter!(metric::ERRORS_TOTAL, "kind" => "rebalance").increment(1);
                 tracing::error!(error = %e, assign, "applying the rebalance failed");
@@ -289,36 +288,22 @@ impl ConsumerContext for ModstreamContext {
                     partitions = partitions.len(),
                     "partitions revoked; draining"
                 );
-                let (done, drained) = std::sync::mpsc::channel();
-                let started = Instant::now();
-                if tokio::runtime::Handle::try_current().is_ok() {
-                    // Only the poll thread may wait here; never a runtime thread.
-                    tracing::error!(
-                        "revoke callback on an async runtime thread; committing without draining"
-                    );
-                    commit(consumer, CommitMode::Sync);
-                    return;
-                }
-                // The pipeline is gone at the very end of a shutdown; nothing to drain then.
-                if self
-                    .rebalance_tx
-                    .blocking_send(RebalanceEvent::Revoke {
-                        partitions,
-                        generation,
-                        done,
-                    })
-                    .is_ok()
-                    && drained.recv_timeout(self.drain_timeout).is_err()
-                {
-                    tracing::warn!(
-                        waited_ms = started.elapsed().as_millis() as u64,
-                        "drain timed out; undelivered events will be reprocessed by the next owner"
-                    );
+                // The hub is gone at the very end of a shutdown; nothing to drain then.
+                let drained = rebalance::request_drain(
+                    &self.rebalance_tx,
+                    partitions,
+                    generation,
+                    self.drain_timeout,
+                );
+                // Positions the hub sent before answering come first.
+                self.store_sent_positions(consumer);
+                if let Some(positions) = drained {
+                    store(consumer, &positions);
                 }
                 commit(consumer, CommitMode::Sync);
                 // Also for lost partitions (eviction): the assignment checks
                 // the positions against the group's committed offsets.
-                self.remember_revoked(tpl);
+                self.revoked.store(true, Ordering::SeqCst);
             }
             Rebalance::Assign(_) => {}
             Rebalance::Error(e) => {
@@ -351,31 +336,50 @@ impl ConsumerContext for ModstreamContext {
             metrics::counter!(metric::REBALANCES_TOTAL, "kind" => "assign").increment(1);
             self.generation.fetch_add(1, Ordering::SeqCst);
             self.rebalanced.store(true, Ordering::SeqCst);
-            let partitions = partitions_of(tpl);
-            tracing::info!(partitions = partitions.len(), "partitions assigned");
-            let _ = self
-                .rebalance_tx
-                .try_send(RebalanceEvent::Assign { partitions });
+            tracing::info!(partitions = tpl.count(), "partitions assigned");
         }
     }
 }
 
 /// Commit the stored offsets; the outcome (also of a synchronous commit)
 /// reaches `commit_callback`.
-fn commit(consumer: &BaseConsumer<ModstreamContext>, mode: CommitMode) {
+fn commit(consumer: &KafkaConsumer, mode: CommitMode) {
     if let Err(e) = consumer.commit_consumer_state(mode) {
         tracing::debug!(error = %e, "commit not made");
     }
 }
 
-pub type KafkaConsumer = BaseConsumer<ModstreamContext>;
+/// Store positions (next offset to read) for the next commit; false if
+/// librdkafka refused them.
+fn store(consumer: &KafkaConsumer, positions: &Positions) -> bool {
+    let mut tpl = TopicPartitionList::new();
+    for (tp, position) in positions {
+        if tpl
+            .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*position))
+            .is_err()
+        {
+            return false;
+        }
+    }
+    match consumer.store_offsets(&tpl) {
+        Ok(()) => true,
+        // Happens for a partition revoked meanwhile: its new owner takes over.
+        Err(e) => {
+            tracing::debug!(partitions = positions.len(), error = %e, "offsets not stored");
+            false
+        }
+    }
+}
+
+type KafkaConsumer = BaseConsumer<ModstreamContext>;
 
 /// Build the consumer (not yet subscribed). Configuration problems surface
 /// here, connection problems in [`check_connection`].
-pub fn create(
+fn create(
     settings: &Settings,
     rebalance_tx: mpsc::Sender<RebalanceEvent>,
-) -> Result<Arc<KafkaConsumer>, ConsumerError> {
+    positions_rx: async_channel::Receiver<Positions>,
+) -> Result<KafkaConsumer, ConsumerError> {
     let mut cfg = ClientConfig::new();
     cfg.set("bootstrap.servers", &settings.kafka.bootstrap_servers)
         .set("group.id", &settings.kafka.group_id)
@@ -388,22 +392,20 @@ pub fn create(
         cfg.set(k, v);
     }
     let context = ModstreamContext {
-        fatal: std::sync::Mutex::new(None),
+        fatal: OnceLock::new(),
         generation: AtomicU64::new(0),
         rebalanced: AtomicBool::new(false),
+        revoked: AtomicBool::new(false),
         rebalance_tx,
+        positions_rx,
         drain_timeout: settings.kafka.drain_timeout,
-        stored: Default::default(),
-        resume_at: Default::default(),
     };
-    let consumer: KafkaConsumer = cfg
-        .create_with_context(context)
-        .map_err(ConsumerError::Create)?;
-    Ok(Arc::new(consumer))
+    cfg.create_with_context(context)
+        .map_err(ConsumerError::Create)
 }
 
 /// Join the consumer group on the input topics.
-pub fn subscribe(consumer: &KafkaConsumer, topics: &[String]) -> Result<(), ConsumerError> {
+fn subscribe(consumer: &KafkaConsumer, topics: &[String]) -> Result<(), ConsumerError> {
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
     consumer
         .subscribe(&names)
@@ -417,7 +419,7 @@ pub fn subscribe(consumer: &KafkaConsumer, topics: &[String]) -> Result<(), Cons
 /// that wrong credentials or a wrong address fail the start instead of a
 /// silent wait. Polling here serves error events; without a subscription it
 /// cannot hand out a record.
-pub fn check_connection(
+fn check_connection(
     consumer: &KafkaConsumer,
     bootstrap: &str,
     timeout: Duration,
@@ -442,58 +444,67 @@ pub fn check_connection(
     }
 }
 
-/// Store the position (next offset to read) of a partition for the next commit.
-pub fn store_position(consumer: &KafkaConsumer, tp: &Tp, position: i64) {
-    let mut tpl = TopicPartitionList::new();
-    if tpl
-        .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(position))
-        .is_err()
-    {
-        return;
-    }
-    match consumer.store_offsets(&tpl) {
-        Ok(()) => {
-            if let Ok(mut stored) = consumer.context().stored.lock() {
-                stored.insert((tp.topic.to_string(), tp.partition), position);
-            }
-        }
-        // Happens for a partition revoked meanwhile: its new owner takes over.
-        Err(e) => {
-            tracing::debug!(topic = %tp.topic, partition = tp.partition, error = %e, "offset not stored")
-        }
-    }
-}
-
-/// Handles of the poll thread.
-pub struct PollLoop {
-    pub thread: std::thread::JoinHandle<()>,
-}
-
-/// Start the poll thread. It forwards records until `stop_fetching` fires,
-/// then keeps serving callbacks until `pipeline_done` fires, commits
-/// synchronously and closes the consumer.
-pub fn spawn_poll_loop(
-    consumer: Arc<KafkaConsumer>,
-    ingest_tx: mpsc::Sender<Ingested>,
-    commit_interval: Duration,
+/// Start the consumer thread: it creates the consumer, checks that the
+/// cluster answers, subscribes (returning here once it has, or with the
+/// reason it could not), then forwards records until `stop_fetching` fires,
+/// keeps serving callbacks and storing positions until `pipeline_done`
+/// fires, commits synchronously and closes the consumer.
+pub async fn start(
+    settings: &Settings,
     stop_fetching: CancellationToken,
     pipeline_done: CancellationToken,
-) -> Result<PollLoop, ConsumerError> {
+) -> Result<(ConsumerThread, ConsumerChannels), ConsumerError> {
+    let (records_tx, records) = mpsc::channel(1024);
+    let (rebalance_tx, rebalances) = mpsc::channel(16);
+    let (positions, positions_rx) = async_channel::bounded(64);
+    let (ready_tx, ready) = oneshot::channel();
+    let settings = settings.clone();
     let thread = std::thread::Builder::new()
         .name("kafka-consumer".into())
         .spawn(move || {
-            poll_loop(&consumer, ingest_tx, commit_interval, &stop_fetching);
-            // Input is closed: the pipeline drains, then we commit what it stored.
+            let kafka = &settings.kafka;
+            let consumer = match create(&settings, rebalance_tx, positions_rx)
+                .and_then(|c| {
+                    check_connection(&c, &kafka.bootstrap_servers, kafka.startup_timeout)?;
+                    Ok(c)
+                })
+                .and_then(|c| {
+                    subscribe(&c, &settings.input.topics)?;
+                    Ok(c)
+                }) {
+                Ok(consumer) => consumer,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return None;
+                }
+            };
+            if ready_tx.send(Ok(())).is_err() {
+                return None;
+            }
+            poll_loop(&consumer, records_tx, kafka.commit_interval, &stop_fetching);
+            // Input is closed: the hub drains, then we commit what it stored.
             while !pipeline_done.is_cancelled() {
                 let _ = consumer.poll(Duration::from_millis(50));
+                consumer.context().store_sent_positions(&consumer);
             }
+            consumer.context().store_sent_positions(&consumer);
             commit(&consumer, CommitMode::Sync);
-            // Dropping the last handle closes the consumer and leaves the group.
+            let fatal = consumer.context().fatal_error();
+            // Dropping the consumer closes it and leaves the group.
             drop(consumer);
             tracing::info!("consumer closed");
+            fatal
         })
         .map_err(ConsumerError::Thread)?;
-    Ok(PollLoop { thread })
+    ready.await.map_err(|_| ConsumerError::ThreadGone)??;
+    Ok((
+        ConsumerThread { thread },
+        ConsumerChannels {
+            records,
+            rebalances,
+            positions,
+        },
+    ))
 }
 
 /// How long the pipeline may stay full before the partitions are paused.
@@ -502,7 +513,7 @@ const BACKPRESSURE_THRESHOLD: Duration = Duration::from_millis(500);
 
 fn poll_loop(
     consumer: &KafkaConsumer,
-    ingest_tx: mpsc::Sender<Ingested>,
+    records_tx: mpsc::Sender<Ingested>,
     commit_interval: Duration,
     stop_fetching: &CancellationToken,
 ) {
@@ -517,7 +528,7 @@ fn poll_loop(
             break;
         }
         while let Some(record) = backlog.pop_front() {
-            match ingest_tx.try_send(record) {
+            match records_tx.try_send(record) {
                 Ok(()) => {}
                 Err(mpsc::error::TrySendError::Full(record)) => {
                     backlog.push_front(record);
@@ -577,7 +588,7 @@ fn poll_loop(
                     received_at: tokio::time::Instant::now(),
                 };
                 if backlog.is_empty() {
-                    match ingest_tx.try_send(record) {
+                    match records_tx.try_send(record) {
                         Ok(()) => {}
                         Err(mpsc::error::TrySendError::Full(record)) => backlog.push_back(record),
                         Err(mpsc::error::TrySendError::Closed(_)) => return,
@@ -588,9 +599,7 @@ fn poll_loop(
             }
             Some(Err(e)) if is_fatal(&e) => {
                 tracing::error!(error = %e, "fatal consumer error");
-                if let Ok(mut fatal) = consumer.context().fatal.lock() {
-                    fatal.get_or_insert_with(|| e.to_string());
-                }
+                consumer.context().set_fatal(e.to_string());
             }
             Some(Err(e)) => {
                 metrics::counter!(metric::ERRORS_TOTAL, "kind" => "consume").increment(1);
@@ -598,6 +607,7 @@ fn poll_loop(
             }
             None => {}
         }
+        consumer.context().store_sent_positions(consumer);
         if last_commit.elapsed() >= commit_interval {
             commit(consumer, CommitMode::Async);
             last_commit = Instant::now();

@@ -13,7 +13,7 @@ use ort::session::Session;
 use ort::value::Tensor;
 use serde::Deserialize;
 
-use crate::config::InferenceSettings;
+use crate::config::{ExecutionProvider, InferenceSettings, PadTo};
 use crate::tokens::{self, Activation, Encoded, Encoder, Split, TokenError};
 
 #[derive(Debug, thiserror::Error)]
@@ -26,7 +26,7 @@ pub enum InferenceError {
     RuntimeLoad { path: PathBuf, message: String },
     #[error("cannot read model manifest {path}: {message}")]
     Manifest { path: PathBuf, message: String },
-    #[error("cannot load model {path}: {source}")]
+    #[error("cannot load model {path}")]
     ModelLoad {
         path: PathBuf,
         #[source]
@@ -42,6 +42,8 @@ pub enum InferenceError {
     Tokens(#[from] TokenError),
     #[error("inference worker stopped")]
     WorkerGone,
+    #[error("cannot start an inference worker thread")]
+    Thread(#[source] std::io::Error),
 }
 
 /// `manifest.json` beside `model.onnx`.
@@ -49,10 +51,7 @@ pub enum InferenceError {
 pub struct Manifest {
     pub name: String,
     pub version: String,
-    /// "text": one string tensor per event (the model tokenizes itself).
-    /// "tokens": a transformer fed `input_ids`, `attention_mask` (and
-    /// `token_type_ids` when the graph has it) from `tokenizer`.
-    pub input_kind: String,
+    pub input_kind: InputKind,
     pub inputs: Vec<String>,
     pub output: String,
     /// Output columns; for token models may come from `config.json` `id2label`.
@@ -65,7 +64,7 @@ pub struct Manifest {
     /// Default: "none" for text models; for token models from `config.json`
     /// `problem_type` (multi_label_classification: sigmoid, else softmax).
     #[serde(default, rename = "activation")]
-    activation_name: Option<String>,
+    declared_activation: Option<Activation>,
     #[serde(skip)]
     pub activation: Activation,
     /// Token models: the `tokenizer.json` file, relative to the model directory.
@@ -74,6 +73,17 @@ pub struct Manifest {
     /// Token models: longer texts are truncated to this many tokens.
     #[serde(default)]
     pub max_length: Option<usize>,
+}
+
+/// What a model is fed (manifest `input_kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InputKind {
+    /// One string tensor per event (the model tokenizes itself).
+    Text,
+    /// A transformer fed `input_ids`, `attention_mask` (and
+    /// `token_type_ids` when the graph has it) from `tokenizer`.
+    Tokens,
 }
 
 /// The part of a Hugging Face `config.json` that modstream reads.
@@ -105,10 +115,12 @@ impl Manifest {
             ),
             Err(_) => None,
         };
-        match m.input_kind.as_str() {
-            "text" if m.inputs.len() == 1 => {}
-            "text" => return Err(err("input_kind \"text\" takes exactly one input".into())),
-            "tokens" => {
+        match m.input_kind {
+            InputKind::Text if m.inputs.len() == 1 => {}
+            InputKind::Text => {
+                return Err(err("input_kind \"text\" takes exactly one input".into()));
+            }
+            InputKind::Tokens => {
                 for input in &m.inputs {
                     if !TOKEN_INPUTS.contains(&input.as_str()) {
                         return Err(err(format!(
@@ -127,11 +139,6 @@ impl Manifest {
                 if m.max_length.is_none_or(|l| l == 0) {
                     return Err(err("token model needs max_length > 0".into()));
                 }
-            }
-            other => {
-                return Err(err(format!(
-                    "unknown input_kind {other:?}; use \"text\" or \"tokens\""
-                )));
             }
         }
         if m.labels.is_empty() {
@@ -152,13 +159,9 @@ impl Manifest {
             }
             m.labels = pairs.into_iter().map(|(_, l)| l.clone()).collect();
         }
-        m.activation = match &m.activation_name {
-            Some(name) => Activation::parse(name).ok_or_else(|| {
-                err(format!(
-                    "unknown activation {name:?}; use none, softmax or sigmoid"
-                ))
-            })?,
-            None if m.input_kind == "tokens" => {
+        m.activation = match m.declared_activation {
+            Some(activation) => activation,
+            None if m.input_kind == InputKind::Tokens => {
                 Activation::from_problem_type(hf.as_ref().and_then(|h| h.problem_type.as_deref()))
             }
             None => Activation::None,
@@ -272,22 +275,22 @@ pub struct Model {
 impl Model {
     pub fn load(settings: &InferenceSettings) -> Result<Model, InferenceError> {
         let manifest = Manifest::load(&settings.model_dir)?;
-        let input = match manifest.input_kind.as_str() {
-            "tokens" => {
+        let input = match manifest.input_kind {
+            InputKind::Tokens => {
                 let file = manifest.tokenizer.as_deref().unwrap_or("tokenizer.json");
                 let max_length = manifest.max_length.unwrap_or(512);
                 Input::Tokens {
                     encoder: Box::new(Encoder::load(&settings.model_dir.join(file), max_length)?),
-                    split: match settings.pad_to.as_str() {
-                        "bucket" => Split::Buckets(settings.length_buckets.clone()),
-                        _ => Split::Longest {
+                    split: match settings.pad_to {
+                        PadTo::Bucket => Split::Buckets(settings.length_buckets.clone()),
+                        PadTo::Longest => Split::Longest {
                             pass_overhead: settings.pass_overhead_tokens,
                         },
                     },
                     warm_lengths: settings.length_buckets.clone(),
                 }
             }
-            _ => Input::Text,
+            InputKind::Text => Input::Text,
         };
         let env = environment(settings)?;
         let path = settings.model_dir.join("model.onnx");
@@ -503,16 +506,16 @@ fn register_providers(
 ) -> Result<&'static str, InferenceError> {
     let mut chosen = None;
     let mut failures = Vec::new();
-    for name in &settings.execution_providers {
-        let ep = match name.as_str() {
-            "cuda" => ort::ep::CUDA::default()
+    for provider in &settings.execution_providers {
+        let ep = match provider {
+            ExecutionProvider::Cuda => ort::ep::CUDA::default()
                 .with_device_id(settings.device_id)
                 .build(),
-            "tensorrt" => ort::ep::TensorRT::default()
+            ExecutionProvider::Tensorrt => ort::ep::TensorRT::default()
                 .with_device_id(settings.device_id)
                 .with_fp16(settings.fp16)
                 .build(),
-            _ => {
+            ExecutionProvider::Cpu => {
                 chosen.get_or_insert("CPUExecutionProvider");
                 break;
             }
@@ -521,7 +524,7 @@ fn register_providers(
             Ok(()) => {
                 chosen.get_or_insert(ep.name());
             }
-            Err(e) => failures.push(format!("{name}: {e}")),
+            Err(e) => failures.push(format!("{}: {e}", provider.name())),
         }
     }
     let gpu = chosen.is_some_and(|c| c != "CPUExecutionProvider");
@@ -620,9 +623,7 @@ impl InferencePool {
                         }
                     }
                 })
-                .map_err(|e| {
-                    InferenceError::Mismatch(format!("cannot start worker thread: {e}"))
-                })?;
+                .map_err(InferenceError::Thread)?;
             threads.push(handle);
         }
         Ok(InferencePool {
@@ -632,9 +633,9 @@ impl InferencePool {
         })
     }
 
-    /// Queue a job without waiting; gives it back when the queue is full.
-    pub fn try_submit(&self, job: InferenceJob) -> Result<(), InferenceJob> {
-        self.jobs.try_send(job).map_err(|e| e.into_inner())
+    /// The workers' bounded job queue (`workers × 2` jobs).
+    pub fn jobs(&self) -> async_channel::Sender<InferenceJob> {
+        self.jobs.clone()
     }
 
     /// Stop taking jobs and wait for the workers to finish the queued ones.

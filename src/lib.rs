@@ -1,21 +1,27 @@
 //! modstream: content moderation at stream scale.
 //!
 //! Pipeline stages, in the order an event meets them:
-//! [`consumer`] → [`event`] (validation) → [`batcher`] → [`inference`] →
-//! [`verdict`] → [`producer`] → [`offsets`]; [`pipeline`] wires them.
+//! [`consumer`] → [`hub`] (routing, with one [`partition`] state per
+//! assigned partition: [`event`] validation, [`batcher`], [`offsets`]) →
+//! [`inference`] ([`tokens`] for transformers) → [`verdict`] → [`producer`]
+//! → back to the [`hub`] and the [`consumer`] for offsets. [`rebalance`] is
+//! the revoke/assign protocol between consumer and hub; [`pipeline`] wires
+//! the stages. [`tools`] holds what runs around the pipeline: demo, bench,
+//! the event generator, the embedded cluster.
 
 pub mod batcher;
-pub mod bench;
 pub mod config;
 pub mod consumer;
-pub mod demo;
-pub mod embedded;
 pub mod event;
+pub mod hub;
 pub mod inference;
 pub mod offsets;
+pub mod partition;
 pub mod pipeline;
 pub mod producer;
+pub mod rebalance;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tokens;
+pub mod tools;
 pub mod verdict;

@@ -7,10 +7,12 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use modstream::config::{InferenceSettings, Settings, TelemetrySettings};
+use modstream::config::{ExecutionProvider, InferenceSettings, Settings, TelemetrySettings};
 use modstream::inference::Model;
 use modstream::shutdown::Shutdown;
 use modstream::telemetry::Health;
+use modstream::tools::generator::{Mix, generate_mix};
+use modstream::tools::{bench, demo, send};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -42,7 +44,7 @@ enum Command {
         model: PathBuf,
         /// Execution providers in order of preference (cuda, tensorrt, cpu).
         #[arg(long, value_delimiter = ',', default_value = "cpu")]
-        providers: Vec<String>,
+        providers: Vec<ExecutionProvider>,
         #[arg(long, default_value_t = 0)]
         device_id: i32,
         /// Fail unless a GPU provider can be used.
@@ -82,7 +84,7 @@ enum Command {
     /// Measure throughput and latency (embedded cluster or --bootstrap), against the raw model.
     Bench {
         #[command(flatten)]
-        options: modstream::bench::BenchOptions,
+        options: bench::BenchOptions,
         /// Only redraw bench.svg from this saved bench.json.
         #[arg(long)]
         replot: Option<PathBuf>,
@@ -138,7 +140,7 @@ fn main() -> ExitCode {
             count,
             rate,
             forever,
-            modstream::demo::Mix {
+            Mix {
                 malformed_every,
                 abusive_share,
                 urgent_share,
@@ -147,7 +149,7 @@ fn main() -> ExitCode {
         Command::Bench {
             replot: Some(report),
             ..
-        } => modstream::bench::replot(&report).map(|svg| println!("{}", svg.display())),
+        } => bench::replot(&report).map(|svg| println!("{}", svg.display())),
         Command::Bench {
             options,
             replot: None,
@@ -230,7 +232,7 @@ fn check_model(settings: InferenceSettings, mut texts: Vec<String>) -> anyhow::R
     }
     let scores = model.score(&mut texts)?;
     let scorer =
-        modstream::verdict::Scorer::new(&model.manifest, &modstream::config::Policy::default());
+        modstream::verdict::Scorer::new(&model.manifest, &modstream::config::Policy::default())?;
     for (text, s) in texts.iter().zip(scores) {
         let verdict = scorer.decide(&s);
         let pairs: Vec<String> = labels
@@ -249,7 +251,7 @@ fn produce(
     count: usize,
     rate: u64,
     forever: bool,
-    mix: modstream::demo::Mix,
+    mix: Mix,
 ) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     anyhow::ensure!(
@@ -258,55 +260,34 @@ fn produce(
     );
     let progress = std::io::stderr().is_terminal();
     runtime()?.block_on(async {
-        let producer = modstream::demo::event_producer(&bootstrap).map_err(anyhow::Error::msg)?;
+        let producer = send::event_producer(&bootstrap)?;
         let mut round = 0u64;
         loop {
-            let events = modstream::demo::generate_mix(
-                count,
-                &mix,
-                &format!("gen-{}-{round}-", std::process::id()),
-            );
-            let started = std::time::Instant::now();
-            let started_ms = chrono::Utc::now().timestamp_millis();
-            // Paced in slices of 10 ms so that the rate holds without bursts.
-            let slice = if rate == 0 {
-                events.len().max(1)
-            } else {
-                (rate as usize / 100).max(1)
-            };
-            // Open loop: send on schedule; acknowledgements are awaited at the end.
-            let mut pending = Vec::with_capacity(events.len());
-            let mut shown = started;
-            for (i, chunk) in events.chunks(slice).enumerate() {
-                if rate > 0 {
-                    let due = started + Duration::from_secs_f64((i * slice) as f64 / rate as f64);
-                    tokio::time::sleep_until(due.into()).await;
-                }
+            let events = generate_mix(count, &mix, &format!("gen-{}-{round}-", std::process::id()));
+            let schedule = send::Schedule {
+                start: std::time::Instant::now(),
+                rate: rate as f64,
                 // Paced: each record carries its intended send time.
-                let intended = (rate > 0).then(|| {
-                    let step = 1000.0 / rate as f64;
-                    (started_ms + ((i * slice) as f64 * step) as i64, step)
-                });
-                pending.extend(
-                    modstream::demo::enqueue_at(&producer, &topic, chunk, intended)
-                        .map_err(anyhow::Error::msg)?,
-                );
+                stamp_from_ms: Some(chrono::Utc::now().timestamp_millis()),
+            };
+            let started = schedule.start;
+            let mut shown = started;
+            // Open loop: send on schedule; acknowledgements are awaited at the end.
+            let pending = send::send_paced(&producer, &topic, &events, schedule, |sent| {
                 if progress && shown.elapsed() >= Duration::from_millis(500) {
                     shown = std::time::Instant::now();
-                    let sent = pending.len();
                     eprint!(
                         "\r{sent}/{} sent ({:.0}/s) ",
                         events.len(),
                         sent as f64 / started.elapsed().as_secs_f64()
                     );
                 }
-            }
+            })
+            .await?;
             if progress {
                 eprint!("\r");
             }
-            modstream::demo::await_deliveries(pending)
-                .await
-                .map_err(anyhow::Error::msg)?;
+            send::await_deliveries(pending).await?;
             let secs = started.elapsed().as_secs_f64();
             eprintln!(
                 "produced {} events to {topic} in {secs:.1}s ({:.0}/s)",
@@ -321,7 +302,7 @@ fn produce(
     })
 }
 
-fn bench(opts: modstream::bench::BenchOptions) -> anyhow::Result<()> {
+fn bench(opts: bench::BenchOptions) -> anyhow::Result<()> {
     modstream::telemetry::init_logging(&TelemetrySettings {
         log_level: "warn".into(),
         ..Default::default()
@@ -330,7 +311,7 @@ fn bench(opts: modstream::bench::BenchOptions) -> anyhow::Result<()> {
         !opts.batch_sizes.is_empty() && !opts.delays_ms.is_empty(),
         "give at least one batch size and one delay"
     );
-    runtime()?.block_on(modstream::bench::run(opts))?;
+    runtime()?.block_on(bench::run(opts))?;
     Ok(())
 }
 
@@ -339,7 +320,7 @@ fn demo(events: usize, max_seconds: u64, model: Option<PathBuf>) -> anyhow::Resu
         log_level: "warn".into(),
         ..Default::default()
     });
-    runtime()?.block_on(modstream::demo::run(modstream::demo::DemoOptions {
+    runtime()?.block_on(demo::run(demo::DemoOptions {
         events,
         max_duration: Duration::from_secs(max_seconds),
         model_dir: model,

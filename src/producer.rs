@@ -23,7 +23,7 @@ use crate::telemetry::metric;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProducerError {
-    #[error("cannot create the Kafka producer: {0}")]
+    #[error("cannot create the Kafka producer")]
     Create(#[source] KafkaError),
     #[error("delivery abandoned at shutdown")]
     Abandoned,
@@ -156,7 +156,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fatal_producer_error_ends_the_delivery_instead_of_retrying_forever() {
-        let broker = crate::embedded::EmbeddedBroker::start(&[("out", 1)]).unwrap();
+        let broker = crate::tools::embedded::EmbeddedBroker::start(&[("out", 1)]).unwrap();
         let kafka = crate::config::Settings::from_toml(&format!(
             "[kafka]\nbootstrap_servers = \"{}\"\n[input]\ntopics = [\"in\"]\n[output]\ntopic = \"out\"\ndlq_topic = \"dlq\"",
             broker.bootstrap_servers()

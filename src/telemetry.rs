@@ -280,17 +280,59 @@ pub async fn serve(
 }
 
 /// Text or JSON logs on stderr; RUST_LOG wins over `telemetry.log_level`.
+/// ONNX Runtime's and librdkafka's own logs stay at warn unless a directive
+/// names them (`RUST_LOG=ort=info`). Colour only on a terminal.
 pub fn init_logging(settings: &TelemetrySettings) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new(format!("{},ort=warn,librdkafka=warn", settings.log_level))
-    });
+    let directives = std::env::var("RUST_LOG").unwrap_or_else(|_| settings.log_level.clone());
+    let filter = EnvFilter::try_new(quiet_dependencies(&directives))
+        .unwrap_or_else(|_| EnvFilter::new(quiet_dependencies(&settings.log_level)));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
-    let _ = if settings.log_format == "json" {
+    let _ = if settings.log_format == crate::config::LogFormat::Json {
         builder.json().try_init()
     } else {
         builder.try_init()
     };
+}
+
+/// `directives` plus `ort=warn` and `librdkafka=warn`, unless they name
+/// those targets themselves.
+fn quiet_dependencies(directives: &str) -> String {
+    let mut out = directives.trim().to_string();
+    for target in ["ort", "librdkafka"] {
+        let named = out
+            .split(',')
+            .any(|d| d.trim().split(['=', '[']).next() == Some(target));
+        if !named {
+            if !out.is_empty() {
+                out.push(',');
+            }
+            out.push_str(target);
+            out.push_str("=warn");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quiet_dependencies;
+
+    #[test]
+    fn onnx_runtime_and_librdkafka_stay_at_warn_unless_named() {
+        assert_eq!(quiet_dependencies("info"), "info,ort=warn,librdkafka=warn");
+        assert_eq!(
+            quiet_dependencies("debug,ort=info"),
+            "debug,ort=info,librdkafka=warn"
+        );
+        assert_eq!(
+            quiet_dependencies("ort[span]=trace"),
+            "ort[span]=trace,librdkafka=warn"
+        );
+        assert_eq!(quiet_dependencies(""), "ort=warn,librdkafka=warn");
+    }
 }

@@ -19,8 +19,10 @@ pub enum TokenError {
     Encode(String),
 }
 
-/// How logits become probabilities.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How logits become probabilities (manifest `activation`: "none",
+/// "softmax" or "sigmoid").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Activation {
     /// The model already outputs probabilities.
     #[default]
@@ -32,15 +34,6 @@ pub enum Activation {
 }
 
 impl Activation {
-    pub fn parse(name: &str) -> Option<Activation> {
-        match name {
-            "none" => Some(Activation::None),
-            "softmax" => Some(Activation::Softmax),
-            "sigmoid" => Some(Activation::Sigmoid),
-            _ => None,
-        }
-    }
-
     /// Hugging Face `config.json` `problem_type`.
     pub fn from_problem_type(problem_type: Option<&str>) -> Activation {
         match problem_type {

@@ -34,10 +34,19 @@ pub struct Scorer {
     model_version: String,
 }
 
+/// A policy that does not fit the model it would judge.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "invalid policy for this model: policy.labels.{label}: the model has no such label (it has {known:?})"
+)]
+pub struct PolicyError {
+    pub label: String,
+    pub known: Vec<String>,
+}
+
 impl Scorer {
-    /// Labels named in `policy.labels` that the model lacks are ignored here;
-    /// the pipeline refuses such a policy at start.
-    pub fn new(manifest: &Manifest, policy: &Policy) -> Scorer {
+    /// Fails when `policy.labels` names a label the model does not have.
+    pub fn new(manifest: &Manifest, policy: &Policy) -> Result<Scorer, PolicyError> {
         let rules = if policy.labels.is_empty() {
             vec![(
                 manifest.score_index(),
@@ -50,18 +59,23 @@ impl Scorer {
             policy
                 .labels
                 .iter()
-                .filter_map(|(label, t)| {
-                    let i = manifest.labels.iter().position(|l| l == label)?;
-                    Some((i, *t))
-                })
-                .collect()
+                .map(
+                    |(label, t)| match manifest.labels.iter().position(|l| l == label) {
+                        Some(i) => Ok((i, *t)),
+                        None => Err(PolicyError {
+                            label: label.clone(),
+                            known: manifest.labels.clone(),
+                        }),
+                    },
+                )
+                .collect::<Result<_, _>>()?
         };
-        Scorer {
+        Ok(Scorer {
             labels: manifest.labels.clone(),
             rules,
             model_name: manifest.name.clone(),
             model_version: manifest.version.clone(),
-        }
+        })
     }
 
     /// The most severe verdict over the judged labels.
@@ -192,13 +206,18 @@ mod tests {
         };
         policy.labels.insert("toxic".into(), t(0.8, 0.95));
         policy.labels.insert("threat".into(), t(0.2, 0.5));
-        let scorer = Scorer::new(&manifest, &policy);
+        let scorer = Scorer::new(&manifest, &policy).unwrap();
         assert_eq!(scorer.decide(&[0.1, 0.1, 0.99]), ALLOW); // insult not judged
         assert_eq!(scorer.decide(&[0.85, 0.1, 0.0]), REVIEW);
         assert_eq!(scorer.decide(&[0.85, 0.6, 0.0]), BLOCK); // threat blocks
         // Without per-label thresholds: score_label with the global ones.
-        let scorer = Scorer::new(&manifest, &Policy::default());
+        let scorer = Scorer::new(&manifest, &Policy::default()).unwrap();
         assert_eq!(scorer.decide(&[0.9, 0.0, 0.0]), BLOCK);
         assert_eq!(scorer.decide(&[0.1, 0.99, 0.99]), ALLOW);
+        // A label the model lacks is refused where the policy is built.
+        policy.labels.insert("spam".into(), t(0.5, 0.9));
+        let error = Scorer::new(&manifest, &policy).err().expect("refused");
+        assert_eq!(error.label, "spam");
+        assert!(error.to_string().contains("policy.labels.spam"), "{error}");
     }
 }

@@ -6,7 +6,7 @@ mod support;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use modstream::bench::{BenchOptions, Report, run};
+use modstream::tools::bench::{BenchOptions, Report, run};
 
 /// `modstream bench` as a user runs it (the overload run needs the binary).
 fn bench_binary(out: &std::path::Path) -> Report {
@@ -161,7 +161,7 @@ fn tiny_options() -> BenchOptions {
         intra_threads: 1,
         model_dir: None,
         bootstrap: None,
-        providers: vec!["cpu".into()],
+        providers: vec![modstream::config::ExecutionProvider::Cpu],
         require_gpu: false,
         workers: 1,
         overload: 0.0,

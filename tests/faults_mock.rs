@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
-use modstream::embedded::EmbeddedBroker;
 use modstream::shutdown::Shutdown;
+use modstream::tools::embedded::EmbeddedBroker;
 use support::{DLQ, INPUT, VERDICTS};
 
 const PARTITIONS: i32 = 4;
@@ -257,8 +257,9 @@ async fn a_failing_model_run_isolates_the_bad_events() {
     let b = bootstrap.clone();
     let (verdicts, dlq) = tokio::task::spawn_blocking(move || {
         (
-            modstream::demo::read_topic(&b, VERDICTS, 1, 6, Duration::from_secs(20)).unwrap(),
-            modstream::demo::read_topic(&b, DLQ, 1, 2, Duration::from_secs(10)).unwrap(),
+            modstream::tools::read::read_topic(&b, VERDICTS, 1, 6, Duration::from_secs(20))
+                .unwrap(),
+            modstream::tools::read::read_topic(&b, DLQ, 1, 2, Duration::from_secs(10)).unwrap(),
         )
     })
     .await

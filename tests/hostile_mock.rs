@@ -11,8 +11,8 @@ use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
-use modstream::embedded::EmbeddedBroker;
 use modstream::shutdown::Shutdown;
+use modstream::tools::embedded::EmbeddedBroker;
 use support::{DLQ, INPUT, VERDICTS};
 
 /// (payload, key, huge headers?, expected outcome: "verdict" or a reason code)
@@ -94,10 +94,10 @@ async fn every_hostile_record_gets_exactly_one_outcome() {
     let b = bootstrap.clone();
     let (verdicts, dlq) = tokio::task::spawn_blocking(move || {
         // Wait for the expected records, then look a little longer for extras.
-        modstream::demo::read_topic(&b, VERDICTS, 1, verdicts_want, Duration::from_secs(20))
+        modstream::tools::read::read_topic(&b, VERDICTS, 1, verdicts_want, Duration::from_secs(20))
             .unwrap();
-        modstream::demo::read_topic(&b, DLQ, 1, dlq_want, Duration::from_secs(20)).unwrap();
-        let v = modstream::demo::read_topic(
+        modstream::tools::read::read_topic(&b, DLQ, 1, dlq_want, Duration::from_secs(20)).unwrap();
+        let v = modstream::tools::read::read_topic(
             &b,
             VERDICTS,
             1,
@@ -105,8 +105,14 @@ async fn every_hostile_record_gets_exactly_one_outcome() {
             Duration::from_millis(1500),
         )
         .unwrap();
-        let d = modstream::demo::read_topic(&b, DLQ, 1, dlq_want + 1, Duration::from_millis(1500))
-            .unwrap();
+        let d = modstream::tools::read::read_topic(
+            &b,
+            DLQ,
+            1,
+            dlq_want + 1,
+            Duration::from_millis(1500),
+        )
+        .unwrap();
         (v, d)
     })
     .await

@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use modstream::embedded::EmbeddedBroker;
+use modstream::tools::embedded::EmbeddedBroker;
 use support::{DLQ, INPUT, Modstream, VERDICTS};
 
 /// GET a path on 127.0.0.1:port: (status code, body).
@@ -162,13 +162,7 @@ fn metrics_match_what_happened_and_prometheus_scrapes_them() {
         .spawn()
         .expect("prometheus is installed (scripts/test.sh installs it)");
     let more = support::events("q-", 0..2000);
-    let b = bootstrap.clone();
-    let load = std::thread::spawn(move || {
-        for chunk in more.chunks(100) {
-            support::produce(&b, chunk);
-            std::thread::sleep(Duration::from_millis(400));
-        }
-    });
+    let load = support::produce_paced(bootstrap.clone(), more, Duration::from_secs(8));
     let deadline = Instant::now() + Duration::from_secs(40);
     let mut rate = 0.0;
     while Instant::now() < deadline && rate <= 0.0 {

@@ -52,7 +52,7 @@ fn hostile_texts_score_without_crashing() {
 #[test]
 fn a_batch_scores_like_its_events_one_by_one() {
     let mut m = model();
-    let posts: Vec<String> = modstream::demo::sample_posts()
+    let posts: Vec<String> = modstream::tools::generator::sample_posts()
         .iter()
         .map(|(_, t)| t.to_string())
         .collect();

@@ -11,9 +11,12 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use modstream::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS, GeneratedEvent, ReadRecord};
-use modstream::embedded::EmbeddedBroker;
 use modstream::shutdown::Shutdown;
+use modstream::tools::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS};
+use modstream::tools::embedded::EmbeddedBroker;
+use modstream::tools::generator::{self, GeneratedEvent};
+use modstream::tools::read::{self, ReadRecord};
+use modstream::tools::send;
 
 const PARTITIONS: i32 = 4;
 
@@ -58,7 +61,7 @@ async fn read(
 ) -> Vec<ReadRecord> {
     let b = bootstrap.to_string();
     tokio::task::spawn_blocking(move || {
-        demo::read_topic(&b, topic, partitions, want, Duration::from_secs(60))
+        read::read_topic(&b, topic, partitions, want, Duration::from_secs(60))
     })
     .await
     .unwrap()
@@ -75,7 +78,7 @@ async fn read_settled(
     let mut records = read(bootstrap, topic, partitions, want).await;
     let b = bootstrap.to_string();
     let extra = tokio::task::spawn_blocking(move || {
-        demo::read_topic(&b, topic, partitions, usize::MAX, Duration::from_secs(2))
+        read::read_topic(&b, topic, partitions, usize::MAX, Duration::from_secs(2))
     })
     .await
     .unwrap()
@@ -90,11 +93,11 @@ async fn read_settled(
 async fn ten_thousand_events_one_verdict_each_in_key_order_and_committed_to_the_end() {
     let broker = start_broker();
     let bootstrap = broker.bootstrap_servers().to_string();
-    let events = demo::generate(10_000, 100, "e-");
+    let events = generator::generate(10_000, 100, "e-");
     let malformed: Vec<&GeneratedEvent> = events.iter().filter(|e| e.text.is_none()).collect();
     let valid = events.len() - malformed.len();
     assert_eq!(malformed.len(), 100, "1 % malformed");
-    demo::produce_all(&bootstrap, DEMO_INPUT, &events)
+    send::produce_all(&bootstrap, DEMO_INPUT, &events)
         .await
         .unwrap();
 
@@ -170,8 +173,8 @@ async fn ten_thousand_events_one_verdict_each_in_key_order_and_committed_to_the_
 async fn clean_shutdown_mid_stream_then_restart_gives_every_event_one_verdict() {
     let broker = start_broker();
     let bootstrap = broker.bootstrap_servers().to_string();
-    let events = demo::generate(20_000, 0, "r-");
-    demo::produce_all(&bootstrap, DEMO_INPUT, &events)
+    let events = generator::generate(20_000, 0, "r-");
+    send::produce_all(&bootstrap, DEMO_INPUT, &events)
         .await
         .unwrap();
 

@@ -26,24 +26,6 @@ fn topics(broker: &Broker, input_partitions: i32) {
     broker.create_topic(DLQ, 1);
 }
 
-/// Produce `events` in a background thread, paced over `over`.
-fn produce_paced(
-    bootstrap: String,
-    events: Vec<(String, String, Vec<u8>)>,
-    over: Duration,
-) -> std::thread::JoinHandle<Vec<String>> {
-    std::thread::spawn(move || {
-        let chunks = 20;
-        let per = events.len().div_ceil(chunks);
-        let mut acked = Vec::new();
-        for chunk in events.chunks(per) {
-            acked.extend(support::produce(&bootstrap, chunk));
-            std::thread::sleep(over / chunks as u32);
-        }
-        acked
-    })
-}
-
 fn kcat(args: &[&str], stdin: Option<&str>) -> String {
     let mut child = Command::new("kcat")
         .args(args)
@@ -192,7 +174,7 @@ fn scale_out_and_members_coming_and_going_lose_nothing() {
     );
 
     // Members join and leave while load runs.
-    let load = produce_paced(
+    let load = support::produce_paced(
         broker.bootstrap(),
         support::events("s-", 1500..4500),
         Duration::from_secs(12),
@@ -232,7 +214,7 @@ fn five_kill9_crashes_under_load_lose_nothing_and_never_commit_ahead() {
 
     let mut service = Modstream::start(&config, "crash", dir.path());
 
-    let load = produce_paced(
+    let load = support::produce_paced(
         broker.bootstrap(),
         support::events("c-", 0..6000),
         Duration::from_secs(30),
@@ -280,7 +262,7 @@ fn the_service_rides_out_a_broker_restart() {
     let config = support::write_config(dir.path(), &broker.bootstrap(), "g-restart");
     let mut service = Modstream::start(&config, "restart", dir.path());
 
-    let load = produce_paced(
+    let load = support::produce_paced(
         broker.bootstrap(),
         support::events("b-", 0..3000),
         Duration::from_secs(15),
@@ -410,7 +392,7 @@ fn an_evicted_member_commits_nothing_for_partitions_it_lost() {
     let config = support::write_config(dir.path(), &broker.bootstrap(), "g-evict");
     let mut a = Modstream::start(&config, "a", dir.path());
     let mut b = Modstream::start(&config, "b", dir.path());
-    let load = produce_paced(
+    let load = support::produce_paced(
         broker.bootstrap(),
         support::events("v-", 0..4000),
         Duration::from_secs(20),

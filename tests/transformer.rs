@@ -7,12 +7,13 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use modstream::config::InferenceSettings;
-use modstream::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS};
-use modstream::embedded::EmbeddedBroker;
+use modstream::config::{ExecutionProvider, InferenceSettings, PadTo};
 use modstream::inference::Model;
 use modstream::shutdown::Shutdown;
 use modstream::tokens::Encoder;
+use modstream::tools::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS};
+use modstream::tools::embedded::EmbeddedBroker;
+use modstream::tools::{generator, read, send};
 
 fn model_dir() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/minilm-l6");
@@ -27,7 +28,10 @@ fn model_dir() -> PathBuf {
 fn settings(pad_to: &str) -> InferenceSettings {
     InferenceSettings {
         model_dir: model_dir(),
-        pad_to: pad_to.to_string(),
+        pad_to: match pad_to {
+            "bucket" => PadTo::Bucket,
+            _ => PadTo::Longest,
+        },
         ..Default::default()
     }
 }
@@ -88,7 +92,7 @@ fn scores_match_the_reference_forward_pass_batched_and_alone() {
 fn splitting_by_length_keeps_padding_low_on_mixed_lengths() {
     // 15 short posts and one long one: padded to the longest in one pass, the
     // short ones would carry ~100 padding tokens each.
-    let mut texts: Vec<String> = demo::sample_posts()
+    let mut texts: Vec<String> = generator::sample_posts()
         .iter()
         .take(15)
         .map(|(_, t)| t.to_string())
@@ -141,7 +145,7 @@ fn hostile_texts_score_without_crashing() {
 fn gpu_providers_fall_back_to_cpu_unless_required() {
     // This machine's ONNX Runtime is the CPU build: CUDA cannot register.
     let fallback = InferenceSettings {
-        execution_providers: vec!["cuda".into(), "cpu".into()],
+        execution_providers: vec![ExecutionProvider::Cuda, ExecutionProvider::Cpu],
         ..settings("longest")
     };
     let mut m = Model::load(&fallback).unwrap();
@@ -165,13 +169,13 @@ async fn the_pipeline_moderates_with_the_transformer() {
     let broker =
         EmbeddedBroker::start(&[(DEMO_INPUT, 2), (DEMO_VERDICTS, 2), (DEMO_DLQ, 1)]).unwrap();
     let bootstrap = broker.bootstrap_servers().to_string();
-    let events = demo::generate(300, 100, "t-");
+    let events = generator::generate(300, 100, "t-");
     let valid: HashSet<String> = events
         .iter()
         .filter(|e| e.text.is_some())
         .map(|e| e.event_id.clone())
         .collect();
-    demo::produce_all(&bootstrap, DEMO_INPUT, &events)
+    send::produce_all(&bootstrap, DEMO_INPUT, &events)
         .await
         .unwrap();
 
@@ -184,7 +188,7 @@ async fn the_pipeline_moderates_with_the_transformer() {
     let b = bootstrap.clone();
     let want = valid.len();
     let verdicts = tokio::task::spawn_blocking(move || {
-        demo::read_topic(&b, DEMO_VERDICTS, 2, want, Duration::from_secs(120))
+        read::read_topic(&b, DEMO_VERDICTS, 2, want, Duration::from_secs(120))
     })
     .await
     .unwrap()

@@ -16,6 +16,8 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use modstream::tools::read::TopicReader;
+
 pub const INPUT: &str = "posts";
 pub const VERDICTS: &str = "verdicts";
 pub const DLQ: &str = "dlq";
@@ -340,7 +342,7 @@ impl Drop for Modstream {
 
 /// Valid events with ids `{prefix}{i}`, keyed by user.
 pub fn events(prefix: &str, range: std::ops::Range<usize>) -> Vec<(String, String, Vec<u8>)> {
-    let posts = modstream::demo::sample_posts();
+    let posts = modstream::tools::generator::sample_posts();
     range
         .map(|i| {
             let id = format!("{prefix}{i}");
@@ -381,6 +383,26 @@ pub fn produce(bootstrap: &str, batch: &[(String, String, Vec<u8>)]) -> Vec<Stri
         .flush(Duration::from_secs(60))
         .expect("every input event acknowledged");
     batch.iter().map(|(id, _, _)| id.clone()).collect()
+}
+
+/// Produce `events` in a background thread in 20 chunks paced over
+/// `over`, each chunk acknowledged before the next (so a crash test knows
+/// exactly which events the broker has); returns the acknowledged ids.
+pub fn produce_paced(
+    bootstrap: String,
+    events: Vec<(String, String, Vec<u8>)>,
+    over: Duration,
+) -> std::thread::JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        let chunks = 20;
+        let per = events.len().div_ceil(chunks);
+        let mut acked = Vec::new();
+        for chunk in events.chunks(per) {
+            acked.extend(produce(&bootstrap, chunk));
+            std::thread::sleep(over / chunks as u32);
+        }
+        acked
+    })
 }
 
 /// What the verdict topic says about a set of acknowledged input ids.
@@ -431,14 +453,7 @@ impl Verification {
 /// Read the verdict topic to its end with a fresh group (until `want`
 /// distinct acked ids are seen or `timeout`), then compute lost/duplicates.
 pub fn verify(bootstrap: &str, acked: &[String], timeout: Duration) -> Verification {
-    let group = format!("verifier-{}", Instant::now().elapsed().as_nanos());
-    let (consumer, partitions) = verdict_reader(bootstrap, &group);
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(VERDICTS, p, Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
+    let reader = TopicReader::from_beginning(bootstrap, VERDICTS, None).unwrap();
     let wanted: HashSet<&str> = acked.iter().map(String::as_str).collect();
     let mut copies: HashMap<String, usize> = HashMap::new();
     let mut sources = HashSet::new();
@@ -452,11 +467,9 @@ pub fn verify(bootstrap: &str, acked: &[String], timeout: Duration) -> Verificat
         {
             break;
         }
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
-                use rdkafka::Message;
-                let v: serde_json::Value =
-                    serde_json::from_slice(m.payload().unwrap_or_default()).expect("verdict JSON");
+        match reader.poll(Duration::from_millis(100)) {
+            Ok(Some(m)) => {
+                let v = m.json().expect("verdict JSON");
                 let id = v["event_id"].as_str().unwrap().to_string();
                 sources.insert((
                     v["source"]["partition"].as_i64().unwrap() as i32,
@@ -466,8 +479,8 @@ pub fn verify(bootstrap: &str, acked: &[String], timeout: Duration) -> Verificat
                 verdicts += 1;
                 quiet_since = Instant::now();
             }
-            Some(Err(e)) => panic!("verifier read failed: {e}"),
-            None => {}
+            Err(e) => panic!("verifier read failed: {e}"),
+            Ok(None) => {}
         }
     }
     let lost: Vec<String> = acked
@@ -520,47 +533,19 @@ pub fn committed_on(bootstrap: &str, group: &str, topic: &str, partitions: i32) 
 /// (partition, source offset) of every verdict in the topic now: reads each
 /// partition up to its current high watermark.
 pub fn verdict_sources(bootstrap: &str) -> HashSet<(i32, i64)> {
-    use rdkafka::Message;
-    let (consumer, partitions) = verdict_reader(bootstrap, "verdict-sources");
-    let mut tpl = TopicPartitionList::new();
-    let mut remaining = HashMap::new();
-    for p in 0..partitions {
-        let (_, high) = consumer
-            .fetch_watermarks(VERDICTS, p, Duration::from_secs(10))
-            .unwrap();
-        if high > 0 {
-            tpl.add_partition_offset(VERDICTS, p, Offset::Beginning)
-                .unwrap();
-            remaining.insert(p, high);
-        }
-    }
-    let mut sources = HashSet::new();
-    if remaining.is_empty() {
-        return sources;
-    }
-    consumer.assign(&tpl).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !remaining.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "could not read the verdict topic to its end"
-        );
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            let v: serde_json::Value =
-                serde_json::from_slice(m.payload().unwrap_or_default()).unwrap();
-            sources.insert((
+    TopicReader::from_beginning(bootstrap, VERDICTS, None)
+        .unwrap()
+        .read_to_end(Duration::from_secs(60))
+        .expect("could not read the verdict topic to its end")
+        .iter()
+        .map(|r| {
+            let v = r.json().expect("verdict JSON");
+            (
                 v["source"]["partition"].as_i64().unwrap() as i32,
                 v["source"]["offset"].as_i64().unwrap(),
-            ));
-            if remaining
-                .get(&m.partition())
-                .is_some_and(|high| m.offset() + 1 >= *high)
-            {
-                remaining.remove(&m.partition());
-            }
-        }
-    }
-    sources
+            )
+        })
+        .collect()
 }
 
 /// Records in the verdict topic now (sum of high watermarks).
@@ -601,21 +586,4 @@ pub fn init_logs() {
     if std::env::var_os("RUST_LOG").is_some() {
         modstream::telemetry::init_logging(&Default::default());
     }
-}
-
-/// A consumer of the verdict topic outside any group's commits, and the
-/// topic's partition count.
-fn verdict_reader(bootstrap: &str, group: &str) -> (BaseConsumer, i32) {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "50")
-        .create()
-        .unwrap();
-    let metadata = consumer
-        .fetch_metadata(Some(VERDICTS), Duration::from_secs(10))
-        .unwrap();
-    let partitions = metadata.topics()[0].partitions().len() as i32;
-    (consumer, partitions)
 }

@@ -1,0 +1,864 @@
+//! The hub: the one task that owns all per-partition state, so nothing here
+//! needs a lock. Its loop handles, in priority order: rebalances, delivery
+//! acknowledgements, inference results, batch deadlines, then new input, and
+//! new input only while fewer than `limits.max_in_flight` events are
+//! undelivered (beyond that the bounded input channel fills and the consumer
+//! pauses its partitions).
+//!
+//! Guarantees: every consumed record ends as exactly one verdict or one DLQ
+//! record (or, for a partition revoked meanwhile, is left uncommitted for its
+//! next owner); verdicts of a partition are produced in offset order; a
+//! position is sent to the consumer for storing only once every earlier
+//! offset of its partition was acknowledged by the broker.
+//!
+//! What it owns: the partitions' state ([`Partition`]), the dispatch queue,
+//! the jobs in inference, the in-flight count, the positions of the owned
+//! partitions (the consumer thread learns them by message) and the revokes
+//! in progress ([`Revokes`]).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use futures::future::BoxFuture;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Settings;
+use crate::consumer::{Ingested, Tp};
+use crate::event::{self, Priority, RejectReason};
+use crate::inference::{InferenceJob, InferenceResult};
+use crate::partition::{Partition, Pending, ReadyBatch, Scored};
+use crate::producer::{OutRecord, ProducerError};
+use crate::rebalance::{Positions, RebalanceEvent, Revokes};
+use crate::telemetry::metric;
+use crate::verdict::{self, Scorer};
+
+/// Counts of one run, for the demo and the tests.
+#[derive(Debug, Default, Clone)]
+pub struct RunSummary {
+    pub consumed: u64,
+    pub verdicts: u64,
+    pub dlq: u64,
+    pub stale: u64,
+    /// Deliveries given up at shutdown (their offsets stay uncommitted).
+    pub abandoned: u64,
+    /// Model runs, and the time spent in them.
+    pub batches: u64,
+    pub inference_seconds: f64,
+    /// Token models: tokens fed, real and padded (padding efficiency = real ÷ padded).
+    pub real_tokens: u64,
+    pub padded_tokens: u64,
+    /// Model runs by size: `run_sizes[n]` runs of n events.
+    pub run_sizes: Vec<u64>,
+    /// Where an event's time goes: waiting for its batch to close (summed
+    /// over closed batches), and from enqueueing its verdict to the broker's
+    /// acknowledgement (summed over records).
+    pub batch_wait_seconds: f64,
+    pub closed_batches: u64,
+    pub produce_seconds: f64,
+}
+
+/// Hands a record to the broker; resolves once it is acknowledged (see
+/// [`crate::producer::Sink`]). A trait so that tests can stand in for Kafka.
+pub trait Deliver: Send + 'static {
+    fn deliver(
+        &self,
+        record: OutRecord,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'static, Result<(), ProducerError>>;
+}
+
+/// What the delivery tasks report back.
+pub struct Ack {
+    tp: Tp,
+    generation: u64,
+    offset: i64,
+    outcome: Result<Outcome, ProducerError>,
+    /// Enqueue to acknowledgement.
+    took: std::time::Duration,
+}
+
+enum Outcome {
+    /// The verdict label, and when the input record was written (ms).
+    Verdict(&'static str, Option<i64>),
+    Dlq(RejectReason),
+}
+
+/// The hub's inputs.
+pub struct Inputs {
+    pub records: mpsc::Receiver<Ingested>,
+    pub rebalances: mpsc::Receiver<RebalanceEvent>,
+    pub results: mpsc::Receiver<InferenceResult>,
+}
+
+pub struct Hub<D: Deliver> {
+    settings: Settings,
+    scorer: Scorer,
+    jobs: async_channel::Sender<InferenceJob>,
+    outbox: D,
+    /// Positions for the consumer thread to store.
+    positions_tx: async_channel::Sender<Positions>,
+    abort: CancellationToken,
+    stop: CancellationToken,
+    /// A fatal producer error: nothing more can be delivered; the run stops.
+    producer_fatal: Option<String>,
+    partitions: HashMap<Tp, Partition>,
+    revokes: Revokes,
+    /// The last position stored for each owned partition, and those not yet
+    /// handed to the consumer thread (its channel was full).
+    positions: HashMap<Tp, i64>,
+    unsent_positions: HashMap<Tp, i64>,
+    ready: VecDeque<ReadyBatch>,
+    in_inference: HashMap<u64, Vec<ReadyBatch>>,
+    next_job_id: u64,
+    /// Events accepted and not yet acknowledged (or abandoned).
+    in_flight: usize,
+    acks_tx: mpsc::Sender<Ack>,
+    acks_rx: Option<mpsc::Receiver<Ack>>,
+    deliveries: TaskTracker,
+    summary: RunSummary,
+}
+
+impl<D: Deliver> Hub<D> {
+    pub fn new(
+        settings: Settings,
+        scorer: Scorer,
+        jobs: async_channel::Sender<InferenceJob>,
+        outbox: D,
+        positions_tx: async_channel::Sender<Positions>,
+        stop: CancellationToken,
+        abort: CancellationToken,
+    ) -> Self {
+        let (acks_tx, acks_rx) = mpsc::channel(settings.limits.max_in_flight);
+        Hub {
+            settings,
+            scorer,
+            jobs,
+            outbox,
+            positions_tx,
+            abort,
+            stop,
+            producer_fatal: None,
+            partitions: HashMap::new(),
+            revokes: Revokes::default(),
+            positions: HashMap::new(),
+            unsent_positions: HashMap::new(),
+            ready: VecDeque::new(),
+            in_inference: HashMap::new(),
+            next_job_id: 0,
+            in_flight: 0,
+            acks_tx,
+            acks_rx: Some(acks_rx),
+            deliveries: TaskTracker::new(),
+            summary: RunSummary::default(),
+        }
+    }
+
+    /// Run until the input is closed and nothing is in flight; then wait for
+    /// the delivery tasks and hand the last positions to the consumer.
+    /// Returns the counts and the fatal producer error, if one stopped it.
+    pub async fn run(mut self, mut inputs: Inputs) -> (RunSummary, Option<String>) {
+        let Some(mut acks_rx) = self.acks_rx.take() else {
+            return (self.summary, None);
+        };
+        let mut input_open = true;
+        loop {
+            let wake_at = self.next_wake();
+            let accepting = input_open && self.in_flight < self.settings.limits.max_in_flight;
+            tokio::select! {
+                biased;
+                Some(event) = inputs.rebalances.recv() => self.on_rebalance(event),
+                Some(ack) = acks_rx.recv() => self.on_ack(ack),
+                Some(result) = inputs.results.recv() => self.on_inference_result(result),
+                _ = sleep_until(wake_at) => {}
+                record = inputs.records.recv(), if accepting => match record {
+                    Some(record) => self.on_record(record),
+                    None => {
+                        input_open = false;
+                        self.flush_all();
+                    }
+                },
+            }
+            self.after_event();
+            if !input_open && self.in_flight == 0 {
+                break;
+            }
+        }
+        self.finish_revokes(true);
+        self.deliveries.close();
+        self.deliveries.wait().await;
+        let last: Positions = self.unsent_positions.drain().collect();
+        if !last.is_empty() {
+            let _ = self.positions_tx.send(last).await;
+        }
+        (self.summary, self.producer_fatal)
+    }
+
+    /// The work every event of the loop may have made possible.
+    fn after_event(&mut self) {
+        self.close_expired();
+        self.dispatch();
+        self.finish_revokes(false);
+        self.send_positions();
+    }
+
+    fn next_wake(&self) -> Option<Instant> {
+        let batch = self
+            .partitions
+            .values()
+            .filter_map(Partition::deadline)
+            .min();
+        batch.into_iter().chain(self.revokes.next_deadline()).min()
+    }
+
+    fn on_record(&mut self, record: Ingested) {
+        self.summary.consumed += 1;
+        if self.revokes.is_stale(&record.tp, record.generation) {
+            self.summary.stale += 1;
+            metrics::counter!(metric::STALE_RECORDS_TOTAL).increment(1);
+            return;
+        }
+        // A revoke whose drain the consumer gave up on ends here, before the
+        // partition's new assignment starts.
+        if let Some(old) = self.partitions.get(&record.tp)
+            && self.revokes.is_stale(&record.tp, old.generation())
+        {
+            self.finish_revokes(true);
+        }
+        let batching = &self.settings.batching;
+        let partition = self.partitions.entry(record.tp.clone()).or_insert_with(|| {
+            Partition::new(
+                record.tp.clone(),
+                record.generation,
+                batching.max_batch_size,
+                batching.max_batch_delay,
+            )
+        });
+        partition.track(record.offset);
+        self.in_flight += 1;
+        metrics::gauge!(metric::IN_FLIGHT_EVENTS).set(self.in_flight as f64);
+
+        // Acknowledgements are matched against this partition state's own
+        // generation, not the (newer) one a later rebalance stamps on records.
+        let generation = partition.generation();
+        match event::validate(record.payload.as_deref(), &self.settings.limits) {
+            Ok(event) => {
+                let urgent = event.priority == Priority::Urgent;
+                let pending = Pending {
+                    tp: record.tp,
+                    generation,
+                    offset: record.offset,
+                    key: record.key,
+                    payload: record.payload.unwrap_or_default(),
+                    event,
+                    timestamp_ms: record.timestamp_ms,
+                };
+                if let Some(batch) = partition.push(pending, urgent, record.received_at) {
+                    self.enqueue(batch);
+                }
+            }
+            Err(rejection) => {
+                let out = verdict::dead_letter(
+                    &self.settings.output.dlq_topic,
+                    &record.tp,
+                    record.offset,
+                    record.key,
+                    record.payload.unwrap_or_default(),
+                    &rejection,
+                );
+                self.deliver(
+                    record.tp,
+                    generation,
+                    record.offset,
+                    out,
+                    Outcome::Dlq(rejection.reason),
+                );
+            }
+        }
+    }
+
+    /// A closed batch joins the dispatch queue; urgent ones go first.
+    fn enqueue(&mut self, batch: ReadyBatch) {
+        let waited = batch.waited.as_secs_f64();
+        metrics::histogram!(metric::BATCH_WAIT_SECONDS).record(waited);
+        self.summary.batch_wait_seconds += waited;
+        self.summary.closed_batches += 1;
+        if batch.urgent {
+            self.ready.push_front(batch);
+        } else {
+            self.ready.push_back(batch);
+        }
+    }
+
+    fn close_expired(&mut self) {
+        let now = Instant::now();
+        let expired: Vec<ReadyBatch> = self
+            .partitions
+            .values_mut()
+            .filter_map(|p| p.close_expired(now))
+            .collect();
+        for batch in expired {
+            self.enqueue(batch);
+        }
+    }
+
+    fn flush_all(&mut self) {
+        let tps: Vec<Tp> = self.partitions.keys().cloned().collect();
+        self.flush(&tps);
+    }
+
+    fn flush(&mut self, tps: &[Tp]) {
+        for tp in tps {
+            if let Some(batch) = self.partitions.get_mut(tp).and_then(Partition::flush) {
+                self.enqueue(batch);
+            }
+        }
+    }
+
+    /// Coalesce ready batches (possibly of several partitions) into model runs
+    /// of at most `max_batch_size` events, while the workers' queue has room.
+    fn dispatch(&mut self) {
+        let max = self.settings.batching.max_batch_size;
+        let capacity = self.settings.inference.workers * 2;
+        while !self.ready.is_empty() && self.in_inference.len() < capacity {
+            let mut segments = Vec::new();
+            let mut size = 0;
+            while let Some(next) = self.ready.front() {
+                if size > 0 && size + next.items.len() > max {
+                    break;
+                }
+                let Some(batch) = self.ready.pop_front() else {
+                    break;
+                };
+                size += batch.items.len();
+                segments.push(batch);
+            }
+            let texts = segments
+                .iter_mut()
+                .flat_map(|s| {
+                    s.items
+                        .iter_mut()
+                        .map(|p| std::mem::take(&mut p.event.text))
+                })
+                .collect();
+            let id = self.next_job_id;
+            self.next_job_id += 1;
+            metrics::histogram!(metric::BATCH_SIZE).record(size as f64);
+            let sizes = &mut self.summary.run_sizes;
+            if sizes.len() <= size {
+                sizes.resize(size + 1, 0);
+            }
+            sizes[size] += 1;
+            self.in_inference.insert(id, segments);
+            if self.jobs.try_send(InferenceJob { id, texts }).is_err() {
+                // Cannot happen while in_inference bounds the queue; keep
+                // the events anyway (texts are gone, so score them as failed).
+                tracing::error!("inference queue full despite the bound");
+                self.on_inference_result(InferenceResult {
+                    id,
+                    scores: vec![],
+                    elapsed: std::time::Duration::ZERO,
+                    tokens: Default::default(),
+                });
+            }
+        }
+    }
+
+    fn on_inference_result(&mut self, result: InferenceResult) {
+        let Some(segments) = self.in_inference.remove(&result.id) else {
+            return;
+        };
+        metrics::histogram!(metric::INFERENCE_SECONDS).record(result.elapsed.as_secs_f64());
+        self.summary.batches += 1;
+        self.summary.inference_seconds += result.elapsed.as_secs_f64();
+        self.summary.real_tokens += result.tokens.real;
+        self.summary.padded_tokens += result.tokens.padded;
+        metrics::counter!(metric::TOKENS_REAL_TOTAL).increment(result.tokens.real);
+        metrics::counter!(metric::TOKENS_PADDED_TOTAL).increment(result.tokens.padded);
+        let mut scores = result.scores.into_iter();
+        for segment in segments {
+            let scored: Vec<Scored> = segment
+                .items
+                .into_iter()
+                .map(|p| {
+                    let s = scores
+                        .next()
+                        .unwrap_or_else(|| Err("no score returned".to_string()));
+                    (p, s)
+                })
+                .collect();
+            match self.partitions.get_mut(&segment.tp) {
+                Some(partition) if partition.generation() == segment.generation => {
+                    partition.scored(segment.seq, scored);
+                }
+                // Revoked meanwhile and the drain gave up: the next owner
+                // reprocesses these events.
+                _ => self.release(scored.len()),
+            }
+            self.emit_in_order(&segment.tp);
+        }
+    }
+
+    /// Produce the verdicts of a partition's batches in batch order.
+    fn emit_in_order(&mut self, tp: &Tp) {
+        while let Some(scored) = self
+            .partitions
+            .get_mut(tp)
+            .and_then(Partition::next_in_order)
+        {
+            for (pending, score) in scored {
+                let (tp, generation, offset) =
+                    (pending.tp.clone(), pending.generation, pending.offset);
+                let (out, outcome) = self.outcome(pending, score);
+                self.deliver(tp, generation, offset, out, outcome);
+            }
+        }
+    }
+
+    /// The verdict record of a scored event, or its dead-letter record.
+    fn outcome(&self, pending: Pending, score: Result<Vec<f32>, String>) -> (OutRecord, Outcome) {
+        match score {
+            Ok(probabilities) => {
+                let (out, label) = self.scorer.verdict_record(
+                    &self.settings.output.topic,
+                    &pending.tp,
+                    pending.offset,
+                    pending.key,
+                    &pending.event,
+                    &probabilities,
+                    pending.timestamp_ms,
+                );
+                let event_time = pending
+                    .timestamp_ms
+                    .filter(|t| *t > 0)
+                    .or(pending.event.created_at_ms);
+                (out, Outcome::Verdict(label, event_time))
+            }
+            Err(message) => {
+                metrics::counter!(metric::INFERENCE_FAILURES_TOTAL).increment(1);
+                let rejection = event::Rejection {
+                    reason: RejectReason::InferenceFailed,
+                    message,
+                };
+                let out = verdict::dead_letter(
+                    &self.settings.output.dlq_topic,
+                    &pending.tp,
+                    pending.offset,
+                    pending.key,
+                    pending.payload,
+                    &rejection,
+                );
+                (out, Outcome::Dlq(RejectReason::InferenceFailed))
+            }
+        }
+    }
+
+    /// Enqueue one record now; a task reports its acknowledgement.
+    fn deliver(&mut self, tp: Tp, generation: u64, offset: i64, out: OutRecord, outcome: Outcome) {
+        let delivery = self.outbox.deliver(out, self.abort.clone());
+        let acks = self.acks_tx.clone();
+        let started = Instant::now();
+        self.deliveries.spawn(async move {
+            let outcome = delivery.await.map(|()| outcome);
+            let _ = acks
+                .send(Ack {
+                    tp,
+                    generation,
+                    offset,
+                    outcome,
+                    took: started.elapsed(),
+                })
+                .await;
+        });
+    }
+
+    fn on_ack(&mut self, ack: Ack) {
+        self.release(1);
+        self.summary.produce_seconds += ack.took.as_secs_f64();
+        let outcome = match ack.outcome {
+            Ok(outcome) => outcome,
+            Err(ProducerError::Fatal(message)) => {
+                self.summary.abandoned += 1;
+                if self.producer_fatal.is_none() {
+                    tracing::error!(error = %message, "stopping: the producer cannot deliver any more");
+                    self.producer_fatal = Some(message);
+                    self.stop.cancel();
+                    self.abort.cancel();
+                }
+                return;
+            }
+            Err(_) => {
+                self.summary.abandoned += 1;
+                return;
+            }
+        };
+        match outcome {
+            Outcome::Verdict(label, event_time_ms) => {
+                self.summary.verdicts += 1;
+                metrics::counter!(metric::VERDICTS_TOTAL, "verdict" => label).increment(1);
+                if let Some(t) = event_time_ms {
+                    let ms = (chrono::Utc::now().timestamp_millis() - t).max(0);
+                    metrics::histogram!(metric::END_TO_END_SECONDS).record(ms as f64 / 1000.0);
+                }
+            }
+            Outcome::Dlq(reason) => {
+                self.summary.dlq += 1;
+                metrics::counter!(metric::DLQ_TOTAL, "reason" => reason.code()).increment(1);
+            }
+        }
+        let Some(partition) = self.partitions.get_mut(&ack.tp) else {
+            return;
+        };
+        if partition.generation() != ack.generation {
+            return;
+        }
+        if let Some(position) = partition.ack(ack.offset) {
+            self.store(ack.tp, position);
+        }
+    }
+
+    fn release(&mut self, events: usize) {
+        self.in_flight = self.in_flight.saturating_sub(events);
+        metrics::gauge!(metric::IN_FLIGHT_EVENTS).set(self.in_flight as f64);
+    }
+
+    /// Record a partition's new position, for the consumer thread to store.
+    fn store(&mut self, tp: Tp, position: i64) {
+        self.positions.insert(tp.clone(), position);
+        self.unsent_positions.insert(tp, position);
+    }
+
+    /// Hand the new positions to the consumer thread; while its channel is
+    /// full they wait here, later ones replacing earlier ones.
+    fn send_positions(&mut self) {
+        if self.unsent_positions.is_empty() {
+            return;
+        }
+        let batch: Positions = self.unsent_positions.drain().collect();
+        if let Err(async_channel::TrySendError::Full(batch)) = self.positions_tx.try_send(batch) {
+            self.unsent_positions.extend(batch);
+        }
+    }
+
+    fn on_rebalance(&mut self, event: RebalanceEvent) {
+        match event {
+            RebalanceEvent::Revoke {
+                partitions,
+                generation,
+                done,
+            } => {
+                self.flush(&partitions);
+                self.revokes.start(
+                    partitions,
+                    generation,
+                    self.settings.kafka.drain_timeout,
+                    done,
+                );
+            }
+            RebalanceEvent::Assign { partitions, reply } => {
+                tracing::debug!(partitions = partitions.len(), "assignment received");
+                let _ = reply.send(self.revokes.take_resume(&partitions));
+            }
+            RebalanceEvent::Resumed { positions } => self.positions.extend(positions),
+        }
+    }
+
+    /// Answer revokes whose partitions are drained (or whose time is up):
+    /// their state goes, their positions go to the consumer thread with
+    /// the answer, and their queued batches will not be scored.
+    fn finish_revokes(&mut self, force: bool) {
+        let partitions = &self.partitions;
+        let ready = self.revokes.ready(force, |tp| {
+            partitions.get(tp).map_or(0, Partition::in_flight)
+        });
+        for (revoked, done) in ready {
+            let mut answer = Positions::new();
+            for tp in &revoked {
+                if let Some(mut partition) = self.partitions.remove(tp) {
+                    if let Some(position) = partition.final_position() {
+                        self.positions.insert(tp.clone(), position);
+                    }
+                    self.release(partition.held_back());
+                }
+                self.unsent_positions.remove(tp);
+                if let Some(position) = self.positions.remove(tp) {
+                    answer.push((tp.clone(), position));
+                }
+            }
+            let revoked: HashSet<&Tp> = revoked.iter().collect();
+            let mut dropped = 0;
+            self.ready.retain(|b| {
+                let keep = !revoked.contains(&b.tp);
+                if !keep {
+                    dropped += b.items.len();
+                }
+                keep
+            });
+            self.release(dropped);
+            self.revokes.answer(answer, done);
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use crate::inference::{Manifest, TokenStats};
+    use crate::partition::tests::tp;
+
+    /// Stands in for the producer: records what it was handed, in order,
+    /// and acknowledges at once.
+    #[derive(Clone, Default)]
+    struct Outbox(Arc<Mutex<Vec<OutRecord>>>);
+
+    impl Deliver for Outbox {
+        fn deliver(
+            &self,
+            record: OutRecord,
+            _cancel: CancellationToken,
+        ) -> BoxFuture<'static, Result<(), ProducerError>> {
+            self.0.lock().unwrap().push(record);
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    impl Outbox {
+        /// Source offsets of the verdicts handed over so far.
+        fn offsets(&self) -> Vec<i64> {
+            self.0
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    let v: serde_json::Value = serde_json::from_slice(&r.payload).unwrap();
+                    v["source"]["offset"].as_i64().unwrap()
+                })
+                .collect()
+        }
+    }
+
+    struct Harness {
+        hub: Hub<Outbox>,
+        outbox: Outbox,
+        jobs: async_channel::Receiver<InferenceJob>,
+        acks: mpsc::Receiver<Ack>,
+        positions: async_channel::Receiver<Positions>,
+    }
+
+    fn harness() -> Harness {
+        let settings = Settings::from_toml(
+            r#"
+            [kafka]
+            bootstrap_servers = "127.0.0.1:1"
+            drain_timeout = "1s"
+            [input]
+            topics = ["posts"]
+            [batching]
+            max_batch_size = 2
+            max_batch_delay = "20ms"
+            "#,
+        )
+        .unwrap();
+        let manifest: Manifest = serde_json::from_value(serde_json::json!({
+            "name": "m", "version": "1", "input_kind": "text", "inputs": ["text"],
+            "output": "p", "labels": ["offensive"], "score_label": "offensive",
+        }))
+        .unwrap();
+        let scorer = Scorer::new(&manifest, &settings.policy).unwrap();
+        let (jobs_tx, jobs) = async_channel::bounded(2);
+        let (positions_tx, positions) = async_channel::bounded(64);
+        let outbox = Outbox::default();
+        let mut hub = Hub::new(
+            settings,
+            scorer,
+            jobs_tx,
+            outbox.clone(),
+            positions_tx,
+            CancellationToken::new(),
+            CancellationToken::new(),
+        );
+        let acks = hub.acks_rx.take().unwrap();
+        Harness {
+            hub,
+            outbox,
+            jobs,
+            acks,
+            positions,
+        }
+    }
+
+    fn record(partition: i32, offset: i64, generation: u64) -> Ingested {
+        Ingested {
+            tp: tp(partition),
+            offset,
+            key: None,
+            payload: Some(
+                format!(r#"{{"event_id":"e{offset}","text":"post {offset}"}}"#).into_bytes(),
+            ),
+            timestamp_ms: None,
+            generation,
+            received_at: Instant::now(),
+        }
+    }
+
+    fn scored(job: &InferenceJob) -> InferenceResult {
+        InferenceResult {
+            id: job.id,
+            scores: job.texts.iter().map(|_| Ok(vec![0.1])).collect(),
+            elapsed: Duration::from_millis(3),
+            tokens: TokenStats::default(),
+        }
+    }
+
+    impl Harness {
+        fn push(&mut self, record: Ingested) {
+            self.hub.on_record(record);
+            self.hub.after_event();
+        }
+
+        fn result(&mut self, result: InferenceResult) {
+            self.hub.on_inference_result(result);
+            self.hub.after_event();
+        }
+
+        /// Feed `n` acknowledgements back to the hub.
+        async fn acks(&mut self, n: usize) {
+            for _ in 0..n {
+                let ack = self.acks.recv().await.unwrap();
+                self.hub.on_ack(ack);
+                self.hub.after_event();
+            }
+        }
+
+        fn stored(&self) -> Vec<Positions> {
+            std::iter::from_fn(|| self.positions.try_recv().ok()).collect()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn verdicts_keep_offset_order_when_model_runs_finish_out_of_order() {
+        let mut h = harness();
+        for offset in 0..4 {
+            h.push(record(0, offset, 0));
+        }
+        assert_eq!(h.hub.in_flight, 4);
+        let first = h.jobs.try_recv().unwrap();
+        let second = h.jobs.try_recv().unwrap();
+        // The later batch comes back first: nothing may be produced yet.
+        h.result(scored(&second));
+        assert!(h.outbox.offsets().is_empty());
+        h.result(scored(&first));
+        assert_eq!(h.outbox.offsets(), vec![0, 1, 2, 3]);
+        assert_eq!(h.hub.in_flight, 4, "in flight until acknowledged");
+        h.acks(4).await;
+        assert_eq!(h.hub.in_flight, 0);
+        assert_eq!(h.hub.summary.verdicts, 4);
+        let stored: Vec<(Tp, i64)> = h.stored().into_iter().flatten().collect();
+        assert_eq!(stored.last(), Some(&(tp(0), 4)), "one past the last");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_malformed_record_is_dead_lettered_in_its_place() {
+        let mut h = harness();
+        h.push(record(0, 0, 0));
+        let mut bad = record(0, 1, 0);
+        bad.payload = Some(b"not json".to_vec());
+        h.push(bad);
+        // The DLQ record goes out at once; the position waits for offset 0.
+        h.acks(1).await;
+        assert_eq!(h.hub.summary.dlq, 1);
+        assert_eq!(
+            h.stored().concat(),
+            vec![(tp(0), 0)],
+            "offset 0 has no verdict yet"
+        );
+        tokio::time::advance(Duration::from_millis(20)).await;
+        h.hub.after_event();
+        let job = h.jobs.try_recv().expect("closed at the deadline");
+        h.result(scored(&job));
+        h.acks(1).await;
+        assert_eq!(h.hub.in_flight, 0);
+        assert_eq!(h.stored().concat(), vec![(tp(0), 2)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_revoke_during_inference_waits_for_the_verdicts_then_answers_the_position() {
+        let mut h = harness();
+        h.push(record(0, 0, 0));
+        h.push(record(0, 1, 0));
+        let job = h.jobs.try_recv().unwrap();
+        let (done, answer) = std::sync::mpsc::channel();
+        h.hub.on_rebalance(RebalanceEvent::Revoke {
+            partitions: vec![tp(0)],
+            generation: 1,
+            done,
+        });
+        h.hub.after_event();
+        assert!(answer.try_recv().is_err(), "two events still in flight");
+        // A record polled before the revoke is left to the next owner.
+        h.push(record(0, 2, 0));
+        assert_eq!(h.hub.summary.stale, 1);
+        assert_eq!(h.hub.in_flight, 2);
+        h.result(scored(&job));
+        h.acks(2).await;
+        assert_eq!(answer.try_recv().unwrap(), vec![(tp(0), 2)]);
+        assert_eq!(h.hub.in_flight, 0);
+        // The partition comes straight back: the hub knows where it was.
+        let (reply, resume) = std::sync::mpsc::channel();
+        h.hub.on_rebalance(RebalanceEvent::Assign {
+            partitions: vec![tp(0), tp(1)],
+            reply,
+        });
+        assert_eq!(resume.try_recv().unwrap(), vec![(tp(0), 2)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_that_times_out_leaves_the_events_to_the_next_owner() {
+        let mut h = harness();
+        h.push(record(0, 0, 0));
+        h.push(record(0, 1, 0));
+        h.push(record(1, 0, 0));
+        let job = h.jobs.try_recv().unwrap();
+        let (done, answer) = std::sync::mpsc::channel();
+        h.hub.on_rebalance(RebalanceEvent::Revoke {
+            partitions: vec![tp(0)],
+            generation: 1,
+            done,
+        });
+        h.hub.after_event();
+        // Partition 1's open batch is untouched; partition 0's model run
+        // does not come back within kafka.drain_timeout.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        h.hub.after_event();
+        assert_eq!(
+            answer.try_recv().unwrap(),
+            vec![(tp(0), 0)],
+            "nothing delivered: the position stays at the first offset"
+        );
+        assert_eq!(h.hub.in_flight, 3);
+        // The late result produces nothing and is no longer in flight.
+        h.result(scored(&job));
+        assert!(h.outbox.offsets().is_empty());
+        assert_eq!(h.hub.in_flight, 1);
+        // Partition 1 carries on.
+        let job = h
+            .jobs
+            .try_recv()
+            .expect("partition 1 closed at its deadline");
+        h.result(scored(&job));
+        h.acks(1).await;
+        assert_eq!(h.hub.in_flight, 0);
+        assert_eq!(h.stored().concat(), vec![(tp(1), 1)]);
+    }
+}

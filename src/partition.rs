@@ -1,0 +1,269 @@
+//! One assigned partition's state, owned by the hub: the batcher that groups
+//! its events, the tracker of its undelivered offsets, the reorder buffer
+//! that puts its scored batches back in order, and the rebalance generation
+//! it belongs to.
+//!
+//! Guarantee: batches of a partition are numbered in the order they close,
+//! and [`Partition::next_in_order`] hands scored batches back strictly in
+//! that order, whatever order the model finishes them in (so verdicts are
+//! produced in offset order); the position reported by [`Partition::ack`]
+//! never passes an offset whose record was not acknowledged.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::batcher::{Batcher, CloseReason, ClosedBatch};
+use crate::consumer::Tp;
+use crate::event;
+use crate::offsets::OffsetTracker;
+
+/// A valid event waiting for its verdict.
+#[derive(Debug)]
+pub struct Pending {
+    pub tp: Tp,
+    /// The generation of the partition state that accepted it.
+    pub generation: u64,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    /// The original bytes, for a dead-letter record if the model fails on it.
+    pub payload: Vec<u8>,
+    pub event: event::Event,
+    /// The input record's Kafka timestamp, ms since the epoch.
+    pub timestamp_ms: Option<i64>,
+}
+
+/// An event with its probabilities, or why the model could not score it.
+pub type Scored = (Pending, Result<Vec<f32>, String>);
+
+/// A closed batch of one partition, numbered, waiting for (or in) a model run.
+#[derive(Debug)]
+pub struct ReadyBatch {
+    pub tp: Tp,
+    pub generation: u64,
+    pub seq: u64,
+    pub items: Vec<Pending>,
+    /// Closed by an urgent event: it jumps the dispatch queue.
+    pub urgent: bool,
+    /// How long its first event waited for the batch to close.
+    pub waited: Duration,
+}
+
+pub struct Partition {
+    tp: Tp,
+    generation: u64,
+    batcher: Batcher<Pending>,
+    offsets: OffsetTracker,
+    /// Number of the next batch to close, and of the next one whose verdicts
+    /// may be produced; `finished` holds scored batches that came back early.
+    next_batch_seq: u64,
+    next_emit_seq: u64,
+    finished: BTreeMap<u64, Vec<Scored>>,
+}
+
+impl Partition {
+    pub fn new(tp: Tp, generation: u64, max_batch_size: usize, max_batch_delay: Duration) -> Self {
+        Partition {
+            tp,
+            generation,
+            batcher: Batcher::new(max_batch_size, max_batch_delay),
+            offsets: OffsetTracker::new(),
+            next_batch_seq: 0,
+            next_emit_seq: 0,
+            finished: BTreeMap::new(),
+        }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Count a consumed offset (valid or not) as undelivered.
+    pub fn track(&mut self, offset: i64) {
+        self.offsets.track(offset);
+    }
+
+    /// Add a valid event; returns the batch it closed, if any.
+    pub fn push(&mut self, pending: Pending, urgent: bool, now: Instant) -> Option<ReadyBatch> {
+        let closed = self.batcher.push(pending, urgent, now)?;
+        Some(self.number(closed))
+    }
+
+    /// When the open batch must close, if one is open.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.batcher.deadline()
+    }
+
+    /// Close the open batch if its deadline has passed.
+    pub fn close_expired(&mut self, now: Instant) -> Option<ReadyBatch> {
+        let closed = self.batcher.close_expired(now)?;
+        Some(self.number(closed))
+    }
+
+    /// Close whatever is open (revoke, shutdown).
+    pub fn flush(&mut self) -> Option<ReadyBatch> {
+        let closed = self.batcher.flush()?;
+        Some(self.number(closed))
+    }
+
+    fn number(&mut self, batch: ClosedBatch<Pending>) -> ReadyBatch {
+        let seq = self.next_batch_seq;
+        self.next_batch_seq += 1;
+        ReadyBatch {
+            tp: self.tp.clone(),
+            generation: self.generation,
+            seq,
+            items: batch.items,
+            urgent: batch.reason == CloseReason::Urgent,
+            waited: batch.opened_at.elapsed(),
+        }
+    }
+
+    /// A batch came back from the model.
+    pub fn scored(&mut self, seq: u64, scored: Vec<Scored>) {
+        self.finished.insert(seq, scored);
+    }
+
+    /// The next scored batch in closing order, if it is back.
+    pub fn next_in_order(&mut self) -> Option<Vec<Scored>> {
+        let scored = self.finished.remove(&self.next_emit_seq)?;
+        self.next_emit_seq += 1;
+        Some(scored)
+    }
+
+    /// Events scored but held back behind an earlier batch still in inference.
+    pub fn held_back(&self) -> usize {
+        self.finished.values().map(Vec::len).sum()
+    }
+
+    /// An offset's record was acknowledged; returns the position to store
+    /// if it moved.
+    pub fn ack(&mut self, offset: i64) -> Option<i64> {
+        self.offsets.ack(offset);
+        self.offsets.take_new_position()
+    }
+
+    /// The position to store at the end (revoke), if it moved since the last.
+    pub fn final_position(&mut self) -> Option<i64> {
+        self.offsets.take_new_position()
+    }
+
+    /// Events consumed and not yet delivered.
+    pub fn in_flight(&self) -> usize {
+        self.offsets.in_flight()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    pub fn tp(partition: i32) -> Tp {
+        Tp {
+            topic: Arc::from("posts"),
+            partition,
+        }
+    }
+
+    pub fn pending(tp: &Tp, generation: u64, offset: i64) -> Pending {
+        Pending {
+            tp: tp.clone(),
+            generation,
+            offset,
+            key: None,
+            payload: Vec::new(),
+            event: event::validate(
+                Some(format!(r#"{{"event_id":"e{offset}","text":"post {offset}"}}"#).as_bytes()),
+                &Default::default(),
+            )
+            .unwrap(),
+            timestamp_ms: None,
+        }
+    }
+
+    fn score(batch: ReadyBatch) -> Vec<Scored> {
+        batch
+            .items
+            .into_iter()
+            .map(|p| (p, Ok(vec![0.1])))
+            .collect()
+    }
+
+    fn offsets(scored: &[Scored]) -> Vec<i64> {
+        scored.iter().map(|(p, _)| p.offset).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batches_finished_out_of_order_come_back_in_closing_order() {
+        let mut p = Partition::new(tp(0), 1, 2, Duration::from_millis(20));
+        let mut batches = Vec::new();
+        for offset in 0..6 {
+            p.track(offset);
+            batches.extend(p.push(pending(&tp(0), 1, offset), false, Instant::now()));
+        }
+        assert_eq!(batches.len(), 3);
+        assert_eq!(
+            batches.iter().map(|b| b.seq).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        let third = batches.pop().unwrap();
+        let second = batches.pop().unwrap();
+        let first = batches.pop().unwrap();
+        // The model finishes the last batch first: nothing may be produced yet.
+        p.scored(third.seq, score(third));
+        p.scored(second.seq, score(second));
+        assert!(p.next_in_order().is_none());
+        assert_eq!(p.held_back(), 4);
+        p.scored(first.seq, score(first));
+        let order: Vec<i64> = std::iter::from_fn(|| p.next_in_order())
+            .flat_map(|b| offsets(&b))
+            .collect();
+        assert_eq!(order, vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!(p.held_back(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_position_waits_for_the_earliest_unacknowledged_offset() {
+        let mut p = Partition::new(tp(0), 1, 8, Duration::from_millis(20));
+        for offset in 10..13 {
+            p.track(offset);
+        }
+        assert_eq!(p.in_flight(), 3);
+        assert_eq!(p.ack(12), Some(10), "10 and 11 are not delivered yet");
+        assert_eq!(p.ack(11), None);
+        assert_eq!(p.ack(10), Some(13), "all delivered: one past the last");
+        assert_eq!(p.in_flight(), 0);
+        assert_eq!(p.final_position(), None, "already reported");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_open_batch_closes_at_its_deadline_and_reports_its_wait() {
+        let mut p = Partition::new(tp(3), 7, 64, Duration::from_millis(20));
+        p.track(0);
+        assert!(
+            p.push(pending(&tp(3), 7, 0), false, Instant::now())
+                .is_none()
+        );
+        let deadline = p.deadline().expect("a batch is open");
+        tokio::time::advance(Duration::from_millis(19)).await;
+        assert!(p.close_expired(Instant::now()).is_none());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(Instant::now(), deadline);
+        let batch = p
+            .close_expired(Instant::now())
+            .expect("closed at the deadline");
+        assert_eq!(
+            (batch.tp.clone(), batch.generation, batch.seq),
+            (tp(3), 7, 0)
+        );
+        assert_eq!(batch.waited, Duration::from_millis(20));
+        assert!(!batch.urgent);
+        // An urgent event closes its batch at once.
+        p.track(1);
+        let urgent = p.push(pending(&tp(3), 7, 1), true, Instant::now()).unwrap();
+        assert!(urgent.urgent);
+        assert_eq!(urgent.seq, 1);
+    }
+}

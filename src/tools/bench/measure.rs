@@ -1,0 +1,426 @@
+//! The measurements: the raw model in a tight loop, the pipeline at
+//! saturation, paced open-loop latency, and the peak memory of a separate
+//! `modstream run` under overload. Each pipeline run gets a fresh [`Cell`].
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+
+use super::BenchOptions;
+use super::report::LatencyRow;
+use crate::config::InferenceSettings;
+use crate::inference::Model;
+use crate::shutdown::Shutdown;
+use crate::tools::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS};
+use crate::tools::embedded::EmbeddedBroker;
+use crate::tools::generator::generate;
+use crate::tools::read::TopicReader;
+use crate::tools::send::{self, Schedule};
+
+const PARTITIONS: i32 = 4;
+
+/// Raw model throughput: events/s scoring `texts` in batches of `batch`
+/// (arrival order), and the padding efficiency of those runs (token models).
+pub fn raw_model_throughput(
+    model: &mut Model,
+    texts: &[String],
+    batch: usize,
+) -> anyhow::Result<(f64, Option<f64>)> {
+    let mut batches: Vec<Vec<String>> = texts.chunks(batch).map(<[String]>::to_vec).collect();
+    model.score(&mut batches[0])?; // warm-up
+    let before = model.tokens;
+    let started = Instant::now();
+    for b in &mut batches {
+        model.score(b)?;
+    }
+    let per_s = texts.len() as f64 / started.elapsed().as_secs_f64();
+    let padded = model.tokens.padded - before.padded;
+    let efficiency = (padded > 0).then(|| (model.tokens.real - before.real) as f64 / padded as f64);
+    Ok((per_s, efficiency))
+}
+
+fn settings(
+    opts: &BenchOptions,
+    cell: &Cell,
+    batch: usize,
+    delay_ms: u64,
+) -> anyhow::Result<crate::config::Settings> {
+    let mut s = crate::config::Settings::from_toml(&cell.config(batch, delay_ms))?;
+    s.inference = inference_settings(opts);
+    s.limits.max_in_flight = s.limits.max_in_flight.max(batch * 4);
+    Ok(s)
+}
+
+/// Where one run happens: a fresh embedded cluster, or (`--bootstrap`) fresh
+/// topics and a fresh group on the given cluster, so that runs never see
+/// each other's records.
+struct Cell {
+    _embedded: Option<EmbeddedBroker>,
+    bootstrap: String,
+    input: String,
+    verdicts: String,
+    dlq: String,
+    group: String,
+}
+
+impl Cell {
+    async fn new(opts: &BenchOptions) -> anyhow::Result<Cell> {
+        let Some(bootstrap) = &opts.bootstrap else {
+            let broker = EmbeddedBroker::start(&[
+                (DEMO_INPUT, PARTITIONS),
+                (DEMO_VERDICTS, PARTITIONS),
+                (DEMO_DLQ, 1),
+            ])?;
+            return Ok(Cell {
+                bootstrap: broker.bootstrap_servers().to_string(),
+                _embedded: Some(broker),
+                input: DEMO_INPUT.to_string(),
+                verdicts: DEMO_VERDICTS.to_string(),
+                dlq: DEMO_DLQ.to_string(),
+                group: "bench".to_string(),
+            });
+        };
+        static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let run = RUN.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let prefix = format!(
+            "modstream-bench-{}-{}-{run}",
+            std::process::id(),
+            chrono::Utc::now().timestamp()
+        );
+        let cell = Cell {
+            _embedded: None,
+            bootstrap: bootstrap.clone(),
+            input: format!("{prefix}-events"),
+            verdicts: format!("{prefix}-verdicts"),
+            dlq: format!("{prefix}-dlq"),
+            group: prefix,
+        };
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .create()?;
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        for (topic, partitions) in [
+            (&cell.input, PARTITIONS),
+            (&cell.verdicts, PARTITIONS),
+            (&cell.dlq, 1),
+        ] {
+            // The cluster's default replication first; 1 where that is refused.
+            let mut created = Err(String::new());
+            for replication in [-1, 1] {
+                let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+                created = match admin.create_topics([&new], &options).await {
+                    Ok(mut r) => r
+                        .pop()
+                        .unwrap_or(Err((
+                            topic.clone(),
+                            rdkafka::types::RDKafkaErrorCode::Unknown,
+                        )))
+                        .map(|_| ())
+                        .map_err(|(_, e)| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                if created.is_ok() {
+                    break;
+                }
+            }
+            created.map_err(|e| anyhow::anyhow!("cannot create bench topic {topic}: {e}"))?;
+        }
+        Ok(cell)
+    }
+
+    fn config(&self, batch: usize, delay_ms: u64) -> String {
+        demo::demo_config_for(
+            &self.bootstrap,
+            &self.group,
+            [&self.input, &self.verdicts, &self.dlq],
+            batch,
+            delay_ms,
+        )
+    }
+}
+
+/// Pipeline at saturation: events pre-produced, then timed to the last verdict.
+pub(super) async fn saturation(
+    opts: &BenchOptions,
+    batch: usize,
+    delay_ms: u64,
+) -> anyhow::Result<(f64, crate::pipeline::RunSummary, f64)> {
+    let cell = Cell::new(opts).await?;
+    let events = generate(opts.events, 0, "s-");
+    send::produce_all(&cell.bootstrap, &cell.input, &events).await?;
+    let shutdown = Shutdown::new();
+    let health = std::sync::Arc::new(crate::telemetry::Health::default());
+    let run = tokio::spawn(crate::pipeline::run_with_health(
+        settings(opts, &cell, batch, delay_ms)?,
+        shutdown.clone(),
+        health.clone(),
+    ));
+    let want = events.len();
+    let (b, t) = (cell.bootstrap.clone(), cell.verdicts.clone());
+    let reader = tokio::task::spawn_blocking(move || {
+        read_verdicts(&b, &t, want, Duration::from_secs(600), |_| {})
+    });
+    // The clock starts once the model is loaded and warmed up (start-up is
+    // not throughput); the group join is inside the measured time.
+    while !health
+        .model_loaded
+        .load(std::sync::atomic::Ordering::SeqCst)
+        && !run.is_finished()
+    {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let started = Instant::now();
+    let done_at = reader.await??;
+    let elapsed = done_at.duration_since(started).as_secs_f64();
+    shutdown.stop.cancel();
+    let summary = run.await??;
+    Ok((want as f64 / elapsed, summary, elapsed))
+}
+
+/// Read verdicts until `want` arrived; calls `seen(event_id)` at each one.
+/// Returns when the last one was read.
+fn read_verdicts(
+    bootstrap: &str,
+    topic: &str,
+    want: usize,
+    timeout: Duration,
+    mut seen: impl FnMut(&str),
+) -> anyhow::Result<Instant> {
+    let reader = TopicReader::from_beginning(bootstrap, topic, Some(PARTITIONS))?;
+    let mut last = Instant::now();
+    let read = reader.read(want, timeout, |record| {
+        last = Instant::now();
+        if let Some(v) = record.json() {
+            seen(v["event_id"].as_str().unwrap_or_default());
+        }
+    })?;
+    anyhow::ensure!(
+        read.len() == want,
+        "only {} of {want} verdicts within {timeout:?}",
+        read.len()
+    );
+    Ok(last)
+}
+
+/// Open-loop paced load at `rate`/s for `seconds`; latency from each event's
+/// intended send time to its verdict being read.
+pub(super) async fn latency(
+    opts: &BenchOptions,
+    batch: usize,
+    delay_ms: u64,
+    fraction: f64,
+    rate: f64,
+) -> anyhow::Result<LatencyRow> {
+    let cell = Cell::new(opts).await?;
+    let bootstrap = cell.bootstrap.clone();
+    let count = ((rate * opts.latency_seconds as f64) as usize).max(10);
+    let events = generate(count, 0, "l-");
+    let shutdown = Shutdown::new();
+    let run = tokio::spawn(crate::pipeline::run(
+        settings(opts, &cell, batch, delay_ms)?,
+        shutdown.clone(),
+    ));
+    // One reader for the whole run, started first: a new consumer needs about
+    // half a second before its first record, which is not modstream's latency.
+    // The clock starts once a warm-up event came back as a verdict, so the
+    // group join is not counted either.
+    let (warm_tx, warm_rx) = std::sync::mpsc::channel::<()>();
+    let (b, t) = (bootstrap.clone(), cell.verdicts.clone());
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut read_at: HashMap<String, Instant> = HashMap::new();
+        let r = read_verdicts(&b, &t, count + 1, Duration::from_secs(300), |id| {
+            if id.starts_with("warmup-") {
+                let _ = warm_tx.send(());
+            } else {
+                read_at.insert(id.to_string(), Instant::now());
+            }
+        });
+        r.map(|_| read_at)
+    });
+    let warmup = generate(1, 0, "warmup-");
+    send::produce_all(&bootstrap, &cell.input, &warmup).await?;
+    tokio::task::spawn_blocking(move || warm_rx.recv_timeout(Duration::from_secs(60)))
+        .await?
+        .map_err(|_| anyhow::anyhow!("the warm-up verdict did not come back"))?;
+    let schedule = Schedule {
+        start: Instant::now(),
+        rate,
+        stamp_from_ms: None,
+    };
+    let start = schedule.start;
+    let intended: HashMap<String, Instant> = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.event_id.clone(), schedule.due(i)))
+        .collect();
+    let producer = send::event_producer(&bootstrap)?;
+    let pending = send::send_paced(&producer, &cell.input, &events, schedule, |_| {}).await?;
+    send::await_deliveries(pending).await?;
+    let read_at = reader.await??;
+    let finished = read_at.values().max().copied().unwrap_or(start);
+    shutdown.stop.cancel();
+    run.await??;
+    let urgent: std::collections::HashSet<&str> = events
+        .iter()
+        .filter(|e| e.urgent)
+        .map(|e| e.event_id.as_str())
+        .collect();
+    let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    let mut hu = h.clone();
+    for (id, at) in &read_at {
+        if let Some(t) = intended.get(id) {
+            let micros = at.saturating_duration_since(*t).as_micros().max(1) as u64;
+            h.record(micros)?;
+            if urgent.contains(id.as_str()) {
+                hu.record(micros)?;
+            }
+        }
+    }
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    Ok(LatencyRow {
+        max_batch_size: batch,
+        max_batch_delay_ms: delay_ms,
+        offered_fraction: fraction,
+        offered_per_s: rate,
+        achieved_per_s: count as f64 / finished.duration_since(start).as_secs_f64(),
+        p50_ms: ms(0.5),
+        p90_ms: ms(0.9),
+        p99_ms: ms(0.99),
+        p999_ms: ms(0.999),
+        max_ms: h.max() as f64 / 1000.0,
+        urgent_events: hu.len() as usize,
+        urgent_p50_ms: hu.value_at_quantile(0.5) as f64 / 1000.0,
+        urgent_p99_ms: hu.value_at_quantile(0.99) as f64 / 1000.0,
+    })
+}
+
+/// Largest overload backlog: 4 partitions × 5 MB of mock-cluster retention
+/// at ~250 bytes per event would be 80,000.
+const MAX_OVERLOAD_EVENTS: usize = 60_000;
+
+/// Offer `rate`/s for `seconds` (at most [`MAX_OVERLOAD_EVENTS`]; open loop) to a separate `modstream run`
+/// process, let it work on the backlog 5 s more, and read its peak RSS.
+pub(super) async fn peak_rss_under_load(
+    opts: &BenchOptions,
+    batch: usize,
+    delay_ms: u64,
+    rate: f64,
+    seconds: u64,
+) -> anyhow::Result<(usize, u64)> {
+    let exe = std::env::current_exe()?;
+    anyhow::ensure!(
+        exe.file_stem().is_some_and(|n| n == "modstream"),
+        "the overload run needs the modstream binary (run `modstream bench`)"
+    );
+    let cell = Cell::new(opts).await?;
+    let bootstrap = cell.bootstrap.clone();
+    let dir = std::env::temp_dir().join(format!("modstream-overload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let config = dir.join("modstream.toml");
+    let inference = inference_settings(opts);
+    let model_dir = std::path::absolute(&inference.model_dir)?;
+    let toml = [
+        cell.config(batch, delay_ms),
+        "[inference]".to_string(),
+        format!("model_dir = {:?}", model_dir.display().to_string()),
+        format!("intra_threads = {}", inference.intra_threads),
+        format!("workers = {}", inference.workers),
+        format!(
+            "execution_providers = {:?}",
+            inference
+                .execution_providers
+                .iter()
+                .map(|p| p.name())
+                .collect::<Vec<_>>()
+        ),
+        format!("require_gpu = {}", inference.require_gpu),
+        "[telemetry]".to_string(),
+        "listen = \"127.0.0.1:0\"".to_string(),
+        "log_level = \"warn\"".to_string(),
+    ];
+    std::fs::write(&config, toml.join("\n"))?;
+    let mut child = std::process::Command::new(&exe)
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    let pid = child.id().to_string();
+    // librdkafka's mock cluster keeps 5 MB per partition and drops older
+    // records (the consumer then warns "Offset out of range" and skips
+    // ahead): cap the offered backlog below that.
+    let count = ((rate * seconds as f64) as usize).min(MAX_OVERLOAD_EVENTS);
+    let events = generate(count, 0, "o-");
+    let producer = send::event_producer(&bootstrap)?;
+    let schedule = Schedule {
+        start: Instant::now(),
+        rate,
+        stamp_from_ms: None,
+    };
+    let mut peak = 0;
+    let pending = send::send_paced(&producer, &cell.input, &events, schedule, |_| {
+        peak = peak.max(peak_rss_of(&pid));
+    })
+    .await?;
+    send::await_deliveries(pending).await?;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        peak = peak.max(peak_rss_of(&pid));
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    let exit = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        child.wait().ok()
+    })
+    .await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    anyhow::ensure!(
+        peak > 0,
+        "could not read the peak RSS of pid {pid} (exit {exit:?})"
+    );
+    Ok((count, peak))
+}
+
+/// Peak resident set size of this process (Linux), bytes.
+pub fn peak_rss_bytes() -> u64 {
+    peak_rss_of("self")
+}
+
+/// Peak resident set size of a process (`/proc/<pid>/status` VmHWM), bytes.
+pub fn peak_rss_of(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .map(str::to_string)
+        })
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+pub(super) fn inference_settings(opts: &BenchOptions) -> InferenceSettings {
+    let mut inference = InferenceSettings {
+        intra_threads: opts.intra_threads,
+        workers: opts.workers.max(1),
+        require_gpu: opts.require_gpu,
+        ..Default::default()
+    };
+    if !opts.providers.is_empty() {
+        inference.execution_providers = opts.providers.clone();
+    }
+    if let Some(dir) = &opts.model_dir {
+        inference.model_dir = dir.clone();
+    }
+    inference
+}

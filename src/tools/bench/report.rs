@@ -1,0 +1,246 @@
+//! The bench report: its rows (saturation, latency, overload), the JSON
+//! file, and the table printed as the runs go.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::pipeline::RunSummary;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SaturationRow {
+    pub max_batch_size: usize,
+    pub max_batch_delay_ms: u64,
+    pub events: usize,
+    pub pipeline_per_s: f64,
+    pub raw_model_per_s: f64,
+    pub pipeline_over_raw: f64,
+    pub mean_batch_size: f64,
+    pub inference_share: f64,
+    /// Model runs by size: "1", "2-3", "4-7", ... → count.
+    pub run_sizes: std::collections::BTreeMap<String, u64>,
+    /// Time split: mean wait for a batch to close, mean model run, mean
+    /// enqueue-to-acknowledgement of one verdict.
+    pub batch_wait_ms: f64,
+    pub inference_ms: f64,
+    pub produce_ms: f64,
+    /// Token models: real ÷ padded tokens in the pipeline run, and real
+    /// tokens per post.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padding_efficiency: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_tokens: Option<f64>,
+    /// Token models: the raw model on the same batches padded to their
+    /// longest text in one pass (no length buckets), and its efficiency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_unbucketed_per_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_unbucketed_padding_efficiency: Option<f64>,
+}
+
+/// Peak memory of a separate `modstream run` process offered more than it
+/// can take (open loop) for a while, against the same at a light load.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct OverloadRow {
+    pub offered_multiple: f64,
+    pub offered_per_s: f64,
+    /// How long the load was offered (3 s, shorter where the event cap hit).
+    pub seconds: f64,
+    pub events: usize,
+    pub peak_rss_bytes: u64,
+    pub light_load_peak_rss_bytes: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LatencyRow {
+    pub max_batch_size: usize,
+    pub max_batch_delay_ms: u64,
+    pub offered_fraction: f64,
+    pub offered_per_s: f64,
+    pub achieved_per_s: f64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+    /// The urgent events alone (they close their batch at once, skipping
+    /// `max_batch_delay`).
+    #[serde(default)]
+    pub urgent_events: usize,
+    #[serde(default)]
+    pub urgent_p50_ms: f64,
+    #[serde(default)]
+    pub urgent_p99_ms: f64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Report {
+    pub machine: String,
+    pub model: String,
+    pub intra_threads: usize,
+    pub saturation: Vec<SaturationRow>,
+    pub latency: Vec<LatencyRow>,
+    pub peak_rss_bytes: u64,
+    /// "embedded" or the external bootstrap servers.
+    #[serde(default)]
+    pub broker: String,
+    #[serde(default)]
+    pub workers: usize,
+    /// The execution provider that ran the model.
+    #[serde(default)]
+    pub provider: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overload: Option<OverloadRow>,
+}
+
+/// Power-of-two buckets of run sizes: "1", "2-3", "4-7", ...
+pub fn run_size_histogram(sizes: &[u64]) -> std::collections::BTreeMap<String, u64> {
+    let mut h = std::collections::BTreeMap::new();
+    for (size, &n) in sizes.iter().enumerate().filter(|(s, n)| *s > 0 && **n > 0) {
+        let low = 1usize << size.ilog2();
+        let key = if low == 1 {
+            "1".to_string()
+        } else {
+            format!("{low:>4}-{}", low * 2 - 1)
+        };
+        *h.entry(key).or_insert(0) += n;
+    }
+    h
+}
+
+pub fn mean_ms(total_seconds: f64, count: u64) -> f64 {
+    if count == 0 {
+        0.0
+    } else {
+        total_seconds * 1000.0 / count as f64
+    }
+}
+
+impl SaturationRow {
+    /// One saturation run: `cell` is (max_batch_size, max_batch_delay_ms,
+    /// events); `naive` the unbucketed raw model (token models).
+    pub fn new(
+        (max_batch_size, max_batch_delay_ms, events): (usize, u64, usize),
+        pipeline_per_s: f64,
+        raw_model_per_s: f64,
+        summary: &RunSummary,
+        elapsed_s: f64,
+        naive: Option<(f64, Option<f64>)>,
+    ) -> SaturationRow {
+        let mean_batch_size = if summary.batches > 0 {
+            summary.verdicts as f64 / summary.batches as f64
+        } else {
+            0.0
+        };
+        SaturationRow {
+            max_batch_size,
+            max_batch_delay_ms,
+            events,
+            pipeline_per_s,
+            raw_model_per_s,
+            pipeline_over_raw: pipeline_per_s / raw_model_per_s,
+            mean_batch_size,
+            inference_share: summary.inference_seconds / elapsed_s,
+            run_sizes: run_size_histogram(&summary.run_sizes),
+            batch_wait_ms: mean_ms(summary.batch_wait_seconds, summary.closed_batches),
+            inference_ms: mean_ms(summary.inference_seconds, summary.batches),
+            produce_ms: mean_ms(summary.produce_seconds, summary.verdicts + summary.dlq),
+            padding_efficiency: (summary.padded_tokens > 0)
+                .then(|| summary.real_tokens as f64 / summary.padded_tokens as f64),
+            mean_tokens: (summary.real_tokens > 0)
+                .then(|| summary.real_tokens as f64 / summary.verdicts.max(1) as f64),
+            raw_unbucketed_per_s: naive.map(|n| n.0),
+            raw_unbucketed_padding_efficiency: naive.and_then(|n| n.1),
+        }
+    }
+
+    pub fn print(&self) {
+        let opt =
+            |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
+        eprintln!(
+            "{:>6} {:>6}ms {:>11.0} {:>9.0} {:>6.2} {:>7.1} {:>8.1} {:>8.1} {:>8.1} {:>6} {:>10}",
+            self.max_batch_size,
+            self.max_batch_delay_ms,
+            self.pipeline_per_s,
+            self.raw_model_per_s,
+            self.pipeline_over_raw,
+            self.mean_batch_size,
+            self.batch_wait_ms,
+            self.inference_ms,
+            self.produce_ms,
+            opt(self.padding_efficiency, 2),
+            opt(self.raw_unbucketed_per_s, 0)
+        );
+    }
+}
+
+pub fn print_saturation_header() {
+    eprintln!(
+        "{:>6} {:>8} {:>11} {:>9} {:>6} {:>7} {:>8} {:>8} {:>8} {:>6} {:>10}",
+        "batch",
+        "delay",
+        "pipeline/s",
+        "raw/s",
+        "ratio",
+        "mean n",
+        "wait ms",
+        "model ms",
+        "prod ms",
+        "pad eff",
+        "unbucketed"
+    );
+}
+
+pub fn print_latency_header() {
+    eprintln!(
+        "{:>6} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9}",
+        "batch", "delay", "load", "offered/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"
+    );
+}
+
+impl LatencyRow {
+    pub fn print(&self) {
+        eprintln!(
+            "{:>6} {:>6}ms {:>6.0}% {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1}   urgent {:.1} / {:.1}",
+            self.max_batch_size,
+            self.max_batch_delay_ms,
+            self.offered_fraction * 100.0,
+            self.offered_per_s,
+            self.p50_ms,
+            self.p99_ms,
+            self.p999_ms,
+            self.max_ms,
+            self.urgent_p50_ms,
+            self.urgent_p99_ms
+        );
+    }
+}
+
+impl OverloadRow {
+    pub fn print(&self) {
+        eprintln!(
+            "overload: {} events offered at {:.0}× saturation ({:.0}/s for {:.1}s): peak RSS {} MiB (at 25 %: {} MiB)",
+            self.events,
+            self.offered_multiple,
+            self.offered_per_s,
+            self.seconds,
+            self.peak_rss_bytes >> 20,
+            self.light_load_peak_rss_bytes >> 20
+        );
+    }
+}
+
+impl Report {
+    /// bench.json and bench.svg into `dir`.
+    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("bench.json"), serde_json::to_string_pretty(self)?)?;
+        std::fs::write(dir.join("bench.svg"), super::chart(self))?;
+        eprintln!(
+            "report: {}  chart: {}",
+            dir.join("bench.json").display(),
+            dir.join("bench.svg").display()
+        );
+        Ok(())
+    }
+}

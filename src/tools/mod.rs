@@ -1,0 +1,11 @@
+//! What runs around the pipeline rather than in it: `modstream demo` and
+//! `modstream bench`, the event generator and sender behind `modstream
+//! produce`, a topic reader, and the embedded Kafka cluster. The
+//! integration tests use them too.
+
+pub mod bench;
+pub mod demo;
+pub mod embedded;
+pub mod generator;
+pub mod read;
+pub mod send;
