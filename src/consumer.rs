@@ -456,7 +456,8 @@ pub async fn start(
 ) -> Result<(ConsumerThread, ConsumerChannels), ConsumerError> {
     let (records_tx, records) = mpsc::channel(1024);
     let (rebalance_tx, rebalances) = mpsc::channel(16);
-    let (positions, positions_rx) = async_channel::bounded(64);
+    // One batch at a time: the hub coalesces positions until it is taken.
+    let (positions, positions_rx) = async_channel::bounded(1);
     let (ready_tx, ready) = oneshot::channel();
     let settings = settings.clone();
     let thread = std::thread::Builder::new()
@@ -527,6 +528,7 @@ fn poll_loop(
             // Stop forwarding; the pipeline drains what it has and reports the error.
             break;
         }
+        consumer.context().store_sent_positions(consumer);
         while let Some(record) = backlog.pop_front() {
             match records_tx.try_send(record) {
                 Ok(()) => {}
@@ -607,7 +609,6 @@ fn poll_loop(
             }
             None => {}
         }
-        consumer.context().store_sent_positions(consumer);
         if last_commit.elapsed() >= commit_interval {
             commit(consumer, CommitMode::Async);
             last_commit = Instant::now();

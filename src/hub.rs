@@ -34,6 +34,10 @@ use crate::rebalance::{Positions, RebalanceEvent, Revokes};
 use crate::telemetry::metric;
 use crate::verdict::{self, Scorer};
 
+/// How soon the hub tries again to hand positions to the consumer thread
+/// when it has not taken the previous batch yet.
+const POSITIONS_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Counts of one run, for the demo and the tests.
 #[derive(Debug, Default, Clone)]
 pub struct RunSummary {
@@ -209,7 +213,14 @@ impl<D: Deliver> Hub<D> {
             .values()
             .filter_map(Partition::deadline)
             .min();
-        batch.into_iter().chain(self.revokes.next_deadline()).min()
+        // Positions waiting for the consumer thread to take the last batch.
+        let positions =
+            (!self.unsent_positions.is_empty()).then(|| Instant::now() + POSITIONS_RETRY);
+        batch
+            .into_iter()
+            .chain(self.revokes.next_deadline())
+            .chain(positions)
+            .min()
     }
 
     fn on_record(&mut self, record: Ingested) {
@@ -529,10 +540,11 @@ impl<D: Deliver> Hub<D> {
         self.unsent_positions.insert(tp, position);
     }
 
-    /// Hand the new positions to the consumer thread; while its channel is
-    /// full they wait here, later ones replacing earlier ones.
+    /// Hand the new positions to the consumer thread, once it has taken the
+    /// previous batch; meanwhile they wait here, later ones replacing earlier
+    /// ones (the loop wakes every [`POSITIONS_RETRY`] to try again).
     fn send_positions(&mut self) {
-        if self.unsent_positions.is_empty() {
+        if self.unsent_positions.is_empty() || !self.positions_tx.is_empty() {
             return;
         }
         let batch: Positions = self.unsent_positions.drain().collect();

@@ -34,8 +34,9 @@ pub enum InferenceError {
     },
     #[error("model does not match its manifest: {0}")]
     Mismatch(String),
+    /// Not a `#[source]`: its text goes into dead-letter records whole.
     #[error("model run failed: {0}")]
-    Run(#[from] ort::Error),
+    Run(ort::Error),
     #[error("inference.require_gpu is set but no GPU provider can be used: {0}")]
     GpuUnavailable(String),
     #[error(transparent)]
@@ -44,6 +45,12 @@ pub enum InferenceError {
     WorkerGone,
     #[error("cannot start an inference worker thread")]
     Thread(#[source] std::io::Error),
+}
+
+impl From<ort::Error> for InferenceError {
+    fn from(e: ort::Error) -> Self {
+        InferenceError::Run(e)
+    }
 }
 
 /// `manifest.json` beside `model.onnx`.

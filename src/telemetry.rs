@@ -175,7 +175,7 @@ pub fn describe_metrics() {
 pub enum TelemetryError {
     #[error("cannot install the metrics recorder: {0}")]
     Recorder(String),
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Listen {
         addr: SocketAddr,
         #[source]
