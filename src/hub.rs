@@ -753,8 +753,30 @@ mod tests {
             }
         }
 
-        fn stored(&self) -> Vec<Positions> {
-            std::iter::from_fn(|| self.positions.try_recv().ok()).collect()
+        /// Revoke one partition as the consumer's callback would; the
+        /// answer arrives on the returned channel.
+        fn revoke(&mut self, tp: Tp, generation: u64) -> std::sync::mpsc::Receiver<Positions> {
+            let (done, answer) = std::sync::mpsc::channel();
+            self.hub.on_rebalance(RebalanceEvent::Revoke {
+                partitions: vec![tp],
+                generation,
+                done,
+            });
+            self.hub.after_event();
+            answer
+        }
+
+        /// Everything the hub has for the consumer thread to store, taking
+        /// one batch at a time as the consumer thread does.
+        fn stored(&mut self) -> Vec<Positions> {
+            let mut taken = Vec::new();
+            loop {
+                self.hub.send_positions();
+                match self.positions.try_recv() {
+                    Ok(batch) => taken.push(batch),
+                    Err(_) => return taken,
+                }
+            }
         }
     }
 
@@ -810,13 +832,7 @@ mod tests {
         h.push(record(0, 0, 0));
         h.push(record(0, 1, 0));
         let job = h.jobs.try_recv().unwrap();
-        let (done, answer) = std::sync::mpsc::channel();
-        h.hub.on_rebalance(RebalanceEvent::Revoke {
-            partitions: vec![tp(0)],
-            generation: 1,
-            done,
-        });
-        h.hub.after_event();
+        let answer = h.revoke(tp(0), 1);
         assert!(answer.try_recv().is_err(), "two events still in flight");
         // A record polled before the revoke is left to the next owner.
         h.push(record(0, 2, 0));
@@ -842,13 +858,7 @@ mod tests {
         h.push(record(0, 1, 0));
         h.push(record(1, 0, 0));
         let job = h.jobs.try_recv().unwrap();
-        let (done, answer) = std::sync::mpsc::channel();
-        h.hub.on_rebalance(RebalanceEvent::Revoke {
-            partitions: vec![tp(0)],
-            generation: 1,
-            done,
-        });
-        h.hub.after_event();
+        let answer = h.revoke(tp(0), 1);
         // Partition 1's open batch is untouched; partition 0's model run
         // does not come back within kafka.drain_timeout.
         tokio::time::advance(Duration::from_secs(1)).await;
