@@ -434,24 +434,47 @@ impl<'de> Deserialize<'de> for Properties {
 }
 
 /// librdkafka properties: values may be strings, numbers or booleans; keys
-/// from env vars spell dots as underscores (`FETCH_WAIT_MAX_MS`).
+/// from env vars spell dots as underscores (`FETCH_WAIT_MAX_MS`) or nest
+/// (`MODSTREAM__KAFKA__CONSUMER__SASL__PASSWORD` is `sasl.password`), and a
+/// nested TOML table is read the same way. An error never shows a value:
+/// it may be a secret.
 fn properties<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
     let raw = BTreeMap::<String, serde_json::Value>::deserialize(d)?;
-    raw.into_iter()
-        .map(|(k, v)| {
-            let value = match v {
-                serde_json::Value::String(s) => s,
-                serde_json::Value::Number(n) => n.to_string(),
-                serde_json::Value::Bool(b) => b.to_string(),
-                other => {
-                    return Err(serde::de::Error::custom(format!(
-                        "property {k}: expected a string, number or boolean, got {other}"
-                    )));
-                }
-            };
-            Ok((k.replace('_', "."), value))
-        })
-        .collect()
+    let mut out = BTreeMap::new();
+    for (k, v) in raw {
+        flatten_property(&k.replace('_', "."), v, &mut out).map_err(serde::de::Error::custom)?;
+    }
+    Ok(out)
+}
+
+fn flatten_property(
+    key: &str,
+    value: serde_json::Value,
+    out: &mut BTreeMap<String, String>,
+) -> Result<(), String> {
+    let value = match value {
+        serde_json::Value::String(s) => s,
+        serde_json::Value::Number(n) => n.to_string(),
+        serde_json::Value::Bool(b) => b.to_string(),
+        serde_json::Value::Object(nested) => {
+            for (k, v) in nested {
+                flatten_property(&format!("{key}.{}", k.replace('_', ".")), v, out)?;
+            }
+            return Ok(());
+        }
+        serde_json::Value::Array(_) => {
+            return Err(format!(
+                "property {key}: expected a string, number or boolean, got a list"
+            ));
+        }
+        serde_json::Value::Null => {
+            return Err(format!(
+                "property {key}: expected a string, number or boolean, got nothing"
+            ));
+        }
+    };
+    out.insert(key.to_string(), value);
+    Ok(())
 }
 
 /// Consumer properties modstream sets itself: overriding them would break the
@@ -834,6 +857,21 @@ mod tests {
         );
         let per_label = with("[policy.labels.threat]\nreview_at = 0.2\nblock_at = 0.5").unwrap();
         assert_eq!(per_label.policy.labels["threat"].block_at, 0.5);
+    }
+
+    #[test]
+    fn nested_property_tables_are_dotted_names_and_errors_show_no_value() {
+        let s = with("[kafka.consumer.sasl]\npassword = \"hunter2\"\nusername = \"svc\"").unwrap();
+        assert_eq!(
+            s.kafka.consumer.get("sasl.password").map(String::as_str),
+            Some("hunter2")
+        );
+        assert!(!s.redacted_dump().contains("hunter2"));
+        let error = with("[kafka.consumer]\n\"sasl.password\" = [\"hunter2\"]")
+            .expect_err("a list is not a property value");
+        let text = format!("{error} {error:?}");
+        assert!(!text.contains("hunter2"), "secret leaked: {text}");
+        assert!(text.contains("sasl.password"), "{text}");
     }
 
     #[test]

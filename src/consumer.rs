@@ -21,7 +21,7 @@ use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
 };
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
+use rdkafka::message::{Headers, Message};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot};
@@ -84,6 +84,7 @@ pub struct Ingested {
     pub offset: i64,
     pub key: Option<Vec<u8>>,
     pub payload: Option<Vec<u8>>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
     /// The record's Kafka timestamp, ms since the epoch.
     pub timestamp_ms: Option<i64>,
     pub generation: u64,
@@ -546,6 +547,11 @@ fn poll_loop(
                 let owned = partitions_of(&assignment);
                 backlog.retain(|r| owned.contains(&r.tp));
             }
+            // librdkafka keeps a partition's pause flag across unassign and
+            // assign: make the whole new assignment match the backpressure
+            // state, whichever it is, or a partition paused before the
+            // rebalance is never fetched again.
+            set_paused(consumer, paused);
         }
         // A momentarily full channel is normal at full speed: wait a little
         // without polling (no new records) before pausing, because a pause
@@ -585,6 +591,14 @@ fn poll_loop(
                     offset: m.offset(),
                     key: m.key().map(<[u8]>::to_vec),
                     payload: m.payload().map(<[u8]>::to_vec),
+                    headers: m
+                        .headers()
+                        .map(|h| {
+                            h.iter()
+                                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                     timestamp_ms: m.timestamp().to_millis(),
                     generation,
                     received_at: tokio::time::Instant::now(),

@@ -32,7 +32,7 @@ use crate::partition::{Partition, Pending, ReadyBatch, Scored};
 use crate::producer::{OutRecord, ProducerError};
 use crate::rebalance::{Positions, RebalanceEvent, Revokes};
 use crate::telemetry::metric;
-use crate::verdict::{self, Scorer};
+use crate::verdict::{self, Original, Scorer};
 
 /// How soon the hub tries again to hand positions to the consumer thread
 /// when it has not taken the previous batch yet.
@@ -47,6 +47,8 @@ pub struct RunSummary {
     pub stale: u64,
     /// Deliveries given up at shutdown (their offsets stay uncommitted).
     pub abandoned: u64,
+    /// Records the broker refused for good (committed past, counted, logged).
+    pub undeliverable: u64,
     /// Model runs, and the time spent in them.
     pub batches: u64,
     pub inference_seconds: f64,
@@ -79,6 +81,8 @@ pub struct Ack {
     generation: u64,
     offset: i64,
     outcome: Result<Outcome, ProducerError>,
+    /// "verdict" or "dlq".
+    kind: &'static str,
     /// Enqueue to acknowledgement.
     took: std::time::Duration,
 }
@@ -253,17 +257,21 @@ impl<D: Deliver> Hub<D> {
         // Acknowledgements are matched against this partition state's own
         // generation, not the (newer) one a later rebalance stamps on records.
         let generation = partition.generation();
-        match event::validate(record.payload.as_deref(), &self.settings.limits) {
+        let original = Original {
+            key: record.key,
+            payload: record.payload,
+            headers: record.headers,
+            timestamp_ms: record.timestamp_ms,
+        };
+        match event::validate(original.payload.as_deref(), &self.settings.limits) {
             Ok(event) => {
                 let urgent = event.priority == Priority::Urgent;
                 let pending = Pending {
                     tp: record.tp,
                     generation,
                     offset: record.offset,
-                    key: record.key,
-                    payload: record.payload.unwrap_or_default(),
+                    original,
                     event,
-                    timestamp_ms: record.timestamp_ms,
                 };
                 if let Some(batch) = partition.push(pending, urgent, record.received_at) {
                     self.enqueue(batch);
@@ -274,8 +282,7 @@ impl<D: Deliver> Hub<D> {
                     &self.settings.output.dlq_topic,
                     &record.tp,
                     record.offset,
-                    record.key,
-                    record.payload.unwrap_or_default(),
+                    original,
                     &rejection,
                 );
                 self.deliver(
@@ -435,12 +442,13 @@ impl<D: Deliver> Hub<D> {
                     &self.settings.output.topic,
                     &pending.tp,
                     pending.offset,
-                    pending.key,
+                    pending.original.key,
                     &pending.event,
                     &probabilities,
-                    pending.timestamp_ms,
+                    pending.original.timestamp_ms,
                 );
                 let event_time = pending
+                    .original
                     .timestamp_ms
                     .filter(|t| *t > 0)
                     .or(pending.event.created_at_ms);
@@ -456,8 +464,7 @@ impl<D: Deliver> Hub<D> {
                     &self.settings.output.dlq_topic,
                     &pending.tp,
                     pending.offset,
-                    pending.key,
-                    pending.payload,
+                    pending.original,
                     &rejection,
                 );
                 (out, Outcome::Dlq(RejectReason::InferenceFailed))
@@ -467,6 +474,7 @@ impl<D: Deliver> Hub<D> {
 
     /// Enqueue one record now; a task reports its acknowledgement.
     fn deliver(&mut self, tp: Tp, generation: u64, offset: i64, out: OutRecord, outcome: Outcome) {
+        let kind = out.kind;
         let delivery = self.outbox.deliver(out, self.abort.clone());
         let acks = self.acks_tx.clone();
         let started = Instant::now();
@@ -478,6 +486,7 @@ impl<D: Deliver> Hub<D> {
                     generation,
                     offset,
                     outcome,
+                    kind,
                     took: started.elapsed(),
                 })
                 .await;
@@ -499,6 +508,16 @@ impl<D: Deliver> Hub<D> {
                 }
                 return;
             }
+            Err(ProducerError::Rejected(error)) => {
+                // Never pins the partition: counted, logged with where the
+                // original lives, and committed past.
+                let kind = ack.kind;
+                metrics::counter!(metric::UNDELIVERABLE_TOTAL, "kind" => kind).increment(1);
+                tracing::error!(topic = %ack.tp.topic, partition = ack.tp.partition, offset = ack.offset, kind, error = %error, "the broker refuses this record for good; its offset is committed");
+                self.summary.undeliverable += 1;
+                self.advance(&ack.tp, ack.generation, ack.offset);
+                return;
+            }
             Err(_) => {
                 self.summary.abandoned += 1;
                 return;
@@ -518,14 +537,19 @@ impl<D: Deliver> Hub<D> {
                 metrics::counter!(metric::DLQ_TOTAL, "reason" => reason.code()).increment(1);
             }
         }
-        let Some(partition) = self.partitions.get_mut(&ack.tp) else {
+        self.advance(&ack.tp, ack.generation, ack.offset);
+    }
+
+    /// An offset is done: move its partition's position if it can.
+    fn advance(&mut self, tp: &Tp, generation: u64, offset: i64) {
+        let Some(partition) = self.partitions.get_mut(tp) else {
             return;
         };
-        if partition.generation() != ack.generation {
+        if partition.generation() != generation {
             return;
         }
-        if let Some(position) = partition.ack(ack.offset) {
-            self.store(ack.tp, position);
+        if let Some(position) = partition.ack(offset) {
+            self.store(tp.clone(), position);
         }
     }
 
@@ -630,9 +654,13 @@ mod tests {
     use crate::partition::tests::tp;
 
     /// Stands in for the producer: records what it was handed, in order,
-    /// and acknowledges at once.
+    /// and acknowledges at once (or, with `refuse_dlq`, refuses dead-letter
+    /// records for good).
     #[derive(Clone, Default)]
-    struct Outbox(Arc<Mutex<Vec<OutRecord>>>);
+    struct Outbox(
+        Arc<Mutex<Vec<OutRecord>>>,
+        Arc<std::sync::atomic::AtomicBool>,
+    );
 
     impl Deliver for Outbox {
         fn deliver(
@@ -640,8 +668,15 @@ mod tests {
             record: OutRecord,
             _cancel: CancellationToken,
         ) -> BoxFuture<'static, Result<(), ProducerError>> {
+            let refuse = record.kind == "dlq" && self.1.load(std::sync::atomic::Ordering::SeqCst);
             self.0.lock().unwrap().push(record);
-            Box::pin(async { Ok(()) })
+            Box::pin(async move {
+                if refuse {
+                    Err(ProducerError::Rejected("Message size too large".into()))
+                } else {
+                    Ok(())
+                }
+            })
         }
     }
 
@@ -652,8 +687,10 @@ mod tests {
                 .lock()
                 .unwrap()
                 .iter()
+                .filter(|r| r.kind == "verdict")
                 .map(|r| {
-                    let v: serde_json::Value = serde_json::from_slice(&r.payload).unwrap();
+                    let v: serde_json::Value =
+                        serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
                     v["source"]["offset"].as_i64().unwrap()
                 })
                 .collect()
@@ -718,6 +755,7 @@ mod tests {
             payload: Some(
                 format!(r#"{{"event_id":"e{offset}","text":"post {offset}"}}"#).into_bytes(),
             ),
+            headers: Vec::new(),
             timestamp_ms: None,
             generation,
             received_at: Instant::now(),
@@ -882,5 +920,24 @@ mod tests {
         h.acks(1).await;
         assert_eq!(h.hub.in_flight, 0);
         assert_eq!(h.stored().concat(), vec![(tp(1), 1)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_the_broker_refuses_for_good_does_not_pin_its_partition() {
+        let mut h = harness();
+        h.outbox.1.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut bad = record(0, 0, 0);
+        bad.payload = Some(vec![b'{'; 10]);
+        h.push(bad);
+        h.push(record(0, 1, 0));
+        h.push(record(0, 2, 0));
+        let job = h.jobs.try_recv().unwrap();
+        h.result(scored(&job));
+        h.acks(3).await;
+        assert_eq!(h.hub.summary.undeliverable, 1);
+        assert_eq!(h.hub.summary.verdicts, 2);
+        assert_eq!(h.hub.in_flight, 0);
+        let stored: Vec<(Tp, i64)> = h.stored().concat();
+        assert_eq!(stored.last(), Some(&(tp(0), 3)), "the position passes it");
     }
 }

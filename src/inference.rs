@@ -466,22 +466,35 @@ impl Model {
 
     /// Score a batch; if the run fails, retry it once (the failure may be
     /// transient), then score each text alone so that one bad input fails
-    /// only itself.
+    /// only itself. A row with a NaN or infinite score is a failure of its
+    /// event, never a verdict.
     pub fn score_isolating(&mut self, texts: &mut [String]) -> Vec<Result<Vec<f32>, String>> {
         match self.score(texts).or_else(|_| self.score(texts)) {
-            Ok(scores) => scores.into_iter().map(Ok).collect(),
+            Ok(scores) => scores.into_iter().map(finite).collect(),
             Err(e) if texts.len() == 1 => vec![Err(e.to_string())],
             Err(e) => {
                 tracing::warn!(batch = texts.len(), error = %e, "batch run failed; scoring events one by one");
                 texts
                     .chunks_mut(1)
                     .map(|one| match self.score(one) {
-                        Ok(mut s) => s.pop().ok_or_else(|| "no score returned".to_string()),
+                        Ok(mut s) => s
+                            .pop()
+                            .ok_or_else(|| "no score returned".to_string())
+                            .and_then(finite),
                         Err(e) => Err(e.to_string()),
                     })
                     .collect()
             }
         }
+    }
+}
+
+/// Scores that can make a verdict: all finite.
+fn finite(scores: Vec<f32>) -> Result<Vec<f32>, String> {
+    if scores.iter().all(|s| s.is_finite()) {
+        Ok(scores)
+    } else {
+        Err(format!("the model returned a non-finite score: {scores:?}"))
     }
 }
 
@@ -650,6 +663,17 @@ impl InferencePool {
         self.jobs.close();
         for t in self.threads {
             let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_non_finite_score_is_a_failure_not_a_verdict() {
+        assert_eq!(super::finite(vec![0.1, 0.9]), Ok(vec![0.1, 0.9]));
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            assert!(super::finite(vec![0.5, bad]).is_err(), "{bad}");
         }
     }
 }

@@ -18,6 +18,7 @@ use crate::batcher::{Batcher, CloseReason, ClosedBatch};
 use crate::consumer::Tp;
 use crate::event;
 use crate::offsets::OffsetTracker;
+use crate::verdict::Original;
 
 /// A valid event waiting for its verdict.
 #[derive(Debug)]
@@ -26,12 +27,10 @@ pub struct Pending {
     /// The generation of the partition state that accepted it.
     pub generation: u64,
     pub offset: i64,
-    pub key: Option<Vec<u8>>,
-    /// The original bytes, for a dead-letter record if the model fails on it.
-    pub payload: Vec<u8>,
+    /// The input record as it was (key and timestamp go into the verdict;
+    /// all of it into a dead-letter record if the model fails on it).
+    pub original: Original,
     pub event: event::Event,
-    /// The input record's Kafka timestamp, ms since the epoch.
-    pub timestamp_ms: Option<i64>,
 }
 
 /// An event with its probabilities, or why the model could not score it.
@@ -172,14 +171,12 @@ pub(crate) mod tests {
             tp: tp.clone(),
             generation,
             offset,
-            key: None,
-            payload: Vec::new(),
+            original: Original::default(),
             event: event::validate(
                 Some(format!(r#"{{"event_id":"e{offset}","text":"post {offset}"}}"#).as_bytes()),
                 &Default::default(),
             )
             .unwrap(),
-            timestamp_ms: None,
         }
     }
 

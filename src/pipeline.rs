@@ -80,7 +80,7 @@ pub async fn run_with_health(
     tracing::info!(model = %pool.manifest.name, version = %pool.manifest.version, workers = settings.inference.workers, "model loaded");
     health.model_loaded.store(true, Ordering::SeqCst);
 
-    let sink = Sink::new(&settings.kafka)?;
+    let sink = Sink::new(&settings.kafka, settings.limits.max_payload_bytes)?;
     let consumer_done = CancellationToken::new();
     let (consumer, channels) =
         consumer::start(&settings, shutdown.stop.clone(), consumer_done.clone()).await?;
@@ -136,8 +136,14 @@ pub async fn run_with_health(
     watchdog.abort();
     health.consumer_ready.store(false, Ordering::SeqCst);
 
+    let aborted = shutdown.abort.is_cancelled();
     let _ = tokio::task::spawn_blocking(move || {
-        let _ = sink.flush(std::time::Duration::from_secs(5));
+        if aborted {
+            // kafka.shutdown_timeout is a bound: nothing more is sent.
+            sink.purge();
+        } else {
+            let _ = sink.flush(std::time::Duration::from_secs(5));
+        }
         pool.shutdown();
     })
     .await;

@@ -2,24 +2,32 @@
 //!
 //! Guarantee: [`Sink::deliver`] hands a record to librdkafka at once (so the
 //! produce order is the call order), then resolves only when the broker has
-//! acknowledged it (`acks=all`, idempotent producer). A failed delivery is
+//! acknowledged it (`acks=all`, idempotent producer). A transient failure is
 //! retried with backoff until it succeeds or the caller gives up through the
-//! cancellation token; the caller marks an offset delivered only on `Ok`.
-//! A fatal client error (idempotence broken) is not retried: it ends the
-//! delivery with [`ProducerError::Fatal`] and the pipeline stops.
+//! cancellation token (which also ends a wait for librdkafka); the caller
+//! marks an offset delivered only on `Ok`. A record the broker can never
+//! take (too large, malformed) is not retried as it is: a dead-letter record
+//! is sent again with its value cut to a budget, then without value and
+//! input headers; past that, and for a verdict, the delivery ends with
+//! [`ProducerError::Rejected`] so that its partition is not pinned. A fatal
+//! client error (idempotence broken) is not retried: it ends the delivery
+//! with [`ProducerError::Fatal`] and the pipeline stops.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::KafkaSettings;
 use crate::telemetry::metric;
+use crate::verdict::header;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProducerError {
@@ -27,10 +35,30 @@ pub enum ProducerError {
     Create(#[source] KafkaError),
     #[error("delivery abandoned at shutdown")]
     Abandoned,
+    /// The broker refuses this record whatever is retried (and, for a
+    /// dead-letter record, also its cut-down forms).
+    #[error("the broker refuses this record: {0}")]
+    Rejected(String),
     /// The idempotent producer hit a fatal error (e.g. a broken sequence):
     /// librdkafka will not deliver anything more from this client.
     #[error("fatal producer error: {0}")]
     Fatal(String),
+}
+
+/// Errors that sending the same record again cannot fix: it is too large or
+/// malformed for the broker.
+pub fn is_permanent_for_record(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::MessageBatchTooLarge
+                | C::InvalidMessage
+                | C::InvalidRecord
+        )
+    )
 }
 
 /// A record to produce, owned so that it can be sent again on failure.
@@ -38,17 +66,26 @@ pub enum ProducerError {
 pub struct OutRecord {
     pub topic: String,
     pub key: Option<Vec<u8>>,
-    pub payload: Vec<u8>,
-    pub headers: Vec<(&'static str, Vec<u8>)>,
+    /// `None` is a null value.
+    pub payload: Option<Vec<u8>>,
+    pub headers: Vec<(Cow<'static, str>, Option<Vec<u8>>)>,
+    /// Kafka timestamp (ms); `None`: the producer's clock.
+    pub timestamp_ms: Option<i64>,
     /// "verdict" or "dlq", for metrics and logs.
     pub kind: &'static str,
 }
 
 impl OutRecord {
     fn as_future_record(&self) -> FutureRecord<'_, [u8], [u8]> {
-        let mut record = FutureRecord::to(&self.topic).payload(self.payload.as_slice());
+        let mut record = FutureRecord::to(&self.topic);
+        if let Some(payload) = &self.payload {
+            record = record.payload(payload.as_slice());
+        }
         if let Some(key) = &self.key {
             record = record.key(key.as_slice());
+        }
+        if let Some(ts) = self.timestamp_ms {
+            record = record.timestamp(ts);
         }
         if !self.headers.is_empty() {
             let headers = self
@@ -56,26 +93,87 @@ impl OutRecord {
                 .iter()
                 .fold(OwnedHeaders::new(), |h, (key, value)| {
                     h.insert(Header {
-                        key,
-                        value: Some(value.as_slice()),
+                        key: key.as_ref(),
+                        value: value.as_deref(),
                     })
                 });
             record = record.headers(headers);
         }
         record
     }
+
+    /// The next smaller form of a dead-letter record the broker refused: the
+    /// value cut to `budget` bytes, then no value and no input headers
+    /// (modstream's headers stay: they say where the original lives).
+    /// `None` when there is nothing left to cut, or for a verdict.
+    fn cut_down(&self, budget: usize) -> Option<OutRecord> {
+        if self.kind != "dlq" {
+            return None;
+        }
+        let size = self.payload.as_ref().map_or(0, Vec::len);
+        let truncated = self.headers.iter().any(|(k, _)| k == header::TRUNCATED);
+        let mut cut = self.clone();
+        if !truncated && size > budget {
+            if let Some(p) = cut.payload.as_mut() {
+                p.truncate(budget);
+            }
+            cut.headers
+                .push((Cow::Borrowed(header::TRUNCATED), Some(b"value".to_vec())));
+            cut.headers.push((
+                Cow::Borrowed(header::ORIGINAL_SIZE),
+                Some(size.to_string().into_bytes()),
+            ));
+            return Some(cut);
+        }
+        let input_headers = cut
+            .headers
+            .iter()
+            .any(|(k, _)| !k.starts_with("modstream."));
+        if size == 0 && !input_headers {
+            return None;
+        }
+        cut.payload = cut.payload.map(|_| Vec::new());
+        cut.headers.retain(|(k, _)| k.starts_with("modstream."));
+        cut.headers
+            .retain(|(k, _)| k != header::TRUNCATED && k != header::ORIGINAL_SIZE);
+        cut.headers.push((
+            Cow::Borrowed(header::TRUNCATED),
+            Some(b"value,headers".to_vec()),
+        ));
+        cut.headers.push((
+            Cow::Borrowed(header::ORIGINAL_SIZE),
+            Some(self.original_size().to_string().into_bytes()),
+        ));
+        Some(cut)
+    }
+
+    /// The value's size before any cut.
+    fn original_size(&self) -> usize {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == header::ORIGINAL_SIZE)
+            .and_then(|(_, v)| std::str::from_utf8(v.as_deref()?).ok()?.parse().ok())
+            .unwrap_or_else(|| self.payload.as_ref().map_or(0, Vec::len))
+    }
 }
 
 #[derive(Clone)]
 pub struct Sink {
     producer: FutureProducer,
+    /// How many bytes of a refused dead-letter value are sent again.
+    dlq_value_budget: usize,
 }
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Room left for key and headers when a dead-letter value is cut to fit
+/// the producer's `message.max.bytes`.
+const HEADROOM_BYTES: usize = 64 * 1024;
 
 impl Sink {
-    pub fn new(kafka: &KafkaSettings) -> Result<Sink, ProducerError> {
+    /// `dlq_value_budget`: at most this many bytes of a refused dead-letter
+    /// value are sent again (less if `message.max.bytes` requires).
+    pub fn new(kafka: &KafkaSettings, dlq_value_budget: usize) -> Result<Sink, ProducerError> {
         let mut cfg = ClientConfig::new();
         cfg.set("bootstrap.servers", &kafka.bootstrap_servers)
             .set("enable.idempotence", "true")
@@ -88,8 +186,18 @@ impl Sink {
         for (k, v) in &kafka.producer {
             cfg.set(k, v);
         }
+        let message_max = kafka
+            .producer
+            .get("message.max.bytes")
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(1_000_000);
         let producer = cfg.create().map_err(ProducerError::Create)?;
-        Ok(Sink { producer })
+        Ok(Sink {
+            producer,
+            dlq_value_budget: dlq_value_budget
+                .min(message_max.saturating_sub(HEADROOM_BYTES))
+                .max(1),
+        })
     }
 
     /// Enqueue now; the future resolves once the broker acknowledged the record.
@@ -102,21 +210,28 @@ impl Sink {
             .producer
             .send_result(record.as_future_record())
             .map_err(|(e, _)| e);
-        let producer = self.producer.clone();
+        let (producer, budget) = (self.producer.clone(), self.dlq_value_budget);
         async move {
+            let mut record = record;
             let mut attempt = first;
             let mut backoff = FIRST_BACKOFF;
             loop {
                 let error = match attempt {
-                    Ok(delivery) => match delivery.await {
-                        Ok(Ok(_)) => {
-                            metrics::counter!(metric::PRODUCED_TOTAL, "kind" => record.kind)
-                                .increment(1);
-                            return Ok(());
+                    Ok(delivery) => {
+                        let outcome = tokio::select! {
+                            outcome = delivery => outcome,
+                            _ = cancel.cancelled() => return Err(ProducerError::Abandoned),
+                        };
+                        match outcome {
+                            Ok(Ok(_)) => {
+                                metrics::counter!(metric::PRODUCED_TOTAL, "kind" => record.kind)
+                                    .increment(1);
+                                return Ok(());
+                            }
+                            Ok(Err((e, _))) => e,
+                            Err(_canceled) => KafkaError::Canceled,
                         }
-                        Ok(Err((e, _))) => e,
-                        Err(_canceled) => KafkaError::Canceled,
-                    },
+                    }
                     Err(e) => e,
                 };
                 metrics::counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => record.kind)
@@ -125,6 +240,17 @@ impl Sink {
                     // The pipeline logs the stop once; every in-flight record ends here.
                     tracing::debug!(topic = %record.topic, error = %error, "fatal producer error; not retrying");
                     return Err(ProducerError::Fatal(format!("{code:?}: {reason}")));
+                }
+                if is_permanent_for_record(&error) {
+                    let Some(cut) = record.cut_down(budget) else {
+                        return Err(ProducerError::Rejected(error.to_string()));
+                    };
+                    tracing::warn!(topic = %record.topic, kind = record.kind, error = %error, "the broker refuses this record; sending it cut down");
+                    record = cut;
+                    attempt = producer
+                        .send_result(record.as_future_record())
+                        .map_err(|(e, _)| e);
+                    continue;
                 }
                 tracing::warn!(topic = %record.topic, kind = record.kind, error = %error, retry_in_ms = backoff.as_millis() as u64, "delivery failed; retrying");
                 tokio::select! {
@@ -148,6 +274,13 @@ impl Sink {
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         self.producer.flush(Timeout::After(timeout))
     }
+
+    /// Drop what librdkafka still holds, queued or in flight (shutdown after
+    /// `kafka.shutdown_timeout`): nothing more is sent.
+    pub fn purge(&self) {
+        self.producer
+            .purge(PurgeConfig::default().queue().inflight().non_blocking());
+    }
 }
 
 #[cfg(test)]
@@ -163,12 +296,13 @@ mod tests {
         ))
         .unwrap()
         .kafka;
-        let sink = Sink::new(&kafka).unwrap();
+        let sink = Sink::new(&kafka, 1024).unwrap();
         let record = OutRecord {
             topic: "out".into(),
             key: None,
-            payload: b"v".to_vec(),
+            payload: Some(b"v".to_vec()),
             headers: Vec::new(),
+            timestamp_ms: None,
             kind: "verdict",
         };
         sink.deliver(record.clone(), CancellationToken::new())
@@ -198,5 +332,69 @@ mod tests {
             }
             other => panic!("expected a fatal error, got {other:?}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod cut_tests {
+    use super::*;
+
+    fn dlq(payload: usize, input_headers: usize) -> OutRecord {
+        let mut headers: Vec<(Cow<'static, str>, Option<Vec<u8>>)> = (0..input_headers)
+            .map(|i| (Cow::Owned(format!("h{i}")), Some(vec![b'x'; 10])))
+            .collect();
+        headers.push((Cow::Borrowed(header::SOURCE_OFFSET), Some(b"7".to_vec())));
+        OutRecord {
+            topic: "dlq".into(),
+            key: Some(b"k".to_vec()),
+            payload: Some(vec![b'a'; payload]),
+            headers,
+            timestamp_ms: Some(1),
+            kind: "dlq",
+        }
+    }
+
+    fn header(r: &OutRecord, name: &str) -> Option<String> {
+        r.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| String::from_utf8_lossy(v.as_deref().unwrap_or_default()).into_owned())
+    }
+
+    #[test]
+    fn a_refused_dead_letter_record_is_cut_down_step_by_step_then_given_up() {
+        let first = dlq(1000, 2);
+        let cut = first.cut_down(100).expect("the value is cut first");
+        assert_eq!(cut.payload.as_ref().map(Vec::len), Some(100));
+        assert_eq!(header(&cut, header::TRUNCATED).as_deref(), Some("value"));
+        assert_eq!(header(&cut, header::ORIGINAL_SIZE).as_deref(), Some("1000"));
+        assert_eq!(header(&cut, "h0").as_deref(), Some("xxxxxxxxxx"));
+        assert_eq!(
+            (cut.key.clone(), cut.timestamp_ms),
+            (Some(b"k".to_vec()), Some(1))
+        );
+        let bare = cut.cut_down(100).expect("then value and input headers go");
+        assert_eq!(bare.payload, Some(Vec::new()));
+        assert_eq!(header(&bare, "h0"), None);
+        assert_eq!(
+            header(&bare, header::SOURCE_OFFSET).as_deref(),
+            Some("7"),
+            "where the original lives"
+        );
+        assert_eq!(
+            header(&bare, header::ORIGINAL_SIZE).as_deref(),
+            Some("1000")
+        );
+        assert_eq!(
+            bare.cut_down(100).map(|r| r.headers.len()),
+            None,
+            "nothing left to cut"
+        );
+        // Small value, large input headers: straight to the bare form.
+        assert_eq!(dlq(10, 3).cut_down(100).unwrap().payload, Some(Vec::new()));
+        // A verdict is never cut.
+        let mut verdict = dlq(1000, 0);
+        verdict.kind = "verdict";
+        assert!(verdict.cut_down(100).is_none());
     }
 }

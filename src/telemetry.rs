@@ -24,6 +24,9 @@ pub mod metric {
     pub const PRODUCED_TOTAL: &str = "modstream_records_produced_total";
     /// Failed delivery attempts (each is retried). Labels: kind.
     pub const DELIVERY_FAILURES_TOTAL: &str = "modstream_delivery_failures_total";
+    /// Records the broker refused for good (also cut down): their offsets
+    /// are committed so that the partition goes on. Labels: kind.
+    pub const UNDELIVERABLE_TOTAL: &str = "modstream_undeliverable_total";
     /// Events per model run.
     pub const BATCH_SIZE: &str = "modstream_batch_size";
     /// From a batch's first event to its close, seconds.
@@ -62,6 +65,7 @@ pub mod metric {
         DLQ_TOTAL,
         PRODUCED_TOTAL,
         DELIVERY_FAILURES_TOTAL,
+        UNDELIVERABLE_TOTAL,
         BATCH_SIZE,
         BATCH_WAIT_SECONDS,
         INFERENCE_SECONDS,
@@ -106,6 +110,11 @@ pub fn describe_metrics() {
         metric::DELIVERY_FAILURES_TOTAL,
         Unit::Count,
         "failed delivery attempts, each retried"
+    );
+    describe_counter!(
+        metric::UNDELIVERABLE_TOTAL,
+        Unit::Count,
+        "records the broker refused for good, also cut down; their offsets are committed"
     );
     describe_histogram!(metric::BATCH_SIZE, Unit::Count, "events per model run");
     describe_histogram!(

@@ -7,10 +7,15 @@
 //! `latency_ms` runs from the input record's Kafka timestamp (or the event's
 //! `created_at` when the record has none) to when the verdict was made.
 //!
-//! Dead-letter record: the original key and payload bytes, untouched, with
-//! headers `modstream.reason` (code), `modstream.message`,
-//! `modstream.source.topic`, `modstream.source.partition`,
-//! `modstream.source.offset`.
+//! Dead-letter record: the original key, value (null stays null), headers
+//! and timestamp, untouched, followed by the headers `modstream.reason`
+//! (code), `modstream.message`, `modstream.source.topic`,
+//! `modstream.source.partition`, `modstream.source.offset` (a reader that
+//! finds a name twice takes the last one). A value too large for the broker
+//! is cut to fit (see [`crate::producer`]) and marked
+//! `modstream.truncated` / `modstream.original.size`.
+
+use std::borrow::Cow;
 
 use serde_json::json;
 
@@ -121,8 +126,9 @@ impl Scorer {
         let record = OutRecord {
             topic: topic.to_string(),
             key,
-            payload: body.to_string().into_bytes(),
+            payload: Some(body.to_string().into_bytes()),
             headers: Vec::new(),
+            timestamp_ms: None,
             kind: "verdict",
         };
         (record, verdict)
@@ -147,30 +153,54 @@ pub mod header {
     pub const SOURCE_TOPIC: &str = "modstream.source.topic";
     pub const SOURCE_PARTITION: &str = "modstream.source.partition";
     pub const SOURCE_OFFSET: &str = "modstream.source.offset";
+    /// Set on a dead-letter record whose value was cut to fit the broker.
+    pub const TRUNCATED: &str = "modstream.truncated";
+    /// The size in bytes of the value before it was cut.
+    pub const ORIGINAL_SIZE: &str = "modstream.original.size";
 }
 
+/// An input record's own parts, kept for its dead-letter copy.
+#[derive(Debug, Default)]
+pub struct Original {
+    pub key: Option<Vec<u8>>,
+    /// `None` for a null value (tombstone): the copy is null too.
+    pub payload: Option<Vec<u8>>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// The record's Kafka timestamp, ms since the epoch.
+    pub timestamp_ms: Option<i64>,
+}
+
+/// The dead-letter copy of an input record: its key, value, headers and
+/// timestamp as they were, then modstream's headers.
 pub fn dead_letter(
     topic: &str,
     source: &Tp,
     offset: i64,
-    key: Option<Vec<u8>>,
-    payload: Vec<u8>,
+    original: Original,
     rejection: &Rejection,
 ) -> OutRecord {
+    let own = [
+        (header::REASON, rejection.reason.code().to_string()),
+        (header::MESSAGE, rejection.message.clone()),
+        (header::SOURCE_TOPIC, source.topic.to_string()),
+        (header::SOURCE_PARTITION, source.partition.to_string()),
+        (header::SOURCE_OFFSET, offset.to_string()),
+    ];
+    let mut headers: Vec<(Cow<'static, str>, Option<Vec<u8>>)> = original
+        .headers
+        .into_iter()
+        .map(|(k, v)| (Cow::Owned(k), v))
+        .collect();
+    headers.extend(
+        own.into_iter()
+            .map(|(k, v)| (Cow::Borrowed(k), Some(v.into_bytes()))),
+    );
     OutRecord {
         topic: topic.to_string(),
-        key,
-        payload,
-        headers: vec![
-            (header::REASON, rejection.reason.code().as_bytes().to_vec()),
-            (header::MESSAGE, rejection.message.clone().into_bytes()),
-            (header::SOURCE_TOPIC, source.topic.as_bytes().to_vec()),
-            (
-                header::SOURCE_PARTITION,
-                source.partition.to_string().into_bytes(),
-            ),
-            (header::SOURCE_OFFSET, offset.to_string().into_bytes()),
-        ],
+        key: original.key,
+        payload: original.payload,
+        headers,
+        timestamp_ms: original.timestamp_ms,
         kind: "dlq",
     }
 }

@@ -17,8 +17,13 @@ pub struct ReadRecord {
     pub partition: i32,
     pub offset: i64,
     pub key: Option<Vec<u8>>,
+    /// The value (empty for a null value: see `null_value`).
     pub payload: Vec<u8>,
+    pub null_value: bool,
+    /// By name; a name given twice keeps its last value.
     pub headers: BTreeMap<String, Vec<u8>>,
+    /// The record's Kafka timestamp, ms since the epoch.
+    pub timestamp_ms: Option<i64>,
 }
 
 impl ReadRecord {
@@ -28,6 +33,8 @@ impl ReadRecord {
             offset: m.offset(),
             key: m.key().map(<[u8]>::to_vec),
             payload: m.payload().unwrap_or_default().to_vec(),
+            null_value: m.payload().is_none(),
+            timestamp_ms: m.timestamp().to_millis(),
             headers: m
                 .headers()
                 .map(|h| {
