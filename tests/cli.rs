@@ -140,3 +140,78 @@ fn require_gpu_without_a_usable_gpu_fails_with_the_reason() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("provider CPUExecutionProvider"));
 }
+
+/// Every way of passing a secret (file, env with `_` or nested `__`, a
+/// malformed value) works or fails without the value in any output.
+#[test]
+fn a_secret_never_shows_in_any_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = "[kafka]\nbootstrap_servers = \"127.0.0.1:9\"\n[input]\ntopics = [\"posts\"]";
+    let secret = "hunter2-5e5b";
+    let run = |file_extra: &str, env: &[(&str, &str)]| {
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, format!("{base}\n{file_extra}")).unwrap();
+        let mut cmd = modstream();
+        cmd.args(["run", "--config"])
+            .arg(&path)
+            .arg("--print-config");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    let ways: Vec<(String, Vec<(&str, &str)>, bool)> = vec![
+        (
+            format!("[kafka.producer]\n\"sasl.password\" = \"{secret}\""),
+            vec![],
+            true,
+        ),
+        (
+            format!("[kafka.producer.sasl]\npassword = \"{secret}\""),
+            vec![],
+            true,
+        ),
+        (
+            String::new(),
+            vec![("MODSTREAM__KAFKA__CONSUMER__SASL_PASSWORD", secret)],
+            true,
+        ),
+        (
+            String::new(),
+            vec![("MODSTREAM__KAFKA__CONSUMER__SASL__PASSWORD", secret)],
+            true,
+        ),
+        (
+            format!("[kafka.producer]\n\"sasl.password\" = [\"{secret}\"]"),
+            vec![],
+            false,
+        ),
+    ];
+    for (file_extra, env, valid) in ways {
+        let out = run(&file_extra, &env);
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.success(), valid, "{file_extra} {env:?}: {all}");
+        assert!(
+            !all.contains(secret),
+            "secret leaked ({file_extra} {env:?}): {all}"
+        );
+        if valid {
+            let config: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let section = if env.is_empty() {
+                "producer"
+            } else {
+                "consumer"
+            };
+            assert_eq!(
+                config["kafka"][section]["sasl.password"], "<redacted>",
+                "{all}"
+            );
+        } else {
+            assert!(all.contains("sasl.password"), "names the key: {all}");
+        }
+    }
+}

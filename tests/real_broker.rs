@@ -427,3 +427,128 @@ fn an_evicted_member_commits_nothing_for_partitions_it_lost() {
         }
     }
 }
+
+/// A ~1 MB record (the broker takes it; it is over limits.max_payload_bytes)
+/// between small events of one partition: its dead-letter copy does not fit
+/// the producer's message.max.bytes, so it goes out cut down, and the
+/// committed offset reaches the end. It used to pin the partition forever.
+#[test]
+fn a_record_too_large_for_the_dead_letter_topic_does_not_pin_its_partition() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let _serial = serial();
+    let broker = Broker::start_memory();
+    topics(&broker, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-big");
+    let _service = Modstream::start(&config, "big", dir.path());
+
+    let small = support::events("big-", 0..20);
+    let huge = format!(
+        r#"{{"event_id":"huge","text":"{}"}}"#,
+        "a".repeat(1_000_100 - 30)
+    );
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("message.max.bytes", "2000000")
+        .create()
+        .unwrap();
+    for (i, (_, key, payload)) in small.iter().enumerate() {
+        if i == 10 {
+            producer
+                .send(BaseRecord::to(INPUT).key("k").payload(huge.as_bytes()))
+                .unwrap();
+        }
+        producer
+            .send(
+                BaseRecord::to(INPUT)
+                    .key(key.as_str())
+                    .payload(payload.as_slice()),
+            )
+            .unwrap();
+    }
+    producer
+        .flush(Duration::from_secs(30))
+        .expect("the broker takes every record, the ~1 MB one too");
+    let acked: Vec<String> = small.iter().map(|(id, _, _)| id.clone()).collect();
+
+    let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(60));
+    v.report("a ~1 MB record between small ones");
+    assert!(
+        v.lost.is_empty(),
+        "small events without a verdict: {:?}",
+        v.lost
+    );
+    let dlq =
+        modstream::tools::read::read_topic(&broker.bootstrap(), DLQ, 1, 1, Duration::from_secs(30))
+            .unwrap();
+    assert_eq!(dlq.len(), 1, "one dead-letter record for the big one");
+    let header = |name: &str| String::from_utf8_lossy(&dlq[0].headers[name]).into_owned();
+    assert_eq!(header("modstream.reason"), "payload_too_large");
+    assert_eq!(header("modstream.source.offset"), "10");
+    assert_eq!(header("modstream.truncated"), "value");
+    assert_eq!(header("modstream.original.size"), huge.len().to_string());
+    assert!(dlq[0].payload.len() < huge.len() && huge.as_bytes().starts_with(&dlq[0].payload));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut committed = support::committed(&broker.bootstrap(), "g-big", 1);
+    while committed != [21] && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+        committed = support::committed(&broker.bootstrap(), "g-big", 1);
+    }
+    assert_eq!(
+        committed,
+        [21],
+        "the committed offset passes the big record"
+    );
+}
+
+/// Deliveries fail (the verdict topic does not exist yet), the in-flight
+/// bound is reached and the partitions pause; a second member joins and
+/// leaves (two rebalances); then the topic is created. Every partition is
+/// fetched again and committed to its end: librdkafka keeps a pause across
+/// unassign/assign, which used to leave them paused for good.
+#[test]
+fn a_rebalance_while_paused_leaves_no_partition_unfetched() {
+    let _serial = serial();
+    let broker = Broker::start_memory();
+    broker.create_topic(INPUT, 4);
+    broker.create_topic(DLQ, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-paused");
+    // nisshi creates a topic when a producer asks for it: this one must not.
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace(
+            "drain_timeout = \"3s\"",
+            "drain_timeout = \"3s\"\nshutdown_timeout = \"3s\"",
+        )
+        .replace(
+            "\"linger.ms\" = 2",
+            "\"linger.ms\" = 2\n\"allow.auto.create.topics\" = false",
+        );
+    std::fs::write(&config, format!("{text}\n[limits]\nmax_in_flight = 64\n")).unwrap();
+    let acked = support::produce(&broker.bootstrap(), &support::events("p-", 0..3000));
+    let _first = Modstream::start(&config, "first", dir.path());
+    std::thread::sleep(Duration::from_secs(6));
+    let mut second = Modstream::start(&config, "second", dir.path());
+    std::thread::sleep(Duration::from_secs(8));
+    // It cannot deliver either: it gives up after its shutdown timeout.
+    second.terminate(Duration::from_secs(15));
+    std::thread::sleep(Duration::from_secs(4));
+    broker.create_topic(VERDICTS, 4);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut committed = support::committed(&broker.bootstrap(), "g-paused", 4);
+    let total = |c: &[i64]| c.iter().map(|o| (*o).max(0)).sum::<i64>();
+    while total(&committed) < 3000 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        committed = support::committed(&broker.bootstrap(), "g-paused", 4);
+    }
+    assert_eq!(
+        total(&committed),
+        3000,
+        "every partition committed to its end within 60 s: {committed:?}"
+    );
+    let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(60));
+    v.report("rebalances while paused, then the verdict topic appears");
+    assert!(v.lost.is_empty(), "lost: {}", v.lost.len());
+}
