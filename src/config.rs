@@ -130,6 +130,10 @@ pub struct Limits {
     pub max_text_bytes: usize,
     /// Events consumed but not yet delivered; past this the partitions pause.
     pub max_in_flight: usize,
+    /// A partition whose oldest undelivered event waited this long is
+    /// stalled: metrics, one error log, /readyz fails until it moves.
+    #[serde(with = "humantime_serde")]
+    pub stall_after: Duration,
 }
 
 impl Default for Limits {
@@ -138,6 +142,7 @@ impl Default for Limits {
             max_payload_bytes: 256 * 1024,
             max_text_bytes: 64 * 1024,
             max_in_flight: 10_000,
+            stall_after: Duration::from_secs(60),
         }
     }
 }
@@ -664,6 +669,9 @@ impl Settings {
                 "limits.max_in_flight",
                 "must be at least batching.max_batch_size",
             ));
+        }
+        if self.limits.stall_after < Duration::from_secs(1) {
+            return Err(invalid("limits.stall_after", "must be at least 1s"));
         }
         if self.inference.workers == 0 || self.inference.workers > 64 {
             return Err(invalid("inference.workers", "must be between 1 and 64"));

@@ -31,8 +31,12 @@ use crate::inference::{InferenceJob, InferenceResult};
 use crate::partition::{Partition, Pending, ReadyBatch, Scored};
 use crate::producer::{OutRecord, ProducerError};
 use crate::rebalance::{Positions, RebalanceEvent, Revokes};
-use crate::telemetry::metric;
+use crate::shutdown::Shutdown;
+use crate::telemetry::{Health, Stall, metric};
 use crate::verdict::{self, Original, Scorer};
+
+/// How often the watchdog looks at every partition's oldest pending event.
+const STALL_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How soon the hub tries again to hand positions to the consumer thread
 /// when it has not taken the previous batch yet.
@@ -126,6 +130,10 @@ pub struct Hub<D: Deliver> {
     acks_rx: Option<mpsc::Receiver<Ack>>,
     deliveries: TaskTracker,
     summary: RunSummary,
+    /// The watchdog: partitions stalled now, and when it looks next.
+    health: std::sync::Arc<Health>,
+    stalled: HashSet<Tp>,
+    next_stall_check: Instant,
 }
 
 impl<D: Deliver> Hub<D> {
@@ -135,8 +143,8 @@ impl<D: Deliver> Hub<D> {
         jobs: async_channel::Sender<InferenceJob>,
         outbox: D,
         positions_tx: async_channel::Sender<Positions>,
-        stop: CancellationToken,
-        abort: CancellationToken,
+        health: std::sync::Arc<Health>,
+        shutdown: &Shutdown,
     ) -> Self {
         let (acks_tx, acks_rx) = mpsc::channel(settings.limits.max_in_flight);
         Hub {
@@ -145,8 +153,8 @@ impl<D: Deliver> Hub<D> {
             jobs,
             outbox,
             positions_tx,
-            abort,
-            stop,
+            abort: shutdown.abort.clone(),
+            stop: shutdown.stop.clone(),
             producer_fatal: None,
             partitions: HashMap::new(),
             revokes: Revokes::default(),
@@ -160,6 +168,9 @@ impl<D: Deliver> Hub<D> {
             acks_rx: Some(acks_rx),
             deliveries: TaskTracker::new(),
             summary: RunSummary::default(),
+            health,
+            stalled: HashSet::new(),
+            next_stall_check: Instant::now() + STALL_CHECK,
         }
     }
 
@@ -209,6 +220,58 @@ impl<D: Deliver> Hub<D> {
         self.dispatch();
         self.finish_revokes(false);
         self.send_positions();
+        if Instant::now() >= self.next_stall_check {
+            self.check_stalls();
+        }
+    }
+
+    /// The watchdog: a partition whose oldest undelivered event has waited
+    /// `limits.stall_after` is stalled (its committed offset cannot move):
+    /// one error log when it starts, the gauges, and /readyz fails until it
+    /// moves again.
+    fn check_stalls(&mut self) {
+        let now = Instant::now();
+        self.next_stall_check = now + STALL_CHECK;
+        let stall_after = self.settings.limits.stall_after;
+        let mut stalls = Vec::new();
+        for (tp, partition) in &self.partitions {
+            let oldest = partition.oldest_pending(now);
+            let waited = oldest.map_or(0.0, |(_, w)| w.as_secs_f64());
+            metrics::gauge!(metric::OLDEST_PENDING_SECONDS, "topic" => tp.topic.to_string(), "partition" => tp.partition.to_string())
+                .set(waited);
+            match oldest {
+                Some((offset, waited)) if waited >= stall_after => {
+                    let stall = Stall {
+                        topic: tp.topic.to_string(),
+                        partition: tp.partition,
+                        offset,
+                        waiting_s: waited.as_secs(),
+                        pending: partition.in_flight(),
+                    };
+                    if self.stalled.insert(tp.clone()) {
+                        tracing::error!(topic = %tp.topic, partition = tp.partition, offset, waiting_s = stall.waiting_s, pending = stall.pending, "partition stalled: its oldest event has no verdict delivered yet");
+                    }
+                    stalls.push(stall);
+                }
+                _ => {
+                    if self.stalled.remove(tp) {
+                        tracing::info!(topic = %tp.topic, partition = tp.partition, "partition making progress again");
+                    }
+                }
+            }
+        }
+        // Partitions no longer owned are not stalled here.
+        let owned = &self.partitions;
+        self.stalled.retain(|tp| {
+            let keep = owned.contains_key(tp);
+            if !keep {
+                tracing::info!(topic = %tp.topic, partition = tp.partition, "stalled partition revoked; its next owner takes over");
+            }
+            keep
+        });
+        metrics::gauge!(metric::STALLED_PARTITIONS).set(stalls.len() as f64);
+        stalls.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        self.health.set_stalled(stalls);
     }
 
     fn next_wake(&self) -> Option<Instant> {
@@ -217,6 +280,8 @@ impl<D: Deliver> Hub<D> {
             .values()
             .filter_map(Partition::deadline)
             .min();
+        let watchdog =
+            (self.in_flight > 0 || !self.stalled.is_empty()).then_some(self.next_stall_check);
         // Positions waiting for the consumer thread to take the last batch.
         let positions =
             (!self.unsent_positions.is_empty()).then(|| Instant::now() + POSITIONS_RETRY);
@@ -224,6 +289,7 @@ impl<D: Deliver> Hub<D> {
             .into_iter()
             .chain(self.revokes.next_deadline())
             .chain(positions)
+            .chain(watchdog)
             .min()
     }
 
@@ -616,6 +682,8 @@ impl<D: Deliver> Hub<D> {
                         self.positions.insert(tp.clone(), position);
                     }
                     self.release(partition.held_back());
+                    metrics::gauge!(metric::OLDEST_PENDING_SECONDS, "topic" => tp.topic.to_string(), "partition" => tp.partition.to_string())
+                        .set(0.0);
                 }
                 self.unsent_positions.remove(tp);
                 if let Some(position) = self.positions.remove(tp) {
@@ -734,8 +802,8 @@ mod tests {
             jobs_tx,
             outbox.clone(),
             positions_tx,
-            CancellationToken::new(),
-            CancellationToken::new(),
+            Arc::default(),
+            &Shutdown::new(),
         );
         let acks = hub.acks_rx.take().unwrap();
         Harness {
@@ -939,5 +1007,33 @@ mod tests {
         assert_eq!(h.hub.in_flight, 0);
         let stored: Vec<(Tp, i64)> = h.stored().concat();
         assert_eq!(stored.last(), Some(&(tp(0), 3)), "the position passes it");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_partition_without_progress_is_reported_stalled_until_it_moves() {
+        let mut h = harness();
+        h.hub.settings.limits.stall_after = Duration::from_secs(3);
+        h.push(record(0, 0, 0));
+        h.push(record(0, 1, 0));
+        let job = h.jobs.try_recv().unwrap();
+        // The model run does not come back.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        h.hub.after_event();
+        assert!(h.hub.health.stalled().is_empty(), "not yet");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        h.hub.after_event();
+        let stalled = h.hub.health.stalled();
+        assert_eq!(stalled.len(), 1);
+        assert_eq!(
+            (stalled[0].partition, stalled[0].offset, stalled[0].pending),
+            (0, 0, 2)
+        );
+        assert!(stalled[0].waiting_s >= 3);
+        // It moves: no longer stalled at the next look.
+        h.result(scored(&job));
+        h.acks(2).await;
+        tokio::time::advance(Duration::from_secs(1)).await;
+        h.hub.after_event();
+        assert!(h.hub.health.stalled().is_empty());
     }
 }

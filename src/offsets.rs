@@ -6,7 +6,9 @@
 //! every tracked event is acknowledged it reaches `last + 1`, so a restart
 //! resumes exactly after the last delivered event.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
+
+use tokio::time::Instant;
 
 /// Kafka's committed offset is the position of the *next* record to read,
 /// not the last one processed: after delivering offset 41 we commit 42.
@@ -19,7 +21,8 @@ pub fn next_offset(last_delivered: i64) -> i64 {
 /// delivered.
 #[derive(Debug, Default)]
 pub struct OffsetTracker {
-    pending: BTreeSet<i64>,
+    /// Undelivered offsets, with when each was tracked.
+    pending: BTreeMap<i64, Instant>,
     highest_tracked: Option<i64>,
     last_reported: Option<i64>,
 }
@@ -31,7 +34,7 @@ impl OffsetTracker {
 
     /// Record a consumed offset; offsets of a partition arrive in order.
     pub fn track(&mut self, offset: i64) {
-        self.pending.insert(offset);
+        self.pending.insert(offset, Instant::now());
         self.highest_tracked = Some(self.highest_tracked.map_or(offset, |h| h.max(offset)));
     }
 
@@ -48,10 +51,15 @@ impl OffsetTracker {
     /// The offset to commit: the first undelivered one, or the one after the
     /// highest tracked when all are delivered.
     pub fn position(&self) -> Option<i64> {
-        match self.pending.first() {
-            Some(&first_undelivered) => Some(first_undelivered),
+        match self.pending.first_key_value() {
+            Some((&first_undelivered, _)) => Some(first_undelivered),
             None => self.highest_tracked.map(next_offset),
         }
+    }
+
+    /// The first undelivered offset and when it was tracked.
+    pub fn oldest_pending(&self) -> Option<(i64, Instant)> {
+        self.pending.first_key_value().map(|(o, t)| (*o, *t))
     }
 
     /// The position if it moved since the last call (to store it once).
@@ -69,6 +77,7 @@ impl OffsetTracker {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::BTreeSet;
 
     #[test]
     fn next_offset_is_one_past_the_last_delivered() {

@@ -152,6 +152,13 @@ impl Partition {
     pub fn in_flight(&self) -> usize {
         self.offsets.in_flight()
     }
+
+    /// The oldest undelivered offset and how long it has waited.
+    pub fn oldest_pending(&self, now: Instant) -> Option<(i64, Duration)> {
+        self.offsets
+            .oldest_pending()
+            .map(|(offset, since)| (offset, now.saturating_duration_since(since)))
+    }
 }
 
 #[cfg(test)]

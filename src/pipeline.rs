@@ -124,8 +124,8 @@ pub async fn run_with_health(
         pool.jobs(),
         sink.clone(),
         channels.positions,
-        shutdown.stop.clone(),
-        shutdown.abort.clone(),
+        health.clone(),
+        &shutdown,
     );
     let inputs = Inputs {
         records: channels.records,

@@ -39,6 +39,11 @@ pub mod metric {
     pub const IN_FLIGHT_EVENTS: &str = "modstream_in_flight_events";
     /// Partitions paused for backpressure.
     pub const PAUSED_PARTITIONS: &str = "modstream_paused_partitions";
+    /// Partitions whose oldest undelivered event waited `limits.stall_after`.
+    pub const STALLED_PARTITIONS: &str = "modstream_stalled_partitions";
+    /// Age of a partition's oldest undelivered event (0: none). Labels:
+    /// topic, partition.
+    pub const OLDEST_PENDING_SECONDS: &str = "modstream_oldest_pending_seconds";
     /// Offset commits. Labels: outcome (ok, error).
     pub const COMMITS_TOTAL: &str = "modstream_commits_total";
     /// Rebalance events. Labels: kind (assign, revoke).
@@ -72,6 +77,8 @@ pub mod metric {
         INFERENCE_FAILURES_TOTAL,
         IN_FLIGHT_EVENTS,
         PAUSED_PARTITIONS,
+        STALLED_PARTITIONS,
+        OLDEST_PENDING_SECONDS,
         COMMITS_TOTAL,
         REBALANCES_TOTAL,
         STALE_RECORDS_TOTAL,
@@ -152,6 +159,16 @@ pub fn describe_metrics() {
         Unit::Count,
         "partitions paused for backpressure"
     );
+    describe_gauge!(
+        metric::STALLED_PARTITIONS,
+        Unit::Count,
+        "partitions whose oldest undelivered event waited limits.stall_after or longer"
+    );
+    describe_gauge!(
+        metric::OLDEST_PENDING_SECONDS,
+        Unit::Seconds,
+        "age of the partition's oldest undelivered event, 0 when none"
+    );
     describe_counter!(
         metric::COMMITS_TOTAL,
         Unit::Count,
@@ -213,12 +230,26 @@ pub fn install_recorder() -> Result<PrometheusHandle, TelemetryError> {
 
 /// What /readyz reports: ready once the model is loaded, the consumer has
 /// joined (partitions assigned or waiting for an assignment) and the
-/// producer reached the cluster.
+/// producer reached the cluster, and while no partition is stalled.
 #[derive(Debug, Default)]
 pub struct Health {
     pub model_loaded: AtomicBool,
     pub consumer_ready: AtomicBool,
     pub producer_connected: AtomicBool,
+    /// Written by the hub's watchdog, read by /readyz.
+    stalled: std::sync::Mutex<Vec<Stall>>,
+}
+
+/// A partition whose oldest undelivered event has waited too long.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Stall {
+    pub topic: String,
+    pub partition: i32,
+    /// The oldest undelivered offset: the committed position stays there.
+    pub offset: i64,
+    pub waiting_s: u64,
+    /// Undelivered events of the partition.
+    pub pending: usize,
 }
 
 impl Health {
@@ -226,6 +257,17 @@ impl Health {
         self.model_loaded.load(Ordering::SeqCst)
             && self.consumer_ready.load(Ordering::SeqCst)
             && self.producer_connected.load(Ordering::SeqCst)
+            && self.stalled().is_empty()
+    }
+
+    pub fn stalled(&self) -> Vec<Stall> {
+        self.stalled.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub fn set_stalled(&self, stalled: Vec<Stall>) {
+        if let Ok(mut s) = self.stalled.lock() {
+            *s = stalled;
+        }
     }
 
     fn report(&self) -> String {
@@ -234,6 +276,7 @@ impl Health {
             "model_loaded": self.model_loaded.load(Ordering::SeqCst),
             "consumer_ready": self.consumer_ready.load(Ordering::SeqCst),
             "producer_connected": self.producer_connected.load(Ordering::SeqCst),
+            "stalled": self.stalled(),
         })
         .to_string()
     }

@@ -160,7 +160,9 @@ fn a_secret_never_shows_in_any_output() {
         }
         cmd.output().unwrap()
     };
-    let ways: Vec<(String, Vec<(&str, &str)>, bool)> = vec![
+    // (file lines, environment, whether the configuration is valid)
+    type Way<'a> = (String, Vec<(&'a str, &'a str)>, bool);
+    let ways: Vec<Way> = vec![
         (
             format!("[kafka.producer]\n\"sasl.password\" = \"{secret}\""),
             vec![],

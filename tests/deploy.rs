@@ -53,6 +53,51 @@ fn prometheus_config_is_valid() {
     );
 }
 
+/// Every `modstream_` name in `text`.
+fn metric_names(text: &str) -> Vec<String> {
+    let mut used = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("modstream_") {
+        let name: String = rest[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[i + name.len()..];
+        used.push(name);
+    }
+    used
+}
+
+#[test]
+fn the_alert_rules_are_valid_and_name_only_exported_metrics() {
+    let out = Command::new("promtool")
+        .args(["check", "rules", "deploy/alerts.yml"])
+        .output()
+        .expect("promtool is installed (scripts/test.sh installs it)");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rules = std::fs::read_to_string("deploy/alerts.yml").unwrap();
+    let exprs: String = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr:"))
+        .collect();
+    let used = metric_names(&exprs);
+    for name in &used {
+        assert!(
+            metric::ALL.contains(&name.as_str()),
+            "{name} is not exported"
+        );
+    }
+    assert!(
+        used.iter().any(|u| u == metric::STALLED_PARTITIONS),
+        "an alert on stalled partitions"
+    );
+}
+
 #[test]
 fn the_dashboard_names_only_exported_metrics() {
     let text = std::fs::read_to_string("deploy/grafana/dashboards/modstream.json").unwrap();
@@ -60,16 +105,7 @@ fn the_dashboard_names_only_exported_metrics() {
     let mut used = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().unwrap() {
-            let expr = target["expr"].as_str().unwrap();
-            let mut rest = expr;
-            while let Some(i) = rest.find("modstream_") {
-                let name: String = rest[i..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                rest = &rest[i + name.len()..];
-                used.push(name);
-            }
+            used.extend(metric_names(target["expr"].as_str().unwrap()));
         }
     }
     assert!(

@@ -525,7 +525,11 @@ fn a_rebalance_while_paused_leaves_no_partition_unfetched() {
             "\"linger.ms\" = 2",
             "\"linger.ms\" = 2\n\"allow.auto.create.topics\" = false",
         );
-    std::fs::write(&config, format!("{text}\n[limits]\nmax_in_flight = 64\n")).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}\n[limits]\nmax_in_flight = 64\nstall_after = \"3s\"\n"),
+    )
+    .unwrap();
     let acked = support::produce(&broker.bootstrap(), &support::events("p-", 0..3000));
     let _first = Modstream::start(&config, "first", dir.path());
     std::thread::sleep(Duration::from_secs(6));
@@ -551,4 +555,20 @@ fn a_rebalance_while_paused_leaves_no_partition_unfetched() {
     let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(60));
     v.report("rebalances while paused, then the verdict topic appears");
     assert!(v.lost.is_empty(), "lost: {}", v.lost.len());
+    // The watchdog said so while it lasted (limits.stall_after = 3 s), and
+    // that it ended.
+    let log = std::fs::read_to_string(log_dir(dir.path()).join("first.log")).unwrap();
+    let stalled = log.rfind("partition stalled");
+    let ended = log
+        .rfind("partition making progress again")
+        .max(log.rfind("stalled partition revoked"));
+    assert!(
+        stalled.is_some() && ended > stalled,
+        "the stall was reported, then its end:\n{log}"
+    );
+}
+
+/// Where `Modstream::start` writes the service logs.
+fn log_dir(dir: &std::path::Path) -> std::path::PathBuf {
+    std::env::var_os("MODSTREAM_TEST_LOGDIR").map_or_else(|| dir.to_path_buf(), Into::into)
 }
