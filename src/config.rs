@@ -196,6 +196,12 @@ pub struct InferenceSettings {
     /// Run each padded shape once at start so that the first real batch does
     /// not pay for allocations and kernel selection.
     pub warm_up: bool,
+    /// The circuit breaker: after this many model runs in a row in which
+    /// every event failed, the model is taken as broken: events wait instead
+    /// of going to the DLQ, consumption pauses, /readyz fails, and a probe
+    /// retries the model with backoff (1 s doubling to 30 s) until it works.
+    /// 0: never.
+    pub breaker_after: u32,
 }
 
 impl Default for InferenceSettings {
@@ -213,6 +219,7 @@ impl Default for InferenceSettings {
             pass_overhead_tokens: 24,
             length_buckets: vec![16, 32, 64, 128],
             warm_up: true,
+            breaker_after: 5,
         }
     }
 }

@@ -35,6 +35,13 @@ use crate::shutdown::Shutdown;
 use crate::telemetry::{Health, Stall, metric};
 use crate::verdict::{self, Original, Scorer};
 
+/// The circuit breaker's probe: the text when no event was scored yet (else
+/// the last text the model scored), and how long it waits between tries
+/// (doubling).
+const PROBE_TEXT: &str = "modstream probe";
+const FIRST_PROBE_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
+const MAX_PROBE_DELAY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How often the watchdog looks at every partition's oldest pending event.
 const STALL_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -104,6 +111,27 @@ pub struct Inputs {
     pub results: mpsc::Receiver<InferenceResult>,
 }
 
+/// The circuit breaker on the model. Closed, events that fail go to the DLQ
+/// one by one. After `inference.breaker_after` runs in a row in which every
+/// event failed, it opens: that run's batch goes back to the front of the
+/// queue, no batch goes to the model and no input is taken (the consumer
+/// pauses), /readyz fails; a probe (one synthetic text) runs after 1 s,
+/// doubling to 30 s, until the model scores it; then it closes and the held
+/// batches are scored as usual. The probe is the last text the model
+/// scored: a model that scored it before and fails it now is broken, and
+/// poison events alone cannot keep the breaker open.
+#[derive(Default)]
+struct Breaker {
+    dead_runs: u32,
+    open: bool,
+    /// The probe's job id while it runs.
+    probe: Option<u64>,
+    next_probe: Option<Instant>,
+    delay: std::time::Duration,
+    /// The last text the model scored.
+    last_scored: Option<String>,
+}
+
 pub struct Hub<D: Deliver> {
     settings: Settings,
     scorer: Scorer,
@@ -130,6 +158,7 @@ pub struct Hub<D: Deliver> {
     acks_rx: Option<mpsc::Receiver<Ack>>,
     deliveries: TaskTracker,
     summary: RunSummary,
+    breaker: Breaker,
     /// The watchdog: partitions stalled now, and when it looks next.
     health: std::sync::Arc<Health>,
     stalled: HashSet<Tp>,
@@ -169,6 +198,7 @@ impl<D: Deliver> Hub<D> {
             deliveries: TaskTracker::new(),
             summary: RunSummary::default(),
             health,
+            breaker: Breaker::default(),
             stalled: HashSet::new(),
             next_stall_check: Instant::now() + STALL_CHECK,
         }
@@ -182,14 +212,19 @@ impl<D: Deliver> Hub<D> {
             return (self.summary, None);
         };
         let mut input_open = true;
+        let abort = self.abort.clone();
         loop {
             let wake_at = self.next_wake();
-            let accepting = input_open && self.in_flight < self.settings.limits.max_in_flight;
+            let accepting = input_open
+                && self.in_flight < self.settings.limits.max_in_flight
+                && !self.breaker.open;
+            let holding = self.breaker.open && !self.ready.is_empty();
             tokio::select! {
                 biased;
                 Some(event) = inputs.rebalances.recv() => self.on_rebalance(event),
                 Some(ack) = acks_rx.recv() => self.on_ack(ack),
                 Some(result) = inputs.results.recv() => self.on_inference_result(result),
+                _ = abort.cancelled(), if holding => self.give_up_held(),
                 _ = sleep_until(wake_at) => {}
                 record = inputs.records.recv(), if accepting => match record {
                     Some(record) => self.on_record(record),
@@ -282,6 +317,10 @@ impl<D: Deliver> Hub<D> {
             .min();
         let watchdog =
             (self.in_flight > 0 || !self.stalled.is_empty()).then_some(self.next_stall_check);
+        let probe = self
+            .breaker
+            .next_probe
+            .filter(|_| self.breaker.probe.is_none());
         // Positions waiting for the consumer thread to take the last batch.
         let positions =
             (!self.unsent_positions.is_empty()).then(|| Instant::now() + POSITIONS_RETRY);
@@ -290,6 +329,7 @@ impl<D: Deliver> Hub<D> {
             .chain(self.revokes.next_deadline())
             .chain(positions)
             .chain(watchdog)
+            .chain(probe)
             .min()
     }
 
@@ -405,6 +445,10 @@ impl<D: Deliver> Hub<D> {
     fn dispatch(&mut self) {
         let max = self.settings.batching.max_batch_size;
         let capacity = self.settings.inference.workers * 2;
+        if self.breaker.open {
+            self.probe(capacity);
+            return;
+        }
         while !self.ready.is_empty() && self.in_inference.len() < capacity {
             let mut segments = Vec::new();
             let mut size = 0;
@@ -435,13 +479,14 @@ impl<D: Deliver> Hub<D> {
             }
             sizes[size] += 1;
             self.in_inference.insert(id, segments);
-            if self.jobs.try_send(InferenceJob { id, texts }).is_err() {
+            if let Err(e) = self.jobs.try_send(InferenceJob { id, texts }) {
                 // Cannot happen while in_inference bounds the queue; keep
-                // the events anyway (texts are gone, so score them as failed).
+                // the events anyway (scored as failed).
                 tracing::error!("inference queue full despite the bound");
                 self.on_inference_result(InferenceResult {
                     id,
                     scores: vec![],
+                    texts: e.into_inner().texts,
                     elapsed: std::time::Duration::ZERO,
                     tokens: Default::default(),
                 });
@@ -449,10 +494,117 @@ impl<D: Deliver> Hub<D> {
         }
     }
 
+    /// Breaker open: when its time has come, try the model on one synthetic
+    /// text.
+    fn probe(&mut self, capacity: usize) {
+        let due = self.breaker.next_probe.is_some_and(|t| Instant::now() >= t);
+        if self.breaker.probe.is_some() || !due || self.in_inference.len() >= capacity {
+            return;
+        }
+        let id = self.next_job_id;
+        self.next_job_id += 1;
+        let text = self.breaker.last_scored.clone();
+        let job = InferenceJob {
+            id,
+            texts: vec![text.unwrap_or_else(|| PROBE_TEXT.to_string())],
+        };
+        if self.jobs.try_send(job).is_ok() {
+            self.breaker.probe = Some(id);
+        }
+    }
+
+    fn on_probe(&mut self, result: InferenceResult) {
+        self.breaker.probe = None;
+        if result.scores.iter().any(Result::is_ok) {
+            tracing::info!(
+                held = self.ready.iter().map(|b| b.items.len()).sum::<usize>(),
+                "the model scores again; closing the circuit breaker"
+            );
+            self.breaker = Breaker {
+                last_scored: self.breaker.last_scored.take(),
+                ..Breaker::default()
+            };
+            self.health
+                .model_failing
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+            metrics::gauge!(metric::INFERENCE_BREAKER_OPEN).set(0.0);
+            return;
+        }
+        self.breaker.delay = (self.breaker.delay * 2).clamp(FIRST_PROBE_DELAY, MAX_PROBE_DELAY);
+        self.breaker.next_probe = Some(Instant::now() + self.breaker.delay);
+        let error = result
+            .scores
+            .into_iter()
+            .find_map(Result::err)
+            .unwrap_or_default();
+        tracing::warn!(error = %error, retry_in_s = self.breaker.delay.as_secs(), "the model still fails");
+    }
+
+    /// A run in which every event failed, the breaker's limit reached (or
+    /// the breaker already open): the model is taken as broken. The batch
+    /// goes back to the front of the queue (texts restored), nothing more
+    /// goes to the DLQ.
+    fn hold_back(&mut self, mut segments: Vec<ReadyBatch>, result: InferenceResult) {
+        let error = result
+            .scores
+            .into_iter()
+            .find_map(Result::err)
+            .unwrap_or_default();
+        if !self.breaker.open {
+            tracing::error!(runs = self.breaker.dead_runs, error = %error, "the model fails every event; holding events back and retrying it (circuit breaker open)");
+            self.breaker.open = true;
+            self.breaker.delay = FIRST_PROBE_DELAY;
+            self.breaker.next_probe = Some(Instant::now() + FIRST_PROBE_DELAY);
+            self.health
+                .model_failing
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            metrics::gauge!(metric::INFERENCE_BREAKER_OPEN).set(1.0);
+        }
+        let mut texts = result.texts.into_iter();
+        for segment in &mut segments {
+            for pending in &mut segment.items {
+                pending.event.text = texts.next().unwrap_or_default();
+            }
+        }
+        for segment in segments.into_iter().rev() {
+            self.ready.push_front(segment);
+        }
+    }
+
+    /// Shutdown gave up while the breaker holds events: they stay
+    /// uncommitted for the restart.
+    fn give_up_held(&mut self) {
+        let held: usize = self.ready.drain(..).map(|b| b.items.len()).sum();
+        tracing::warn!(
+            held,
+            "shutdown timeout with the model failing; held events stay uncommitted"
+        );
+        self.summary.abandoned += held as u64;
+        self.release(held);
+    }
+
     fn on_inference_result(&mut self, result: InferenceResult) {
+        if self.breaker.probe == Some(result.id) {
+            self.on_probe(result);
+            return;
+        }
         let Some(segments) = self.in_inference.remove(&result.id) else {
             return;
         };
+        let dead = !result.scores.is_empty() && result.scores.iter().all(Result::is_err);
+        if !dead {
+            self.breaker.dead_runs = 0;
+            if let Some(i) = result.scores.iter().position(Result::is_ok) {
+                self.breaker.last_scored = result.texts.get(i).cloned();
+            }
+        } else {
+            self.breaker.dead_runs += 1;
+            let limit = self.settings.inference.breaker_after;
+            if limit > 0 && (self.breaker.open || self.breaker.dead_runs >= limit) {
+                self.hold_back(segments, result);
+                return;
+            }
+        }
         metrics::histogram!(metric::INFERENCE_SECONDS).record(result.elapsed.as_secs_f64());
         self.summary.batches += 1;
         self.summary.inference_seconds += result.elapsed.as_secs_f64();
@@ -834,6 +986,7 @@ mod tests {
         InferenceResult {
             id: job.id,
             scores: job.texts.iter().map(|_| Ok(vec![0.1])).collect(),
+            texts: job.texts.clone(),
             elapsed: Duration::from_millis(3),
             tokens: TokenStats::default(),
         }
@@ -1035,5 +1188,98 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         h.hub.after_event();
         assert!(h.hub.health.stalled().is_empty());
+    }
+
+    fn failed(job: &InferenceJob) -> InferenceResult {
+        InferenceResult {
+            id: job.id,
+            scores: job
+                .texts
+                .iter()
+                .map(|_| Err("model run failed".into()))
+                .collect(),
+            texts: job.texts.clone(),
+            elapsed: Duration::from_millis(3),
+            tokens: TokenStats::default(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_model_that_fails_everything_is_retried_instead_of_flooding_the_dlq() {
+        let mut h = harness();
+        h.hub.settings.inference.breaker_after = 2;
+        assert!(
+            !h.hub
+                .health
+                .model_failing
+                .load(std::sync::atomic::Ordering::SeqCst)
+        );
+        // One batch scored: its text becomes the probe.
+        h.push(record(1, 0, 0));
+        h.push(record(1, 1, 0));
+        let good = h.jobs.try_recv().unwrap();
+        h.result(scored(&good));
+        h.acks(2).await;
+        for offset in 0..6 {
+            h.push(record(0, offset, 0));
+        }
+        let (first, second) = (h.jobs.try_recv().unwrap(), h.jobs.try_recv().unwrap());
+        // One run in which every event failed: dead-lettered as before.
+        h.result(failed(&first));
+        h.acks(2).await;
+        assert_eq!(h.hub.summary.dlq, 2);
+        let third = h.jobs.try_recv().expect("the next batch went out");
+        // The second in a row opens the breaker: held, not dead-lettered,
+        // and so is a failed run that was already under way.
+        h.result(failed(&second));
+        assert!(
+            h.hub
+                .health
+                .model_failing
+                .load(std::sync::atomic::Ordering::SeqCst)
+        );
+        assert!(h.hub.breaker.open, "no input is taken meanwhile");
+        h.result(failed(&third));
+        assert!(h.jobs.try_recv().is_err(), "no batch goes to the model");
+        // A probe after 1 s; it fails, the next comes 2 s later.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        h.hub.after_event();
+        let probe = h.jobs.try_recv().expect("a probe");
+        assert_eq!(
+            probe.texts,
+            vec!["post 0".to_string()],
+            "the last text scored"
+        );
+        h.result(failed(&probe));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        h.hub.after_event();
+        assert!(h.jobs.try_recv().is_err(), "backing off");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        h.hub.after_event();
+        let probe = h.jobs.try_recv().expect("the second probe");
+        h.result(scored(&probe));
+        assert!(
+            !h.hub
+                .health
+                .model_failing
+                .load(std::sync::atomic::Ordering::SeqCst)
+        );
+        // The held batches go to the model again, with their texts.
+        let (a, b) = (h.jobs.try_recv().unwrap(), h.jobs.try_recv().unwrap());
+        let mut texts = [a.texts.clone(), b.texts.clone()].concat();
+        texts.sort();
+        assert_eq!(texts, ["post 2", "post 3", "post 4", "post 5"]);
+        h.result(scored(&a));
+        h.result(scored(&b));
+        h.acks(4).await;
+        assert_eq!((h.hub.summary.dlq, h.hub.summary.verdicts), (2, 6));
+        assert_eq!(
+            h.outbox.offsets(),
+            vec![0, 1, 2, 3, 4, 5],
+            "in offset order"
+        );
+        assert_eq!(h.hub.in_flight, 0);
+        let stored = h.stored().concat();
+        assert!(stored.contains(&(tp(0), 6)), "{stored:?}");
     }
 }

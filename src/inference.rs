@@ -489,6 +489,22 @@ impl Model {
     }
 }
 
+/// Run `score` on `texts`; a panic inside (tokenizer, ONNX Runtime) comes
+/// back as its message instead of killing the worker thread, whose job
+/// would then never be answered.
+fn catching_panics(
+    texts: &mut [String],
+    score: impl FnOnce(&mut [String]) -> Vec<Result<Vec<f32>, String>>,
+) -> Result<Vec<Result<Vec<f32>, String>>, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| score(texts))).map_err(|payload| {
+        payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_string())
+    })
+}
+
 /// Scores that can make a verdict: all finite.
 fn finite(scores: Vec<f32>) -> Result<Vec<f32>, String> {
     if scores.iter().all(|s| s.is_finite()) {
@@ -576,6 +592,9 @@ pub struct InferenceResult {
     pub id: u64,
     /// One entry per text, in job order.
     pub scores: Vec<Result<Vec<f32>, String>>,
+    /// The job's texts, handed back (a batch whose run failed may be tried
+    /// again).
+    pub texts: Vec<String>,
     pub elapsed: Duration,
     /// Tokens this job fed the model, real and padded (token models).
     pub tokens: TokenStats,
@@ -622,20 +641,36 @@ impl InferencePool {
             manifest.get_or_insert_with(|| model.manifest.clone());
             let jobs = jobs_rx.clone();
             let results = results.clone();
+            let settings = settings.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("inference-{worker}"))
                 .spawn(move || {
                     while let Ok(mut job) = jobs.recv_blocking() {
                         let started = Instant::now();
                         let before = model.tokens;
-                        let scores = model.score_isolating(&mut job.texts);
+                        let scores = match catching_panics(&mut job.texts, |texts| {
+                            model.score_isolating(texts)
+                        }) {
+                            Ok(scores) => scores,
+                            Err(panic) => {
+                                // The session may be left broken: load it again.
+                                tracing::error!(worker, error = %panic, "inference panicked; loading the model again");
+                                match Model::load(&settings) {
+                                    Ok(fresh) => model = fresh,
+                                    Err(e) => tracing::error!(worker, error = %e, "cannot load the model again; keeping the old session"),
+                                }
+                                let failure = format!("inference panicked: {panic}");
+                                job.texts.iter().map(|_| Err(failure.clone())).collect()
+                            }
+                        };
                         let result = InferenceResult {
                             id: job.id,
                             scores,
+                            texts: job.texts,
                             elapsed: started.elapsed(),
                             tokens: TokenStats {
-                                real: model.tokens.real - before.real,
-                                padded: model.tokens.padded - before.padded,
+                                real: model.tokens.real.saturating_sub(before.real),
+                                padded: model.tokens.padded.saturating_sub(before.padded),
                             },
                         };
                         if results.blocking_send(result).is_err() {
@@ -669,6 +704,15 @@ impl InferencePool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_panic_while_scoring_becomes_a_failure_not_a_dead_worker() {
+        let mut texts = vec!["a".to_string()];
+        let got = super::catching_panics(&mut texts, |_| panic!("tokenizer blew up"));
+        assert_eq!(got, Err("tokenizer blew up".to_string()));
+        let got = super::catching_panics(&mut texts, |t| vec![Ok(vec![t.len() as f32])]);
+        assert_eq!(got, Ok(vec![Ok(vec![1.0])]));
+    }
+
     #[test]
     fn a_non_finite_score_is_a_failure_not_a_verdict() {
         assert_eq!(super::finite(vec![0.1, 0.9]), Ok(vec![0.1, 0.9]));

@@ -39,6 +39,8 @@ pub mod metric {
     pub const IN_FLIGHT_EVENTS: &str = "modstream_in_flight_events";
     /// Partitions paused for backpressure.
     pub const PAUSED_PARTITIONS: &str = "modstream_paused_partitions";
+    /// 1 while the circuit breaker on the model is open.
+    pub const INFERENCE_BREAKER_OPEN: &str = "modstream_inference_breaker_open";
     /// Partitions whose oldest undelivered event waited `limits.stall_after`.
     pub const STALLED_PARTITIONS: &str = "modstream_stalled_partitions";
     /// Age of a partition's oldest undelivered event (0: none). Labels:
@@ -79,6 +81,7 @@ pub mod metric {
         PAUSED_PARTITIONS,
         STALLED_PARTITIONS,
         OLDEST_PENDING_SECONDS,
+        INFERENCE_BREAKER_OPEN,
         COMMITS_TOTAL,
         REBALANCES_TOTAL,
         STALE_RECORDS_TOTAL,
@@ -160,6 +163,11 @@ pub fn describe_metrics() {
         "partitions paused for backpressure"
     );
     describe_gauge!(
+        metric::INFERENCE_BREAKER_OPEN,
+        Unit::Count,
+        "1 while the model fails every event and the circuit breaker holds events back"
+    );
+    describe_gauge!(
         metric::STALLED_PARTITIONS,
         Unit::Count,
         "partitions whose oldest undelivered event waited limits.stall_after or longer"
@@ -236,6 +244,8 @@ pub struct Health {
     pub model_loaded: AtomicBool,
     pub consumer_ready: AtomicBool,
     pub producer_connected: AtomicBool,
+    /// The model fails every event: the circuit breaker is open.
+    pub model_failing: AtomicBool,
     /// Written by the hub's watchdog, read by /readyz.
     stalled: std::sync::Mutex<Vec<Stall>>,
 }
@@ -257,6 +267,7 @@ impl Health {
         self.model_loaded.load(Ordering::SeqCst)
             && self.consumer_ready.load(Ordering::SeqCst)
             && self.producer_connected.load(Ordering::SeqCst)
+            && !self.model_failing.load(Ordering::SeqCst)
             && self.stalled().is_empty()
     }
 
@@ -276,6 +287,7 @@ impl Health {
             "model_loaded": self.model_loaded.load(Ordering::SeqCst),
             "consumer_ready": self.consumer_ready.load(Ordering::SeqCst),
             "producer_connected": self.producer_connected.load(Ordering::SeqCst),
+            "model_failing": self.model_failing.load(Ordering::SeqCst),
             "stalled": self.stalled(),
         })
         .to_string()
