@@ -130,6 +130,10 @@ pub struct Limits {
     pub max_text_bytes: usize,
     /// Events consumed but not yet delivered; past this the partitions pause.
     pub max_in_flight: usize,
+    /// Bytes (key, value, headers) of the records consumed and not yet
+    /// delivered; past this the partitions pause. A record larger than this
+    /// still goes through, alone.
+    pub max_in_flight_bytes: usize,
     /// A partition whose oldest undelivered event waited this long is
     /// stalled: metrics, one error log, /readyz fails until it moves.
     #[serde(with = "humantime_serde")]
@@ -142,6 +146,7 @@ impl Default for Limits {
             max_payload_bytes: 256 * 1024,
             max_text_bytes: 64 * 1024,
             max_in_flight: 10_000,
+            max_in_flight_bytes: 128 * 1024 * 1024,
             stall_after: Duration::from_secs(60),
         }
     }
@@ -675,6 +680,12 @@ impl Settings {
             return Err(invalid(
                 "limits.max_in_flight",
                 "must be at least batching.max_batch_size",
+            ));
+        }
+        if self.limits.max_in_flight_bytes < self.limits.max_payload_bytes {
+            return Err(invalid(
+                "limits.max_in_flight_bytes",
+                "must be at least limits.max_payload_bytes",
             ));
         }
         if self.limits.stall_after < Duration::from_secs(1) {

@@ -24,7 +24,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
@@ -89,6 +89,81 @@ pub struct Ingested {
     pub timestamp_ms: Option<i64>,
     pub generation: u64,
     pub received_at: tokio::time::Instant,
+    /// Its share of `limits.max_in_flight_bytes`, held until its verdict or
+    /// DLQ record is acknowledged (or it is dropped): released on drop.
+    pub bytes: Option<OwnedSemaphorePermit>,
+}
+
+impl Ingested {
+    /// Bytes it holds: key, value and headers.
+    fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len)
+            + self.payload.as_ref().map_or(0, Vec::len)
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+                .sum::<usize>()
+    }
+}
+
+/// The bytes of records consumed and not yet delivered, shared by the
+/// consumer thread (which takes a record's share before forwarding it) and
+/// the records themselves (which give it back when dropped).
+#[derive(Clone)]
+pub struct ByteBudget {
+    semaphore: Arc<Semaphore>,
+    total: usize,
+}
+
+impl ByteBudget {
+    pub fn new(total: usize) -> Self {
+        let total = total.clamp(1, Semaphore::MAX_PERMITS);
+        ByteBudget {
+            semaphore: Arc::new(Semaphore::new(total)),
+            total,
+        }
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> usize {
+        self.total - self.semaphore.available_permits()
+    }
+
+    /// Take `record`'s share unless it has one; false while the budget is
+    /// spent. A record larger than the whole budget takes all of it.
+    fn take(&self, record: &mut Ingested) -> bool {
+        if record.bytes.is_some() {
+            return true;
+        }
+        let want = record.size().clamp(1, self.total).min(u32::MAX as usize) as u32;
+        match self.semaphore.clone().try_acquire_many_owned(want) {
+            Ok(permit) => {
+                record.bytes = Some(permit);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+enum Forward {
+    Sent,
+    /// The hub's channel or the byte budget is full: keep it for later.
+    Full(Ingested),
+    Closed,
+}
+
+/// Hand a record to the hub if the byte budget and the channel allow.
+fn forward(tx: &mpsc::Sender<Ingested>, budget: &ByteBudget, mut record: Ingested) -> Forward {
+    if !budget.take(&mut record) {
+        return Forward::Full(record);
+    }
+    match tx.try_send(record) {
+        Ok(()) => Forward::Sent,
+        Err(mpsc::error::TrySendError::Full(record)) => Forward::Full(record),
+        Err(mpsc::error::TrySendError::Closed(_)) => Forward::Closed,
+    }
 }
 
 /// What the consumer thread hands the hub: records, rebalance requests, and
@@ -483,7 +558,14 @@ pub async fn start(
             if ready_tx.send(Ok(())).is_err() {
                 return None;
             }
-            poll_loop(&consumer, records_tx, kafka.commit_interval, &stop_fetching);
+            let budget = ByteBudget::new(settings.limits.max_in_flight_bytes);
+            poll_loop(
+                &consumer,
+                &budget,
+                records_tx,
+                kafka.commit_interval,
+                &stop_fetching,
+            );
             // Input is closed: the hub drains, then we commit what it stored.
             while !pipeline_done.is_cancelled() {
                 let _ = consumer.poll(Duration::from_millis(50));
@@ -515,6 +597,7 @@ const BACKPRESSURE_THRESHOLD: Duration = Duration::from_millis(500);
 
 fn poll_loop(
     consumer: &KafkaConsumer,
+    budget: &ByteBudget,
     records_tx: mpsc::Sender<Ingested>,
     commit_interval: Duration,
     stop_fetching: &CancellationToken,
@@ -531,15 +614,16 @@ fn poll_loop(
         }
         consumer.context().store_sent_positions(consumer);
         while let Some(record) = backlog.pop_front() {
-            match records_tx.try_send(record) {
-                Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(record)) => {
+            match forward(&records_tx, budget, record) {
+                Forward::Sent => {}
+                Forward::Full(record) => {
                     backlog.push_front(record);
                     break;
                 }
-                Err(mpsc::error::TrySendError::Closed(_)) => return,
+                Forward::Closed => return,
             }
         }
+        metrics::gauge!(metric::IN_FLIGHT_BYTES).set(budget.used() as f64);
         let rebalanced = consumer.context().rebalanced.swap(false, Ordering::SeqCst);
         if rebalanced {
             // Records of partitions we no longer own go to their new owner.
@@ -602,12 +686,13 @@ fn poll_loop(
                     timestamp_ms: m.timestamp().to_millis(),
                     generation,
                     received_at: tokio::time::Instant::now(),
+                    bytes: None,
                 };
                 if backlog.is_empty() {
-                    match records_tx.try_send(record) {
-                        Ok(()) => {}
-                        Err(mpsc::error::TrySendError::Full(record)) => backlog.push_back(record),
-                        Err(mpsc::error::TrySendError::Closed(_)) => return,
+                    match forward(&records_tx, budget, record) {
+                        Forward::Sent => {}
+                        Forward::Full(record) => backlog.push_back(record),
+                        Forward::Closed => return,
                     }
                 } else {
                     backlog.push_back(record);
@@ -653,5 +738,48 @@ fn set_paused(consumer: &KafkaConsumer, pause: bool) {
             );
         }
         Err(e) => tracing::warn!(error = %e, "cannot pause or resume partitions"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(value_len: usize) -> Ingested {
+        Ingested {
+            tp: Tp {
+                topic: Arc::from("posts"),
+                partition: 0,
+            },
+            offset: 0,
+            key: Some(b"k".to_vec()),
+            payload: Some(vec![b'x'; value_len]),
+            headers: vec![("h".to_string(), None)],
+            timestamp_ms: None,
+            generation: 0,
+            received_at: tokio::time::Instant::now(),
+            bytes: None,
+        }
+    }
+
+    #[test]
+    fn the_byte_budget_holds_records_back_until_earlier_ones_are_done() {
+        let budget = ByteBudget::new(100);
+        let (tx, mut rx) = mpsc::channel(8);
+        // 60 + key 1 + header name 1 = 62 bytes.
+        assert!(matches!(forward(&tx, &budget, record(60)), Forward::Sent));
+        assert_eq!(budget.used(), 62);
+        let Forward::Full(held) = forward(&tx, &budget, record(60)) else {
+            panic!("over the budget: held back");
+        };
+        assert!(held.bytes.is_none());
+        // The first one is done (its verdict acknowledged): its bytes return.
+        drop(rx.try_recv().unwrap());
+        assert_eq!(budget.used(), 0);
+        assert!(matches!(forward(&tx, &budget, held), Forward::Sent));
+        drop(rx.try_recv().unwrap());
+        // A record larger than the whole budget still goes, alone.
+        assert!(matches!(forward(&tx, &budget, record(1000)), Forward::Sent));
+        assert_eq!(budget.used(), 100);
     }
 }

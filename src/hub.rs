@@ -378,6 +378,7 @@ impl<D: Deliver> Hub<D> {
                     offset: record.offset,
                     original,
                     event,
+                    bytes: record.bytes,
                 };
                 if let Some(batch) = partition.push(pending, urgent, record.received_at) {
                     self.enqueue(batch);
@@ -392,11 +393,10 @@ impl<D: Deliver> Hub<D> {
                     &rejection,
                 );
                 self.deliver(
-                    record.tp,
-                    generation,
-                    record.offset,
+                    (record.tp, generation, record.offset),
                     out,
                     Outcome::Dlq(rejection.reason),
+                    record.bytes,
                 );
             }
         }
@@ -643,11 +643,11 @@ impl<D: Deliver> Hub<D> {
             .get_mut(tp)
             .and_then(Partition::next_in_order)
         {
-            for (pending, score) in scored {
-                let (tp, generation, offset) =
-                    (pending.tp.clone(), pending.generation, pending.offset);
+            for (mut pending, score) in scored {
+                let at = (pending.tp.clone(), pending.generation, pending.offset);
+                let bytes = pending.bytes.take();
                 let (out, outcome) = self.outcome(pending, score);
-                self.deliver(tp, generation, offset, out, outcome);
+                self.deliver(at, out, outcome, bytes);
             }
         }
     }
@@ -690,14 +690,22 @@ impl<D: Deliver> Hub<D> {
         }
     }
 
-    /// Enqueue one record now; a task reports its acknowledgement.
-    fn deliver(&mut self, tp: Tp, generation: u64, offset: i64, out: OutRecord, outcome: Outcome) {
+    /// Enqueue one record now; a task reports its acknowledgement. `bytes`
+    /// (the input's share of the byte budget) is given back after it.
+    fn deliver(
+        &mut self,
+        (tp, generation, offset): (Tp, u64, i64),
+        out: OutRecord,
+        outcome: Outcome,
+        bytes: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) {
         let kind = out.kind;
         let delivery = self.outbox.deliver(out, self.abort.clone());
         let acks = self.acks_tx.clone();
         let started = Instant::now();
         self.deliveries.spawn(async move {
             let outcome = delivery.await.map(|()| outcome);
+            drop(bytes);
             let _ = acks
                 .send(Ack {
                     tp,
@@ -979,6 +987,7 @@ mod tests {
             timestamp_ms: None,
             generation,
             received_at: Instant::now(),
+            bytes: None,
         }
     }
 

@@ -31,6 +31,8 @@ pub struct Pending {
     /// all of it into a dead-letter record if the model fails on it).
     pub original: Original,
     pub event: event::Event,
+    /// Its share of `limits.max_in_flight_bytes` (see [`crate::consumer::ByteBudget`]).
+    pub bytes: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// An event with its probabilities, or why the model could not score it.
@@ -179,6 +181,7 @@ pub(crate) mod tests {
             generation,
             offset,
             original: Original::default(),
+            bytes: None,
             event: event::validate(
                 Some(format!(r#"{{"event_id":"e{offset}","text":"post {offset}"}}"#).as_bytes()),
                 &Default::default(),

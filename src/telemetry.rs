@@ -37,6 +37,8 @@ pub mod metric {
     pub const INFERENCE_FAILURES_TOTAL: &str = "modstream_inference_failures_total";
     /// Consumed and not yet delivered events.
     pub const IN_FLIGHT_EVENTS: &str = "modstream_in_flight_events";
+    /// Their bytes (key, value, headers), against `limits.max_in_flight_bytes`.
+    pub const IN_FLIGHT_BYTES: &str = "modstream_in_flight_bytes";
     /// Partitions paused for backpressure.
     pub const PAUSED_PARTITIONS: &str = "modstream_paused_partitions";
     /// 1 while the circuit breaker on the model is open.
@@ -78,6 +80,7 @@ pub mod metric {
         INFERENCE_SECONDS,
         INFERENCE_FAILURES_TOTAL,
         IN_FLIGHT_EVENTS,
+        IN_FLIGHT_BYTES,
         PAUSED_PARTITIONS,
         STALLED_PARTITIONS,
         OLDEST_PENDING_SECONDS,
@@ -156,6 +159,11 @@ pub fn describe_metrics() {
         metric::IN_FLIGHT_EVENTS,
         Unit::Count,
         "consumed, not yet delivered events"
+    );
+    describe_gauge!(
+        metric::IN_FLIGHT_BYTES,
+        Unit::Bytes,
+        "bytes of consumed, not yet delivered records"
     );
     describe_gauge!(
         metric::PAUSED_PARTITIONS,

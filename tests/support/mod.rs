@@ -327,6 +327,10 @@ impl Modstream {
         }
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn is_running(&mut self) -> bool {
         self.child
             .as_mut()
