@@ -29,7 +29,7 @@ use crate::consumer::{Ingested, Tp};
 use crate::event::{self, Priority, RejectReason};
 use crate::inference::{InferenceJob, InferenceResult};
 use crate::partition::{Partition, Pending, ReadyBatch, Scored};
-use crate::producer::{OutRecord, ProducerError};
+use crate::producer::{OutRecord, ProducerError, Source};
 use crate::rebalance::{Positions, RebalanceEvent, Revokes};
 use crate::shutdown::Shutdown;
 use crate::telemetry::{Health, Stall, metric};
@@ -79,9 +79,11 @@ pub struct RunSummary {
 /// Hands a record to the broker; resolves once it is acknowledged (see
 /// [`crate::producer::Sink`]). A trait so that tests can stand in for Kafka.
 pub trait Deliver: Send + 'static {
+    /// `source`: the input partition and offset the record answers.
     fn deliver(
         &self,
         record: OutRecord,
+        source: Source,
         cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<(), ProducerError>>;
 }
@@ -700,7 +702,9 @@ impl<D: Deliver> Hub<D> {
         bytes: Option<tokio::sync::OwnedSemaphorePermit>,
     ) {
         let kind = out.kind;
-        let delivery = self.outbox.deliver(out, self.abort.clone());
+        let delivery = self
+            .outbox
+            .deliver(out, (tp.clone(), offset), self.abort.clone());
         let acks = self.acks_tx.clone();
         let started = Instant::now();
         self.deliveries.spawn(async move {
@@ -894,6 +898,7 @@ mod tests {
         fn deliver(
             &self,
             record: OutRecord,
+            _source: Source,
             _cancel: CancellationToken,
         ) -> BoxFuture<'static, Result<(), ProducerError>> {
             let refuse = record.kind == "dlq" && self.1.load(std::sync::atomic::Ordering::SeqCst);

@@ -25,7 +25,7 @@ use crate::config::Settings;
 use crate::consumer::{self, ConsumerError};
 use crate::hub::{Deliver, Hub, Inputs};
 use crate::inference::{InferenceError, InferencePool};
-use crate::producer::{OutRecord, ProducerError, Sink};
+use crate::producer::{OutRecord, ProducerError, Sink, Source};
 use crate::shutdown::Shutdown;
 use crate::telemetry::Health;
 use crate::verdict::{PolicyError, Scorer};
@@ -52,9 +52,10 @@ impl Deliver for Sink {
     fn deliver(
         &self,
         record: OutRecord,
+        source: Source,
         cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<(), ProducerError>> {
-        Box::pin(Sink::deliver(self, record, cancel))
+        Box::pin(Sink::deliver(self, record, source, cancel))
     }
 }
 

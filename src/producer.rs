@@ -14,7 +14,9 @@
 //! with [`ProducerError::Fatal`] and the pipeline stops.
 
 use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
@@ -26,6 +28,7 @@ use rdkafka::util::Timeout;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::KafkaSettings;
+use crate::consumer::Tp;
 use crate::telemetry::metric;
 use crate::verdict::header;
 
@@ -157,9 +160,84 @@ impl OutRecord {
     }
 }
 
+/// Where a record comes from: its input partition and offset.
+pub type Source = (Tp, i64);
+
+/// Records to be sent again, by input partition: each goes out only when
+/// it has the lowest offset waiting in its partition, so that re-sends keep
+/// offset order, and a new record of a partition with re-sends waiting
+/// queues behind them instead of overtaking them.
+#[derive(Default)]
+struct Resends {
+    waiting: std::sync::Mutex<HashMap<Tp, BTreeSet<i64>>>,
+    turn: tokio::sync::Notify,
+}
+
+impl Resends {
+    fn any_waiting(&self, tp: &Tp) -> bool {
+        self.waiting
+            .lock()
+            .is_ok_and(|w| w.get(tp).is_some_and(|s| !s.is_empty()))
+    }
+
+    fn join(self: &Arc<Self>, source: &Source) -> Place {
+        if let Ok(mut w) = self.waiting.lock() {
+            w.entry(source.0.clone()).or_default().insert(source.1);
+        }
+        Place {
+            resends: self.clone(),
+            source: source.clone(),
+        }
+    }
+
+    fn is_first(&self, (tp, offset): &Source) -> bool {
+        self.waiting.lock().map_or(true, |w| {
+            w.get(tp).and_then(BTreeSet::first) == Some(offset)
+        })
+    }
+}
+
+/// A record's place among its partition's re-sends; leaving it (dropping
+/// it) lets the next one go.
+struct Place {
+    resends: Arc<Resends>,
+    source: Source,
+}
+
+impl Place {
+    /// Wait until no earlier record of the partition waits.
+    async fn turn(&self) {
+        loop {
+            let notified = self.resends.turn.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.resends.is_first(&self.source) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Ok(mut w) = self.resends.waiting.lock() {
+            let (tp, offset) = &self.source;
+            if let Some(set) = w.get_mut(tp) {
+                set.remove(offset);
+                if set.is_empty() {
+                    w.remove(tp);
+                }
+            }
+        }
+        self.resends.turn.notify_waiters();
+    }
+}
+
 #[derive(Clone)]
 pub struct Sink {
     producer: FutureProducer,
+    resends: Arc<Resends>,
     /// How many bytes of a refused dead-letter value are sent again.
     dlq_value_budget: usize,
 }
@@ -194,30 +272,64 @@ impl Sink {
         let producer = cfg.create().map_err(ProducerError::Create)?;
         Ok(Sink {
             producer,
+            resends: Arc::default(),
             dlq_value_budget: dlq_value_budget
                 .min(message_max.saturating_sub(HEADROOM_BYTES))
                 .max(1),
         })
     }
 
-    /// Enqueue now; the future resolves once the broker acknowledged the record.
+    /// Enqueue now (unless earlier records of the same input partition wait
+    /// to be sent again: then after them); the future resolves once the
+    /// broker acknowledged the record. `source` is the input partition and
+    /// offset it answers: re-sends go out in that order.
     pub fn deliver(
         &self,
         record: OutRecord,
+        source: Source,
         cancel: CancellationToken,
     ) -> impl Future<Output = Result<(), ProducerError>> + Send + 'static {
-        let first = self
-            .producer
-            .send_result(record.as_future_record())
-            .map_err(|(e, _)| e);
+        let resends = self.resends.clone();
+        // A partition with re-sends waiting: this record queues behind them.
+        let mut place = resends
+            .any_waiting(&source.0)
+            .then(|| resends.join(&source));
+        let mut attempt = match place {
+            Some(_) => None,
+            None => Some(
+                self.producer
+                    .send_result(record.as_future_record())
+                    .map_err(|(e, _)| e),
+            ),
+        };
+        if let Some(Err(_)) = &attempt {
+            // Not even queued (queue full): later records must not overtake it.
+            place = Some(resends.join(&source));
+        }
         let (producer, budget) = (self.producer.clone(), self.dlq_value_budget);
         async move {
             let mut record = record;
-            let mut attempt = first;
             let mut backoff = FIRST_BACKOFF;
             loop {
-                let error = match attempt {
-                    Ok(delivery) => {
+                let error = match attempt.take() {
+                    None => {
+                        if let Some(p) = &place {
+                            tokio::select! {
+                                _ = p.turn() => {}
+                                _ = cancel.cancelled() => return Err(ProducerError::Abandoned),
+                            }
+                        }
+                        let sent = producer
+                            .send_result(record.as_future_record())
+                            .map_err(|(e, _)| e);
+                        if sent.is_ok() {
+                            // Handed over in order: the next one may go.
+                            place = None;
+                        }
+                        attempt = Some(sent);
+                        continue;
+                    }
+                    Some(Ok(delivery)) => {
                         let outcome = tokio::select! {
                             outcome = delivery => outcome,
                             _ = cancel.cancelled() => return Err(ProducerError::Abandoned),
@@ -232,7 +344,7 @@ impl Sink {
                             Err(_canceled) => KafkaError::Canceled,
                         }
                     }
-                    Err(e) => e,
+                    Some(Err(e)) => e,
                 };
                 metrics::counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => record.kind)
                     .increment(1);
@@ -247,20 +359,18 @@ impl Sink {
                     };
                     tracing::warn!(topic = %record.topic, kind = record.kind, error = %error, "the broker refuses this record; sending it cut down");
                     record = cut;
-                    attempt = producer
-                        .send_result(record.as_future_record())
-                        .map_err(|(e, _)| e);
                     continue;
                 }
                 tracing::warn!(topic = %record.topic, kind = record.kind, error = %error, retry_in_ms = backoff.as_millis() as u64, "delivery failed; retrying");
+                // In line with the partition's other re-sends, by offset.
+                if place.is_none() {
+                    place = Some(resends.join(&source));
+                }
                 tokio::select! {
                     _ = cancel.cancelled() => return Err(ProducerError::Abandoned),
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(MAX_BACKOFF);
-                attempt = producer
-                    .send_result(record.as_future_record())
-                    .map_err(|(e, _)| e);
             }
         }
     }
@@ -287,6 +397,16 @@ impl Sink {
 mod tests {
     use super::*;
 
+    fn source(offset: i64) -> Source {
+        (
+            Tp {
+                topic: Arc::from("in"),
+                partition: 0,
+            },
+            offset,
+        )
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fatal_producer_error_ends_the_delivery_instead_of_retrying_forever() {
         let broker = crate::tools::embedded::EmbeddedBroker::start(&[("out", 1)]).unwrap();
@@ -305,7 +425,7 @@ mod tests {
             timestamp_ms: None,
             kind: "verdict",
         };
-        sink.deliver(record.clone(), CancellationToken::new())
+        sink.deliver(record.clone(), source(0), CancellationToken::new())
             .await
             .expect("delivered before the fault");
         // librdkafka's own hook for testing fatal errors.
@@ -322,7 +442,7 @@ mod tests {
         );
         let result = tokio::time::timeout(
             Duration::from_secs(10),
-            sink.deliver(record, CancellationToken::new()),
+            sink.deliver(record, source(1), CancellationToken::new()),
         )
         .await
         .expect("a fatal error ends the delivery, no endless retry");
@@ -396,5 +516,51 @@ mod cut_tests {
         let mut verdict = dlq(1000, 0);
         verdict.kind = "verdict";
         assert!(verdict.cut_down(100).is_none());
+    }
+}
+
+#[cfg(test)]
+mod resend_tests {
+    use super::*;
+
+    fn source(partition: i32, offset: i64) -> Source {
+        (
+            Tp {
+                topic: Arc::from("in"),
+                partition,
+            },
+            offset,
+        )
+    }
+
+    async fn goes_now(place: &Place) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), place.turn())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn re_sends_of_a_partition_go_out_in_offset_order() {
+        let resends = Arc::new(Resends::default());
+        let late = resends.join(&source(0, 5));
+        let early = resends.join(&source(0, 3));
+        let elsewhere = resends.join(&source(1, 9));
+        assert!(resends.any_waiting(&source(0, 0).0));
+        assert!(!goes_now(&late).await, "offset 5 waits for offset 3");
+        assert!(goes_now(&early).await);
+        assert!(goes_now(&elsewhere).await, "other partitions are not held");
+        // Offset 3 handed to librdkafka: 5 is next, and wakes up.
+        let waiting = tokio::spawn(async move {
+            late.turn().await;
+            late
+        });
+        drop(early);
+        let late = tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("woken when its turn came")
+            .unwrap();
+        drop(late);
+        drop(elsewhere);
+        assert!(!resends.any_waiting(&source(0, 0).0));
     }
 }

@@ -168,6 +168,81 @@ async fn produce_errors_on_verdicts_are_retried_not_skipped() {
     finish(run, "produce errors").await;
 }
 
+/// Verdicts that librdkafka gives up on (message.timeout.ms = 1 s, their
+/// leader down for 2.5 s) are sent again in offset order: in every verdict
+/// partition, the first copies of an input partition's verdicts keep
+/// their source offsets increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_sent_verdicts_keep_offset_order() {
+    let run = start_with(3, 3000, "resend-order", |settings, broker| {
+        settings
+            .kafka
+            .producer
+            .0
+            .insert("message.timeout.ms".into(), "1000".into());
+        broker.with_cluster(|c| {
+            for p in 0..PARTITIONS {
+                c.partition_leader(VERDICTS, p, Some(3)).unwrap();
+                c.partition_leader(INPUT, p, Some(1)).unwrap();
+            }
+            c.coordinator(
+                rdkafka::mocking::MockCoordinator::Group("resend-order".into()),
+                1,
+            )
+            .unwrap();
+            // The verdicts' leader is away for longer than message.timeout.ms:
+            // librdkafka gives up on what it holds and modstream sends it again.
+            c.broker_down(3).unwrap();
+        });
+    })
+    .await;
+    after(2500).await;
+    run.broker.with_cluster(|c| c.broker_up(3)).unwrap();
+    let bootstrap = run.broker.bootstrap_servers().to_string();
+    let acked = run.acked.clone();
+    let b = bootstrap.clone();
+    let v =
+        tokio::task::spawn_blocking(move || support::verify(&b, &acked, Duration::from_secs(90)))
+            .await
+            .unwrap();
+    assert!(v.lost.is_empty(), "lost {}", v.lost.len());
+    let b = bootstrap.clone();
+    let verdicts = tokio::task::spawn_blocking(move || {
+        modstream::tools::read::TopicReader::from_beginning(&b, VERDICTS, None)
+            .unwrap()
+            .read_to_end(Duration::from_secs(60))
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    // (verdict partition, input partition) → source offsets in log order.
+    let mut seen: std::collections::HashMap<(i32, i64), Vec<i64>> = Default::default();
+    let mut first = std::collections::HashSet::new();
+    for r in &verdicts {
+        let v: serde_json::Value = serde_json::from_slice(&r.payload).unwrap();
+        let (p, o) = (
+            v["source"]["partition"].as_i64().unwrap(),
+            v["source"]["offset"].as_i64().unwrap(),
+        );
+        if first.insert((p, o)) {
+            seen.entry((r.partition, p)).or_default().push(o);
+        }
+    }
+    for ((verdict_partition, input_partition), offsets) in &seen {
+        assert!(
+            offsets.windows(2).all(|w| w[0] < w[1]),
+            "verdict partition {verdict_partition}, input partition {input_partition}: first copies out of offset order: {offsets:?}"
+        );
+    }
+    println!(
+        "re-sends: {} verdicts for {} events ({} duplicates)",
+        verdicts.len(),
+        first.len(),
+        verdicts.len() - first.len()
+    );
+    finish(run, "produce errors with re-sends, order kept").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_brokers_down_for_ten_seconds_then_up() {
     let run = start(1, 3000, "broker-down").await;
