@@ -92,6 +92,11 @@ pub struct KafkaSettings {
     /// before giving up on them (they stay uncommitted) and exiting non-zero.
     #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// How long deliveries may keep failing for a reason that concerns the
+    /// whole service (not authorized, topic missing) before modstream stops
+    /// with that reason, exit non-zero (/readyz fails meanwhile).
+    #[serde(default = "default_service_failure_timeout", with = "humantime_serde")]
+    pub service_failure_timeout: Duration,
     /// Extra librdkafka consumer properties, passed through.
     #[serde(default)]
     pub consumer: Properties,
@@ -352,6 +357,9 @@ fn default_startup_timeout() -> Duration {
 }
 fn default_shutdown_timeout() -> Duration {
     Duration::from_secs(30)
+}
+fn default_service_failure_timeout() -> Duration {
+    Duration::from_secs(300)
 }
 fn default_commit_interval() -> Duration {
     Duration::from_secs(1)

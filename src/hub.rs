@@ -86,6 +86,12 @@ pub trait Deliver: Send + 'static {
         source: Source,
         cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<(), ProducerError>>;
+
+    /// A delivery failure concerning the whole service that lasts now:
+    /// (topic, for how long, last error).
+    fn service_failure(&self) -> Option<(String, std::time::Duration, String)> {
+        None
+    }
 }
 
 /// What the delivery tasks report back.
@@ -144,7 +150,7 @@ pub struct Hub<D: Deliver> {
     abort: CancellationToken,
     stop: CancellationToken,
     /// A fatal producer error: nothing more can be delivered; the run stops.
-    producer_fatal: Option<String>,
+    producer_fatal: Option<ProducerError>,
     partitions: HashMap<Tp, Partition>,
     revokes: Revokes,
     /// The last position stored for each owned partition, and those not yet
@@ -208,8 +214,8 @@ impl<D: Deliver> Hub<D> {
 
     /// Run until the input is closed and nothing is in flight; then wait for
     /// the delivery tasks and hand the last positions to the consumer.
-    /// Returns the counts and the fatal producer error, if one stopped it.
-    pub async fn run(mut self, mut inputs: Inputs) -> (RunSummary, Option<String>) {
+    /// Returns the counts and the producer error that stopped it, if one did.
+    pub async fn run(mut self, mut inputs: Inputs) -> (RunSummary, Option<ProducerError>) {
         let Some(mut acks_rx) = self.acks_rx.take() else {
             return (self.summary, None);
         };
@@ -262,6 +268,36 @@ impl<D: Deliver> Hub<D> {
         }
     }
 
+    /// Deliveries failing for the whole service (not authorized, topic
+    /// missing): /readyz fails once that lasts 5 s; after
+    /// `kafka.service_failure_timeout` the run stops with the reason.
+    fn check_service_failure(&mut self) {
+        let failure = self.outbox.service_failure();
+        let report = failure
+            .as_ref()
+            .filter(|(_, lasted, _)| *lasted >= std::time::Duration::from_secs(5))
+            .map(|(topic, lasted, error)| {
+                format!(
+                    "deliveries to {topic} failing for {} s: {error}",
+                    lasted.as_secs()
+                )
+            });
+        self.health.set_delivery_failing(report);
+        let Some((topic, lasted, error)) = failure else {
+            return;
+        };
+        if lasted >= self.settings.kafka.service_failure_timeout && self.producer_fatal.is_none() {
+            tracing::error!(%topic, lasted_s = lasted.as_secs(), error = %error, "stopping: deliveries fail for the whole service");
+            self.producer_fatal = Some(ProducerError::Service {
+                topic,
+                lasted_s: lasted.as_secs(),
+                error,
+            });
+            self.stop.cancel();
+            self.abort.cancel();
+        }
+    }
+
     /// The watchdog: a partition whose oldest undelivered event has waited
     /// `limits.stall_after` is stalled (its committed offset cannot move):
     /// one error log when it starts, the gauges, and /readyz fails until it
@@ -269,6 +305,7 @@ impl<D: Deliver> Hub<D> {
     fn check_stalls(&mut self) {
         let now = Instant::now();
         self.next_stall_check = now + STALL_CHECK;
+        self.check_service_failure();
         let stall_after = self.settings.limits.stall_after;
         let mut stalls = Vec::new();
         for (tp, partition) in &self.partitions {
@@ -732,7 +769,7 @@ impl<D: Deliver> Hub<D> {
                 self.summary.abandoned += 1;
                 if self.producer_fatal.is_none() {
                     tracing::error!(error = %message, "stopping: the producer cannot deliver any more");
-                    self.producer_fatal = Some(message);
+                    self.producer_fatal = Some(ProducerError::Fatal(message));
                     self.stop.cancel();
                     self.abort.cancel();
                 }

@@ -57,6 +57,10 @@ impl Deliver for Sink {
     ) -> BoxFuture<'static, Result<(), ProducerError>> {
         Box::pin(Sink::deliver(self, record, source, cancel))
     }
+
+    fn service_failure(&self) -> Option<(String, std::time::Duration, String)> {
+        Sink::service_failure(self)
+    }
 }
 
 /// Run the pipeline until `shutdown` says stop and everything in flight is
@@ -161,8 +165,8 @@ pub async fn run_with_health(
         "pipeline stopped"
     );
     consumer_result?;
-    if let Some(fatal) = producer_fatal {
-        return Err(ProducerError::Fatal(fatal).into());
+    if let Some(error) = producer_fatal {
+        return Err(error.into());
     }
     if summary.abandoned > 0 {
         return Err(PipelineError::Abandoned(summary.abandoned));

@@ -46,6 +46,16 @@ pub enum ProducerError {
     /// librdkafka will not deliver anything more from this client.
     #[error("fatal producer error: {0}")]
     Fatal(String),
+    /// Deliveries to a topic failed for the whole service (not authorized,
+    /// topic missing) for `kafka.service_failure_timeout`.
+    #[error(
+        "deliveries to {topic} failed for {lasted_s} s (kafka.service_failure_timeout): {error}"
+    )]
+    Service {
+        topic: String,
+        lasted_s: u64,
+        error: String,
+    },
 }
 
 /// Errors that sending the same record again cannot fix: it is too large or
@@ -62,6 +72,55 @@ pub fn is_permanent_for_record(e: &KafkaError) -> bool {
                 | C::InvalidRecord
         )
     )
+}
+
+/// Errors that concern every record to a topic, not one record: the client
+/// is not authorized, or the topic does not exist. Retried, but if they
+/// last `kafka.service_failure_timeout` the service stops with the reason.
+pub fn is_service_level(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::UnknownTopicOrPartition
+                | C::UnknownTopic
+                | C::InvalidTopic
+        )
+    )
+}
+
+/// Service-level delivery failures now, by topic: since when, and the last
+/// error. Written by the delivery tasks, read by the hub's watchdog.
+#[derive(Default)]
+struct ServiceFailures(std::sync::Mutex<HashMap<String, (std::time::Instant, String)>>);
+
+impl ServiceFailures {
+    fn failed(&self, topic: &str, error: &KafkaError) {
+        if let Ok(mut f) = self.0.lock() {
+            let entry = f
+                .entry(topic.to_string())
+                .or_insert_with(|| (std::time::Instant::now(), String::new()));
+            entry.1 = error.to_string();
+        }
+    }
+
+    fn delivered(&self, topic: &str) {
+        if let Ok(mut f) = self.0.lock()
+            && !f.is_empty()
+        {
+            f.remove(topic);
+        }
+    }
+
+    /// The longest-lasting one: (topic, how long, last error).
+    fn oldest(&self) -> Option<(String, std::time::Duration, String)> {
+        let f = self.0.lock().ok()?;
+        f.iter()
+            .min_by_key(|(_, (since, _))| *since)
+            .map(|(t, (since, e))| (t.clone(), since.elapsed(), e.clone()))
+    }
 }
 
 /// A record to produce, owned so that it can be sent again on failure.
@@ -238,6 +297,7 @@ impl Drop for Place {
 pub struct Sink {
     producer: FutureProducer,
     resends: Arc<Resends>,
+    service_failures: Arc<ServiceFailures>,
     /// How many bytes of a refused dead-letter value are sent again.
     dlq_value_budget: usize,
 }
@@ -273,6 +333,7 @@ impl Sink {
         Ok(Sink {
             producer,
             resends: Arc::default(),
+            service_failures: Arc::default(),
             dlq_value_budget: dlq_value_budget
                 .min(message_max.saturating_sub(HEADROOM_BYTES))
                 .max(1),
@@ -307,6 +368,7 @@ impl Sink {
             place = Some(resends.join(&source));
         }
         let (producer, budget) = (self.producer.clone(), self.dlq_value_budget);
+        let service_failures = self.service_failures.clone();
         async move {
             let mut record = record;
             let mut backoff = FIRST_BACKOFF;
@@ -338,6 +400,7 @@ impl Sink {
                             Ok(Ok(_)) => {
                                 metrics::counter!(metric::PRODUCED_TOTAL, "kind" => record.kind)
                                     .increment(1);
+                                service_failures.delivered(&record.topic);
                                 return Ok(());
                             }
                             Ok(Err((e, _))) => e,
@@ -361,6 +424,9 @@ impl Sink {
                     record = cut;
                     continue;
                 }
+                if is_service_level(&error) {
+                    service_failures.failed(&record.topic, &error);
+                }
                 tracing::warn!(topic = %record.topic, kind = record.kind, error = %error, retry_in_ms = backoff.as_millis() as u64, "delivery failed; retrying");
                 // In line with the partition's other re-sends, by offset.
                 if place.is_none() {
@@ -373,6 +439,12 @@ impl Sink {
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }
+    }
+
+    /// The delivery failure concerning the whole service that has lasted
+    /// longest, if one lasts now: (topic, for how long, last error).
+    pub fn service_failure(&self) -> Option<(String, Duration, String)> {
+        self.service_failures.oldest()
     }
 
     /// Whether the cluster answers this producer's metadata request (blocking).

@@ -256,6 +256,8 @@ pub struct Health {
     pub model_failing: AtomicBool,
     /// Written by the hub's watchdog, read by /readyz.
     stalled: std::sync::Mutex<Vec<Stall>>,
+    /// Deliveries failing for the whole service, and why.
+    delivery_failing: std::sync::Mutex<Option<String>>,
 }
 
 /// A partition whose oldest undelivered event has waited too long.
@@ -277,10 +279,21 @@ impl Health {
             && self.producer_connected.load(Ordering::SeqCst)
             && !self.model_failing.load(Ordering::SeqCst)
             && self.stalled().is_empty()
+            && self.delivery_failing().is_none()
     }
 
     pub fn stalled(&self) -> Vec<Stall> {
         self.stalled.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub fn delivery_failing(&self) -> Option<String> {
+        self.delivery_failing.lock().ok().and_then(|d| d.clone())
+    }
+
+    pub fn set_delivery_failing(&self, why: Option<String>) {
+        if let Ok(mut d) = self.delivery_failing.lock() {
+            *d = why;
+        }
     }
 
     pub fn set_stalled(&self, stalled: Vec<Stall>) {
@@ -296,6 +309,7 @@ impl Health {
             "consumer_ready": self.consumer_ready.load(Ordering::SeqCst),
             "producer_connected": self.producer_connected.load(Ordering::SeqCst),
             "model_failing": self.model_failing.load(Ordering::SeqCst),
+            "delivery_failing": self.delivery_failing(),
             "stalled": self.stalled(),
         })
         .to_string()

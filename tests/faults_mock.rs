@@ -696,3 +696,81 @@ async fn a_fatal_producer_error_stops_the_run_without_committing_past_it() {
         }
     }
 }
+
+/// Deliveries refused for the whole service (the producer is not authorized
+/// on the verdict topic) make /readyz fail with the reason, and after
+/// kafka.service_failure_timeout the run stops with it, nothing committed
+/// past an event without a verdict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_refused_for_the_whole_service_stop_the_run_with_the_reason() {
+    support::init_logs();
+    let broker =
+        EmbeddedBroker::start(&[(INPUT, PARTITIONS), (VERDICTS, PARTITIONS), (DLQ, 1)]).unwrap();
+    let bootstrap = broker.bootstrap_servers().to_string();
+    let evs = support::events("unauthorized-", 0..500);
+    let b = bootstrap.clone();
+    tokio::task::spawn_blocking(move || support::produce(&b, &evs))
+        .await
+        .unwrap();
+    broker.with_cluster(|c| {
+        c.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 5000],
+        )
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &bootstrap, "unauthorized");
+    let mut settings = modstream::config::Settings::load(Some(&config)).unwrap();
+    settings.kafka.service_failure_timeout = Duration::from_secs(8);
+    settings.kafka.shutdown_timeout = Duration::from_secs(2);
+    let health = std::sync::Arc::new(modstream::telemetry::Health::default());
+    let started = std::time::Instant::now();
+    let pipeline = tokio::spawn(modstream::pipeline::run_with_health(
+        settings,
+        Shutdown::new(),
+        health.clone(),
+    ));
+    let mut reported = None;
+    while !pipeline.is_finished() && started.elapsed() < Duration::from_secs(60) {
+        if let Some(why) = health.delivery_failing() {
+            assert!(!health.ready(), "/readyz fails while it lasts");
+            reported.get_or_insert(why);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let result = tokio::time::timeout(Duration::from_secs(10), pipeline)
+        .await
+        .expect("the run stops by itself")
+        .unwrap();
+    let took = started.elapsed();
+    let why = reported.expect("/readyz said why");
+    assert!(why.contains(VERDICTS) && why.contains("uthoriz"), "{why}");
+    match result {
+        Err(modstream::pipeline::PipelineError::Producer(e)) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("service_failure_timeout") && text.contains(VERDICTS),
+                "{text}"
+            );
+        }
+        other => panic!("expected the service failure, got {other:?}"),
+    }
+    assert!(took < Duration::from_secs(20), "stopped after {took:?}");
+    let group = "unauthorized".to_string();
+    let (committed, sources) = tokio::task::spawn_blocking(move || {
+        (
+            support::committed(&bootstrap, &group, PARTITIONS),
+            support::verdict_sources(&bootstrap),
+        )
+    })
+    .await
+    .unwrap();
+    for (p, &c) in committed.iter().enumerate() {
+        for offset in 0..c.max(0) {
+            assert!(
+                sources.contains(&(p as i32, offset)),
+                "partition {p} committed to {c} but offset {offset} has no verdict"
+            );
+        }
+    }
+}
