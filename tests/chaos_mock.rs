@@ -194,7 +194,7 @@ async fn a_seeded_schedule_of_faults_loses_nothing_and_leaves_nothing_stuck() {
     })
     .await
     .unwrap();
-    v.report(&format!("chaos, seed {seed}"));
+    v.report("chaos: a seeded schedule of faults under paced load (tests/chaos_mock.rs)");
     assert!(
         v.lost.is_empty(),
         "seed {seed}: lost {} events; schedule {schedule:?}",

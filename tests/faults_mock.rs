@@ -774,3 +774,49 @@ async fn deliveries_refused_for_the_whole_service_stop_the_run_with_the_reason()
         }
     }
 }
+
+/// The pause state across cooperative (incremental) rebalances: deliveries
+/// fail (the verdicts' leader is down), the in-flight bound is reached and
+/// the partitions pause; a second member joins and leaves; then the leader
+/// comes back. Every partition is fetched again and committed to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cooperative_rebalances_while_paused_leave_no_partition_unfetched() {
+    let prepare = |settings: &mut modstream::config::Settings| {
+        settings.limits.max_in_flight = 64;
+        settings.kafka.consumer.0.insert(
+            "partition.assignment.strategy".into(),
+            "cooperative-sticky".into(),
+        );
+    };
+    let run = start_with(3, 3000, "cooperative-paused", |settings, broker| {
+        prepare(settings);
+        broker.with_cluster(|c| {
+            for p in 0..PARTITIONS {
+                c.partition_leader(VERDICTS, p, Some(3)).unwrap();
+                c.partition_leader(INPUT, p, Some(1)).unwrap();
+            }
+            c.coordinator(
+                rdkafka::mocking::MockCoordinator::Group("cooperative-paused".into()),
+                1,
+            )
+            .unwrap();
+            c.broker_down(3).unwrap();
+        });
+    })
+    .await;
+    after(3000).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), run.broker.bootstrap_servers(), &run.group);
+    let mut settings = modstream::config::Settings::load(Some(&config)).unwrap();
+    prepare(&mut settings);
+    settings.kafka.shutdown_timeout = Duration::from_secs(2);
+    let second_shutdown = Shutdown::new();
+    let second = tokio::spawn(modstream::pipeline::run(settings, second_shutdown.clone()));
+    after(6000).await;
+    second_shutdown.stop.cancel();
+    // It cannot deliver either: it gives up after its shutdown timeout.
+    let _ = tokio::time::timeout(Duration::from_secs(30), second).await;
+    after(2000).await;
+    run.broker.with_cluster(|c| c.broker_up(3)).unwrap();
+    finish(run, "cooperative rebalances while paused").await;
+}
