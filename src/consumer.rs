@@ -12,7 +12,7 @@
 //! What this thread owns: the consumer handle, the pause state, and the
 //! rebalance generation. It learns positions only by message.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::rebalance::{self, Positions, RebalanceEvent};
 use crate::telemetry::metric;
+use crate::telemetry::{Health, Stall};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
@@ -203,20 +204,42 @@ pub struct ModstreamContext {
     rebalance_tx: mpsc::Sender<RebalanceEvent>,
     positions_rx: async_channel::Receiver<Positions>,
     drain_timeout: Duration,
+    /// Records not yet polled, per partition, from each statistics report.
+    lags_tx: std::sync::mpsc::Sender<Vec<(Tp, i64)>>,
 }
 
 impl ClientContext for ModstreamContext {
     /// librdkafka statistics (every `statistics.interval.ms`): consumer lag
     /// per assigned partition.
     fn stats(&self, stats: rdkafka::Statistics) {
+        let mut lags = Vec::new();
         for (topic, t) in &stats.topics {
             for (partition, p) in &t.partitions {
                 if *partition >= 0 && p.consumer_lag >= 0 {
                     metrics::gauge!(metric::CONSUMER_LAG, "topic" => topic.clone(), "partition" => partition.to_string())
                         .set(p.consumer_lag as f64);
                 }
+                if *partition >= 0 && p.hi_offset >= 0 {
+                    // Records not yet handed to modstream (the committed lag
+                    // also counts records consumed and not yet delivered, and
+                    // is unknown before a first commit).
+                    let from = if p.app_offset >= 0 {
+                        p.app_offset
+                    } else if p.committed_offset >= 0 {
+                        p.committed_offset
+                    } else {
+                        p.lo_offset.max(0)
+                    };
+                    let tp = Tp {
+                        topic: Arc::from(topic.as_str()),
+                        partition: *partition,
+                    };
+                    lags.push((tp, (p.hi_offset - from).max(0)));
+                }
             }
         }
+        // For the poll loop's fetch watchdog (served on the same thread).
+        let _ = self.lags_tx.send(lags);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
@@ -455,6 +478,7 @@ fn create(
     settings: &Settings,
     rebalance_tx: mpsc::Sender<RebalanceEvent>,
     positions_rx: async_channel::Receiver<Positions>,
+    lags_tx: std::sync::mpsc::Sender<Vec<(Tp, i64)>>,
 ) -> Result<KafkaConsumer, ConsumerError> {
     let mut cfg = ClientConfig::new();
     cfg.set("bootstrap.servers", &settings.kafka.bootstrap_servers)
@@ -475,6 +499,7 @@ fn create(
         rebalance_tx,
         positions_rx,
         drain_timeout: settings.kafka.drain_timeout,
+        lags_tx,
     };
     cfg.create_with_context(context)
         .map_err(ConsumerError::Create)
@@ -527,6 +552,7 @@ fn check_connection(
 /// fires, commits synchronously and closes the consumer.
 pub async fn start(
     settings: &Settings,
+    health: Arc<Health>,
     stop_fetching: CancellationToken,
     pipeline_done: CancellationToken,
 ) -> Result<(ConsumerThread, ConsumerChannels), ConsumerError> {
@@ -540,7 +566,8 @@ pub async fn start(
         .name("kafka-consumer".into())
         .spawn(move || {
             let kafka = &settings.kafka;
-            let consumer = match create(&settings, rebalance_tx, positions_rx)
+            let (lags_tx, lags_rx) = std::sync::mpsc::channel();
+            let consumer = match create(&settings, rebalance_tx, positions_rx, lags_tx)
                 .and_then(|c| {
                     check_connection(&c, &kafka.bootstrap_servers, kafka.startup_timeout)?;
                     Ok(c)
@@ -559,9 +586,11 @@ pub async fn start(
                 return None;
             }
             let budget = ByteBudget::new(settings.limits.max_in_flight_bytes);
+            let mut watchdog = FetchWatchdog::new(lags_rx, health, settings.limits.stall_after);
             poll_loop(
                 &consumer,
                 &budget,
+                &mut watchdog,
                 records_tx,
                 kafka.commit_interval,
                 &stop_fetching,
@@ -598,6 +627,7 @@ const BACKPRESSURE_THRESHOLD: Duration = Duration::from_millis(500);
 fn poll_loop(
     consumer: &KafkaConsumer,
     budget: &ByteBudget,
+    watchdog: &mut FetchWatchdog,
     records_tx: mpsc::Sender<Ingested>,
     commit_interval: Duration,
     stop_fetching: &CancellationToken,
@@ -618,6 +648,7 @@ fn poll_loop(
                 Forward::Sent => {}
                 Forward::Full(record) => {
                     backlog.push_front(record);
+                    watchdog.pushed_back();
                     break;
                 }
                 Forward::Closed => return,
@@ -664,6 +695,7 @@ fn poll_loop(
         };
         match consumer.poll(timeout) {
             Some(Ok(m)) => {
+                watchdog.fetched(m.topic(), m.partition());
                 let generation = consumer.context().generation.load(Ordering::SeqCst);
                 metrics::counter!(metric::CONSUMED_TOTAL, "topic" => m.topic().to_string())
                     .increment(1);
@@ -691,7 +723,10 @@ fn poll_loop(
                 if backlog.is_empty() {
                     match forward(&records_tx, budget, record) {
                         Forward::Sent => {}
-                        Forward::Full(record) => backlog.push_back(record),
+                        Forward::Full(record) => {
+                            backlog.push_back(record);
+                            watchdog.pushed_back();
+                        }
                         Forward::Closed => return,
                     }
                 } else {
@@ -712,10 +747,152 @@ fn poll_loop(
             commit(consumer, CommitMode::Async);
             last_commit = Instant::now();
         }
+        watchdog.check(consumer, paused);
     }
+    watchdog.stop();
     if let Ok(assignment) = consumer.assignment() {
         let _ = consumer.pause(&assignment);
     }
+}
+
+/// The fetch watchdog: an assigned partition that lags behind its end
+/// (librdkafka statistics) yet gave no record for `limits.stall_after`,
+/// while the pipeline took every record without pushing back all that
+/// time, is not being fetched — by something below modstream (a pause flag
+/// left behind, a stuck fetcher). It is reported like a stall (error log
+/// once, `modstream_stalled_partitions`, /readyz). While the pipeline
+/// pushes back, partitions wait for it: that is the hub's watchdog's
+/// business.
+struct FetchWatchdog {
+    lags_rx: std::sync::mpsc::Receiver<Vec<(Tp, i64)>>,
+    lags: HashMap<Tp, i64>,
+    last_record: HashMap<Tp, Instant>,
+    reported: HashSet<Tp>,
+    health: Arc<Health>,
+    stall_after: Duration,
+    next_check: Instant,
+    /// When the pipeline last pushed back (channel or byte budget full).
+    pushed_back: Instant,
+}
+
+impl FetchWatchdog {
+    fn new(
+        lags_rx: std::sync::mpsc::Receiver<Vec<(Tp, i64)>>,
+        health: Arc<Health>,
+        stall_after: Duration,
+    ) -> Self {
+        FetchWatchdog {
+            lags_rx,
+            lags: HashMap::new(),
+            last_record: HashMap::new(),
+            reported: HashSet::new(),
+            health,
+            stall_after,
+            next_check: Instant::now(),
+            pushed_back: Instant::now(),
+        }
+    }
+
+    fn pushed_back(&mut self) {
+        self.pushed_back = Instant::now();
+    }
+
+    fn fetched(&mut self, topic: &str, partition: i32) {
+        let now = Instant::now();
+        match self
+            .last_record
+            .iter_mut()
+            .find(|(tp, _)| tp.partition == partition && &*tp.topic == topic)
+        {
+            Some((_, at)) => *at = now,
+            None => {
+                self.last_record.insert(
+                    Tp {
+                        topic: Arc::from(topic),
+                        partition,
+                    },
+                    now,
+                );
+            }
+        }
+    }
+
+    /// About once a second.
+    fn check(&mut self, consumer: &KafkaConsumer, paused: bool) {
+        let now = Instant::now();
+        if now < self.next_check {
+            return;
+        }
+        if paused {
+            self.pushed_back = now;
+        }
+        self.next_check = now + Duration::from_secs(1);
+        while let Ok(lags) = self.lags_rx.try_recv() {
+            self.lags = lags.into_iter().collect();
+        }
+        let assigned = consumer
+            .assignment()
+            .map(|a| partitions_of(&a))
+            .unwrap_or_default();
+        // A partition's clock starts when it is first seen assigned.
+        self.last_record.retain(|tp, _| assigned.contains(tp));
+        for tp in &assigned {
+            self.last_record.entry(tp.clone()).or_insert(now);
+        }
+        if now.duration_since(self.pushed_back) < self.stall_after {
+            // The pipeline sets the pace now: nothing to say either way.
+            return;
+        }
+        let found = unfetched(&self.lags, &self.last_record, now, self.stall_after);
+        for stall in &found {
+            let tp = Tp {
+                topic: Arc::from(stall.topic.as_str()),
+                partition: stall.partition,
+            };
+            if self.reported.insert(tp) {
+                tracing::error!(topic = %stall.topic, partition = stall.partition, lag = stall.pending, waiting_s = stall.waiting_s, "partition not fetched: it lags behind its end, yet no record came");
+            }
+        }
+        self.reported.retain(|tp| {
+            let still = found
+                .iter()
+                .any(|s| s.partition == tp.partition && *s.topic == *tp.topic);
+            if !still {
+                tracing::info!(topic = %tp.topic, partition = tp.partition, "partition fetched again (or no longer assigned)");
+            }
+            still
+        });
+        self.health.set_unfetched(found);
+    }
+
+    fn stop(&mut self) {
+        self.health.set_unfetched(Vec::new());
+    }
+}
+
+/// Partitions with a lag and no record for `stall_after`.
+fn unfetched(
+    lags: &HashMap<Tp, i64>,
+    last_record: &HashMap<Tp, Instant>,
+    now: Instant,
+    stall_after: Duration,
+) -> Vec<Stall> {
+    let mut found: Vec<Stall> = last_record
+        .iter()
+        .filter_map(|(tp, at)| {
+            let lag = *lags.get(tp)?;
+            let waited = now.saturating_duration_since(*at);
+            (lag > 0 && waited >= stall_after).then(|| Stall {
+                topic: tp.topic.to_string(),
+                partition: tp.partition,
+                offset: -1,
+                waiting_s: waited.as_secs(),
+                pending: lag as usize,
+            })
+        })
+        .collect();
+    found.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    found
 }
 
 fn set_paused(consumer: &KafkaConsumer, pause: bool) {
@@ -781,5 +958,27 @@ mod tests {
         // A record larger than the whole budget still goes, alone.
         assert!(matches!(forward(&tx, &budget, record(1000)), Forward::Sent));
         assert_eq!(budget.used(), 100);
+    }
+
+    #[test]
+    fn a_lagging_partition_without_records_is_reported_unfetched() {
+        let tp = |p| Tp {
+            topic: Arc::from("posts"),
+            partition: p,
+        };
+        let now = Instant::now();
+        let long_ago = now - Duration::from_secs(90);
+        let lags: HashMap<Tp, i64> = [(tp(0), 500), (tp(1), 0), (tp(2), 7)].into();
+        let last_record: HashMap<Tp, Instant> = [
+            (tp(0), long_ago), // lags, nothing for 90 s: not fetched
+            (tp(1), long_ago), // at its end: nothing to fetch
+            (tp(2), now),      // lags, but records come
+            (tp(3), long_ago), // no statistics yet
+        ]
+        .into();
+        let found = unfetched(&lags, &last_record, now, Duration::from_secs(60));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!((found[0].partition, found[0].pending), (0, 500));
+        assert!(found[0].waiting_s >= 90);
     }
 }

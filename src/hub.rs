@@ -343,7 +343,6 @@ impl<D: Deliver> Hub<D> {
             }
             keep
         });
-        metrics::gauge!(metric::STALLED_PARTITIONS).set(stalls.len() as f64);
         stalls.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
         self.health.set_stalled(stalls);
     }
@@ -1332,5 +1331,26 @@ mod tests {
         assert_eq!(h.hub.in_flight, 0);
         let stored = h.stored().concat();
         assert!(stored.contains(&(tp(0), 6)), "{stored:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_held_by_the_breaker_are_given_up_uncommitted_at_the_shutdown_timeout() {
+        let mut h = harness();
+        h.hub.settings.inference.breaker_after = 1;
+        h.push(record(0, 0, 0));
+        h.push(record(0, 1, 0));
+        let job = h.jobs.try_recv().unwrap();
+        h.result(failed(&job));
+        assert!(h.hub.breaker.open);
+        assert_eq!(h.hub.in_flight, 2);
+        // kafka.shutdown_timeout passed: the watchdog cancelled `abort`.
+        h.hub.give_up_held();
+        assert_eq!(h.hub.in_flight, 0, "the run can end");
+        assert_eq!(h.hub.summary.abandoned, 2, "reported as abandoned");
+        assert_eq!(h.hub.summary.dlq, 0);
+        assert!(
+            h.stored().concat().iter().all(|(_, p)| *p == 0),
+            "nothing committed past them"
+        );
     }
 }

@@ -87,8 +87,13 @@ pub async fn run_with_health(
 
     let sink = Sink::new(&settings.kafka, settings.limits.max_payload_bytes)?;
     let consumer_done = CancellationToken::new();
-    let (consumer, channels) =
-        consumer::start(&settings, shutdown.stop.clone(), consumer_done.clone()).await?;
+    let (consumer, channels) = consumer::start(
+        &settings,
+        health.clone(),
+        shutdown.stop.clone(),
+        consumer_done.clone(),
+    )
+    .await?;
     health.consumer_ready.store(true, Ordering::SeqCst);
     // The consumer reached the cluster; check the producer does too (same
     // brokers, its own credentials).

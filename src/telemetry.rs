@@ -256,6 +256,9 @@ pub struct Health {
     pub model_failing: AtomicBool,
     /// Written by the hub's watchdog, read by /readyz.
     stalled: std::sync::Mutex<Vec<Stall>>,
+    /// Written by the consumer thread: assigned partitions that lag yet are
+    /// not fetched.
+    unfetched: std::sync::Mutex<Vec<Stall>>,
     /// Deliveries failing for the whole service, and why.
     delivery_failing: std::sync::Mutex<Option<String>>,
 }
@@ -279,6 +282,7 @@ impl Health {
             && self.producer_connected.load(Ordering::SeqCst)
             && !self.model_failing.load(Ordering::SeqCst)
             && self.stalled().is_empty()
+            && self.unfetched().is_empty()
             && self.delivery_failing().is_none()
     }
 
@@ -300,6 +304,23 @@ impl Health {
         if let Ok(mut s) = self.stalled.lock() {
             *s = stalled;
         }
+        self.count_stalls();
+    }
+
+    pub fn unfetched(&self) -> Vec<Stall> {
+        self.unfetched.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub fn set_unfetched(&self, unfetched: Vec<Stall>) {
+        if let Ok(mut s) = self.unfetched.lock() {
+            *s = unfetched;
+        }
+        self.count_stalls();
+    }
+
+    fn count_stalls(&self) {
+        let n = self.stalled().len() + self.unfetched().len();
+        metrics::gauge!(metric::STALLED_PARTITIONS).set(n as f64);
     }
 
     fn report(&self) -> String {
@@ -311,6 +332,7 @@ impl Health {
             "model_failing": self.model_failing.load(Ordering::SeqCst),
             "delivery_failing": self.delivery_failing(),
             "stalled": self.stalled(),
+            "unfetched": self.unfetched(),
         })
         .to_string()
     }
