@@ -17,8 +17,6 @@
 
 use std::borrow::Cow;
 
-use serde_json::json;
-
 use crate::config::{Policy, Thresholds};
 use crate::consumer::Tp;
 use crate::event::{Event, Rejection};
@@ -37,6 +35,55 @@ pub struct Scorer {
     rules: Vec<(usize, Thresholds)>,
     model_name: String,
     model_version: String,
+    /// Label indices in name order (the order of `scores` in a verdict).
+    sorted_labels: Vec<usize>,
+}
+
+/// A verdict as written, without building a `serde_json::Value` per record.
+/// Fields (and score labels) are in name order, as they always were.
+#[derive(serde::Serialize)]
+struct VerdictBody<'a> {
+    event_id: &'a str,
+    latency_ms: Option<i64>,
+    model: ModelRef<'a>,
+    processed_at: String,
+    scores: Scores<'a>,
+    source: SourceRef<'a>,
+    verdict: &'a str,
+}
+
+#[derive(serde::Serialize)]
+struct ModelRef<'a> {
+    name: &'a str,
+    version: &'a str,
+}
+
+#[derive(serde::Serialize)]
+struct SourceRef<'a> {
+    offset: i64,
+    partition: i32,
+    topic: &'a str,
+}
+
+/// `{label: probability}` in label name order; probabilities written as the
+/// f64 of the f32 (as `serde_json::Value` did).
+struct Scores<'a> {
+    labels: &'a [String],
+    sorted: &'a [usize],
+    probabilities: &'a [f32],
+}
+
+impl serde::Serialize for Scores<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        for &i in self.sorted {
+            if let (Some(label), Some(p)) = (self.labels.get(i), self.probabilities.get(i)) {
+                map.serialize_entry(label, &f64::from(*p))?;
+            }
+        }
+        map.end()
+    }
 }
 
 /// A policy that does not fit the model it would judge.
@@ -75,7 +122,10 @@ impl Scorer {
                 )
                 .collect::<Result<_, _>>()?
         };
+        let mut sorted_labels: Vec<usize> = (0..manifest.labels.len()).collect();
+        sorted_labels.sort_by_key(|&i| &manifest.labels[i]);
         Ok(Scorer {
+            sorted_labels,
             labels: manifest.labels.clone(),
             rules,
             model_name: manifest.name.clone(),
@@ -108,25 +158,32 @@ impl Scorer {
         let now = chrono::Utc::now();
         let started = timestamp_ms.filter(|t| *t > 0).or(event.created_at_ms);
         let latency_ms = started.map(|t| (now.timestamp_millis() - t).max(0));
-        let scores: serde_json::Map<String, serde_json::Value> = self
-            .labels
-            .iter()
-            .zip(probabilities)
-            .map(|(label, p)| (label.clone(), json!(p)))
-            .collect();
-        let body = json!({
-            "event_id": event.event_id,
-            "verdict": verdict,
-            "scores": scores,
-            "model": {"name": self.model_name, "version": self.model_version},
-            "source": {"topic": &*source.topic, "partition": source.partition, "offset": offset},
-            "latency_ms": latency_ms,
-            "processed_at": now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        });
+        let body = VerdictBody {
+            event_id: &event.event_id,
+            latency_ms,
+            model: ModelRef {
+                name: &self.model_name,
+                version: &self.model_version,
+            },
+            processed_at: now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            scores: Scores {
+                labels: &self.labels,
+                sorted: &self.sorted_labels,
+                probabilities,
+            },
+            source: SourceRef {
+                offset,
+                partition: source.partition,
+                topic: &source.topic,
+            },
+            verdict,
+        };
+        // Serializing a struct cannot fail; an empty body would be a bug.
+        let payload = serde_json::to_vec(&body).unwrap_or_default();
         let record = OutRecord {
             topic: topic.to_string(),
             key,
-            payload: Some(body.to_string().into_bytes()),
+            payload: Some(payload),
             headers: Vec::new(),
             timestamp_ms: None,
             kind: "verdict",
@@ -208,6 +265,7 @@ pub fn dead_letter(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn thresholds_split_allow_review_block() {
@@ -249,5 +307,56 @@ mod tests {
         let error = Scorer::new(&manifest, &policy).err().expect("refused");
         assert_eq!(error.label, "spam");
         assert!(error.to_string().contains("policy.labels.spam"), "{error}");
+    }
+
+    #[test]
+    fn verdicts_are_written_as_they_always_were() {
+        let manifest: Manifest = serde_json::from_value(serde_json::json!({
+            "name": "m", "version": "2.1", "input_kind": "text", "inputs": ["text"],
+            "output": "p", "labels": ["offensive", "clean", "árbol"], "score_label": "offensive",
+        }))
+        .unwrap();
+        let scorer = Scorer::new(&manifest, &Policy::default()).unwrap();
+        let tp = Tp {
+            topic: std::sync::Arc::from("posts"),
+            partition: 3,
+        };
+        for (id, probabilities, timestamp) in [
+            (
+                "e-1",
+                vec![0.1f32, 0.9, 0.333_333_34],
+                Some(1_700_000_000_000),
+            ),
+            ("ü \"quoted\" 😀", vec![0.97, 0.03, 1e-8], None),
+            ("short", vec![0.5], Some(0)),
+        ] {
+            let event = crate::event::validate(
+                Some(json!({"event_id": id, "text": "t"}).to_string().as_bytes()),
+                &Default::default(),
+            )
+            .unwrap();
+            let (record, verdict) =
+                scorer.verdict_record("v", &tp, 42, None, &event, &probabilities, timestamp);
+            let written = String::from_utf8(record.payload.unwrap()).unwrap();
+            let parsed: serde_json::Value = serde_json::from_str(&written).unwrap();
+            // What the serde_json::Value version wrote for the same record.
+            let scores: serde_json::Map<String, serde_json::Value> = manifest
+                .labels
+                .iter()
+                .zip(&probabilities)
+                .map(|(label, p)| (label.clone(), json!(p)))
+                .collect();
+            let before = json!({
+                "event_id": id,
+                "verdict": verdict,
+                "scores": scores,
+                "model": {"name": "m", "version": "2.1"},
+                "source": {"topic": "posts", "partition": 3, "offset": 42},
+                "latency_ms": parsed["latency_ms"],
+                "processed_at": parsed["processed_at"],
+            })
+            .to_string();
+            assert_eq!(written, before);
+        }
     }
 }

@@ -120,6 +120,27 @@ async fn finish(run: Run, scenario: &str) {
     );
 }
 
+/// The group's committed offsets never pass an input event without a verdict.
+async fn nothing_committed_past_a_missing_verdict(bootstrap: &str, group: &str) {
+    let (bootstrap, group) = (bootstrap.to_string(), group.to_string());
+    let (committed, sources) = tokio::task::spawn_blocking(move || {
+        (
+            support::committed(&bootstrap, &group, PARTITIONS),
+            support::verdict_sources(&bootstrap),
+        )
+    })
+    .await
+    .unwrap();
+    for (p, &c) in committed.iter().enumerate() {
+        for offset in 0..c.max(0) {
+            assert!(
+                sources.contains(&(p as i32, offset)),
+                "partition {p} committed to {c} but offset {offset} has no verdict"
+            );
+        }
+    }
+}
+
 async fn after(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
@@ -676,25 +697,7 @@ async fn a_fatal_producer_error_stops_the_run_without_committing_past_it() {
         }
         other => panic!("expected a fatal producer error, got {other:?}"),
     }
-    // Nothing was committed past an event without a verdict.
-    let bootstrap = run.broker.bootstrap_servers().to_string();
-    let group = run.group.clone();
-    let (committed, sources) = tokio::task::spawn_blocking(move || {
-        (
-            support::committed(&bootstrap, &group, PARTITIONS),
-            support::verdict_sources(&bootstrap),
-        )
-    })
-    .await
-    .unwrap();
-    for (p, &c) in committed.iter().enumerate() {
-        for offset in 0..c.max(0) {
-            assert!(
-                sources.contains(&(p as i32, offset)),
-                "partition {p} committed to {c} but offset {offset} has no verdict"
-            );
-        }
-    }
+    nothing_committed_past_a_missing_verdict(run.broker.bootstrap_servers(), &run.group).await;
 }
 
 /// Deliveries refused for the whole service (the producer is not authorized
@@ -756,23 +759,7 @@ async fn deliveries_refused_for_the_whole_service_stop_the_run_with_the_reason()
         other => panic!("expected the service failure, got {other:?}"),
     }
     assert!(took < Duration::from_secs(20), "stopped after {took:?}");
-    let group = "unauthorized".to_string();
-    let (committed, sources) = tokio::task::spawn_blocking(move || {
-        (
-            support::committed(&bootstrap, &group, PARTITIONS),
-            support::verdict_sources(&bootstrap),
-        )
-    })
-    .await
-    .unwrap();
-    for (p, &c) in committed.iter().enumerate() {
-        for offset in 0..c.max(0) {
-            assert!(
-                sources.contains(&(p as i32, offset)),
-                "partition {p} committed to {c} but offset {offset} has no verdict"
-            );
-        }
-    }
+    nothing_committed_past_a_missing_verdict(&bootstrap, "unauthorized").await;
 }
 
 /// The pause state across cooperative (incremental) rebalances: deliveries
