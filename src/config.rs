@@ -178,7 +178,9 @@ impl Default for BatchingSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct InferenceSettings {
     pub model_dir: PathBuf,
-    pub workers: usize,
+    /// Inference sessions, each on its own thread: "auto" (the default) or a
+    /// number. See [`InferenceSettings::worker_count`].
+    pub workers: Workers,
     pub intra_threads: usize,
     /// Path of libonnxruntime.so; `ORT_DYLIB_PATH` wins over it.
     pub runtime_library: Option<PathBuf>,
@@ -218,7 +220,7 @@ impl Default for InferenceSettings {
     fn default() -> Self {
         InferenceSettings {
             model_dir: PathBuf::from("models/profanity-check"),
-            workers: 1,
+            workers: Workers::Auto,
             intra_threads: 1,
             runtime_library: None,
             execution_providers: vec![ExecutionProvider::Cpu],
@@ -286,6 +288,65 @@ choice! {
     /// An ONNX Runtime execution provider.
     #[derive(clap::ValueEnum)]
     ExecutionProvider { Cpu = "cpu", Cuda = "cuda", Tensorrt = "tensorrt" }
+}
+
+/// How many inference sessions run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workers {
+    /// As many as serve the hardware (see [`InferenceSettings::worker_count`]).
+    Auto,
+    Count(usize),
+}
+
+impl Serialize for Workers {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Workers::Auto => s.serialize_str("auto"),
+            Workers::Count(n) => s.serialize_u64(*n as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Workers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Count(usize),
+            Text(String),
+        }
+        match Repr::deserialize(d)? {
+            Repr::Count(n) => Ok(Workers::Count(n)),
+            Repr::Text(t) if t.trim() == "auto" => Ok(Workers::Auto),
+            // Environment variables arrive as text.
+            Repr::Text(t) => t.trim().parse().map(Workers::Count).map_err(|_| {
+                serde::de::Error::custom(format!("{UNKNOWN_VALUE} {t:?}; use \"auto\" or a number"))
+            }),
+        }
+    }
+}
+
+impl InferenceSettings {
+    /// The number of sessions. "auto": on CPU, the cores this process may
+    /// use (affinity and cgroup quota, as the standard library reads them)
+    /// divided by `intra_threads`, 1 to 64; on a GPU provider, 1 per device
+    /// (not measured yet: scripts/gpu-check.sh is the way to find better).
+    pub fn worker_count(&self) -> usize {
+        match self.workers {
+            Workers::Count(n) => n,
+            Workers::Auto => {
+                let gpu = self
+                    .execution_providers
+                    .first()
+                    .is_some_and(|p| *p != ExecutionProvider::Cpu);
+                if gpu {
+                    return 1;
+                }
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                (cores / self.intra_threads.max(1)).clamp(1, 64)
+            }
+        }
+    }
 }
 
 choice! {
@@ -699,8 +760,13 @@ impl Settings {
         if self.limits.stall_after < Duration::from_secs(1) {
             return Err(invalid("limits.stall_after", "must be at least 1s"));
         }
-        if self.inference.workers == 0 || self.inference.workers > 64 {
-            return Err(invalid("inference.workers", "must be between 1 and 64"));
+        if let Workers::Count(n) = self.inference.workers
+            && !(1..=64).contains(&n)
+        {
+            return Err(invalid(
+                "inference.workers",
+                "must be \"auto\" or between 1 and 64",
+            ));
         }
         if self.inference.intra_threads == 0 {
             return Err(invalid("inference.intra_threads", "must be at least 1"));
@@ -960,6 +1026,35 @@ mod tests {
         );
         // Dumped as written.
         assert!(s.redacted_dump().contains("\"tensorrt\""));
+    }
+
+    #[test]
+    fn workers_default_to_auto_and_take_a_number() {
+        let s = with("").unwrap();
+        assert_eq!(s.inference.workers, Workers::Auto);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(s.inference.worker_count(), cores.clamp(1, 64));
+        let s = with("[inference]\nworkers = \"auto\"\nintra_threads = 64").unwrap();
+        assert_eq!(s.inference.worker_count(), 1, "at least one");
+        let s = with("[inference]\nworkers = 3").unwrap();
+        assert_eq!(s.inference.worker_count(), 3);
+        let s = with("[inference]\nworkers = \"auto\"\nexecution_providers = [\"cuda\", \"cpu\"]")
+            .unwrap();
+        assert_eq!(s.inference.worker_count(), 1, "one per GPU until measured");
+        assert_eq!(
+            invalid_key(with("[inference]\nworkers = 0")),
+            "inference.workers"
+        );
+        assert_eq!(
+            invalid_key(with("[inference]\nworkers = \"many\"")),
+            "inference.workers"
+        );
+        assert!(
+            with("")
+                .unwrap()
+                .redacted_dump()
+                .contains("\"workers\": \"auto\"")
+        );
     }
 
     #[test]

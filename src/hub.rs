@@ -482,7 +482,7 @@ impl<D: Deliver> Hub<D> {
     /// of at most `max_batch_size` events, while the workers' queue has room.
     fn dispatch(&mut self) {
         let max = self.settings.batching.max_batch_size;
-        let capacity = self.settings.inference.workers * 2;
+        let capacity = self.settings.inference.worker_count() * 2;
         if self.breaker.open {
             self.probe(capacity);
             return;
@@ -985,6 +985,8 @@ mod tests {
             [batching]
             max_batch_size = 2
             max_batch_delay = "20ms"
+            [inference]
+            workers = 1
             "#,
         )
         .unwrap();

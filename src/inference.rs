@@ -616,10 +616,11 @@ impl InferencePool {
         max_batch: usize,
         results: tokio::sync::mpsc::Sender<InferenceResult>,
     ) -> Result<InferencePool, InferenceError> {
-        let (jobs_tx, jobs_rx) = async_channel::bounded::<InferenceJob>(settings.workers * 2);
+        let workers = settings.worker_count();
+        let (jobs_tx, jobs_rx) = async_channel::bounded::<InferenceJob>(workers * 2);
         let mut threads = Vec::new();
         let mut manifest = None;
-        for worker in 0..settings.workers {
+        for worker in 0..workers {
             let mut model = Model::load(settings)?;
             // The warm-up inputs are synthetic: a model may reject them and
             // still score real events, so a failure here is only a warning.

@@ -75,14 +75,14 @@ pub async fn run_with_health(
     shutdown: Shutdown,
     health: Arc<Health>,
 ) -> Result<RunSummary, PipelineError> {
-    let (results_tx, results) = mpsc::channel(settings.inference.workers * 4);
+    let (results_tx, results) = mpsc::channel(settings.inference.worker_count() * 4);
     let pool = InferencePool::start(
         &settings.inference,
         settings.batching.max_batch_size,
         results_tx,
     )?;
     let scorer = Scorer::new(&pool.manifest, &settings.policy)?;
-    tracing::info!(model = %pool.manifest.name, version = %pool.manifest.version, workers = settings.inference.workers, "model loaded");
+    tracing::info!(model = %pool.manifest.name, version = %pool.manifest.version, workers = settings.inference.worker_count(), "model loaded");
     health.model_loaded.store(true, Ordering::SeqCst);
 
     let sink = Sink::new(&settings.kafka, settings.limits.max_payload_bytes)?;

@@ -181,7 +181,7 @@ async fn the_pipeline_moderates_with_the_transformer() {
 
     let mut settings = demo::demo_settings(&bootstrap, "g-minilm").unwrap();
     settings.inference.model_dir = model_dir();
-    settings.inference.workers = 2;
+    settings.inference.workers = modstream::config::Workers::Count(2);
     settings.batching.max_batch_size = 16;
     let shutdown = Shutdown::new();
     let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));

@@ -326,7 +326,7 @@ pub(super) async fn peak_rss_under_load(
         "[inference]".to_string(),
         format!("model_dir = {:?}", model_dir.display().to_string()),
         format!("intra_threads = {}", inference.intra_threads),
-        format!("workers = {}", inference.workers),
+        format!("workers = {}", inference.worker_count()),
         format!(
             "execution_providers = {:?}",
             inference
@@ -412,7 +412,7 @@ pub fn peak_rss_of(pid: &str) -> u64 {
 pub(super) fn inference_settings(opts: &BenchOptions) -> InferenceSettings {
     let mut inference = InferenceSettings {
         intra_threads: opts.intra_threads,
-        workers: opts.workers.max(1),
+        workers: crate::config::Workers::Count(opts.workers.max(1)),
         require_gpu: opts.require_gpu,
         ..Default::default()
     };

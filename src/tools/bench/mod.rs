@@ -171,7 +171,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         saturation: saturation_rows,
         latency: latency_rows,
         peak_rss_bytes: peak_rss_bytes(),
-        workers: inference.workers,
+        workers: inference.worker_count(),
         broker: opts
             .bootstrap
             .clone()
