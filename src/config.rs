@@ -214,6 +214,9 @@ pub struct InferenceSettings {
     /// retries the model with backoff (1 s doubling to 30 s) until it works.
     /// 0: never.
     pub breaker_after: u32,
+    /// Bytes of the score cache (texts seen again are scored once per
+    /// loaded model); 0 turns it off.
+    pub cache_bytes: u64,
 }
 
 impl Default for InferenceSettings {
@@ -232,6 +235,7 @@ impl Default for InferenceSettings {
             length_buckets: vec![16, 32, 64, 128],
             warm_up: true,
             breaker_after: 5,
+            cache_bytes: 0,
         }
     }
 }

@@ -6,7 +6,7 @@
 //! error, so the pipeline can account for every event it sent.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use ort::session::Session;
@@ -618,6 +618,8 @@ impl InferencePool {
     ) -> Result<InferencePool, InferenceError> {
         let workers = settings.worker_count();
         let (jobs_tx, jobs_rx) = async_channel::bounded::<InferenceJob>(workers * 2);
+        let cache = (settings.cache_bytes > 0)
+            .then(|| Arc::new(crate::score_cache::ScoreCache::new(settings.cache_bytes)));
         let mut threads = Vec::new();
         let mut manifest = None;
         for worker in 0..workers {
@@ -643,14 +645,16 @@ impl InferencePool {
             let jobs = jobs_rx.clone();
             let results = results.clone();
             let settings = settings.clone();
+            let cache = cache.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("inference-{worker}"))
                 .spawn(move || {
                     while let Ok(mut job) = jobs.recv_blocking() {
                         let started = Instant::now();
                         let before = model.tokens;
-                        let scores = match catching_panics(&mut job.texts, |texts| {
-                            model.score_isolating(texts)
+                        let scores = match catching_panics(&mut job.texts, |texts| match &cache {
+                            Some(cache) => cache.score(texts, |misses| model.score_isolating(misses)),
+                            None => model.score_isolating(texts),
                         }) {
                             Ok(scores) => scores,
                             Err(panic) => {

@@ -41,6 +41,9 @@ pub mod metric {
     pub const IN_FLIGHT_BYTES: &str = "modstream_in_flight_bytes";
     /// Partitions paused for backpressure.
     pub const PAUSED_PARTITIONS: &str = "modstream_paused_partitions";
+    /// Texts whose scores came from the score cache, and those it lacked.
+    pub const CACHE_HITS_TOTAL: &str = "modstream_cache_hits_total";
+    pub const CACHE_MISSES_TOTAL: &str = "modstream_cache_misses_total";
     /// 1 while the circuit breaker on the model is open.
     pub const INFERENCE_BREAKER_OPEN: &str = "modstream_inference_breaker_open";
     /// Partitions whose oldest undelivered event waited `limits.stall_after`.
@@ -85,6 +88,8 @@ pub mod metric {
         STALLED_PARTITIONS,
         OLDEST_PENDING_SECONDS,
         INFERENCE_BREAKER_OPEN,
+        CACHE_HITS_TOTAL,
+        CACHE_MISSES_TOTAL,
         COMMITS_TOTAL,
         REBALANCES_TOTAL,
         STALE_RECORDS_TOTAL,
@@ -169,6 +174,16 @@ pub fn describe_metrics() {
         metric::PAUSED_PARTITIONS,
         Unit::Count,
         "partitions paused for backpressure"
+    );
+    describe_counter!(
+        metric::CACHE_HITS_TOTAL,
+        Unit::Count,
+        "texts scored from the score cache"
+    );
+    describe_counter!(
+        metric::CACHE_MISSES_TOTAL,
+        Unit::Count,
+        "texts the score cache lacked (scored by the model)"
     );
     describe_gauge!(
         metric::INFERENCE_BREAKER_OPEN,

@@ -65,3 +65,60 @@ fn a_batch_scores_like_its_events_one_by_one() {
         );
     }
 }
+
+/// The score cache changes nothing a verdict says: the same texts scored
+/// with the cache (first filling it, then from it) and without it get the
+/// same scores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_scores_equal_the_models_own() {
+    use modstream::inference::{InferenceJob, InferencePool};
+    // The only test in this binary that installs a metrics recorder.
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .unwrap();
+    let posts: Vec<String> = modstream::tools::generator::sample_posts()
+        .into_iter()
+        .map(|(_, t)| t.to_string())
+        .collect();
+    let run = |cache_bytes: u64, rounds: usize| {
+        let posts = posts.clone();
+        async move {
+            let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+            let pool = InferencePool::start(
+                &InferenceSettings {
+                    cache_bytes,
+                    workers: modstream::config::Workers::Count(1),
+                    ..Default::default()
+                },
+                64,
+                tx,
+            )
+            .unwrap();
+            let mut all = Vec::new();
+            for round in 0..rounds {
+                pool.jobs()
+                    .send(InferenceJob {
+                        id: round as u64,
+                        texts: posts.clone(),
+                    })
+                    .await
+                    .unwrap();
+                all.push(rx.recv().await.unwrap().scores);
+            }
+            tokio::task::spawn_blocking(move || pool.shutdown())
+                .await
+                .unwrap();
+            all
+        }
+    };
+    let plain = run(0, 1).await;
+    let cached = run(1 << 20, 2).await;
+    assert_eq!(cached[0], plain[0], "filling the cache");
+    assert_eq!(cached[1], plain[0], "served from the cache");
+    let exposition = metrics.render();
+    let hits = format!("modstream_cache_hits_total {}", posts.len());
+    assert!(
+        exposition.lines().any(|l| l == hits),
+        "the second round came from the cache: {exposition}"
+    );
+}
