@@ -695,7 +695,6 @@ fn poll_loop(
         };
         match consumer.poll(timeout) {
             Some(Ok(m)) => {
-                watchdog.fetched(m.topic(), m.partition());
                 let generation = consumer.context().generation.load(Ordering::SeqCst);
                 metrics::counter!(metric::CONSUMED_TOTAL, "topic" => m.topic().to_string())
                     .increment(1);
@@ -720,6 +719,7 @@ fn poll_loop(
                     received_at: tokio::time::Instant::now(),
                     bytes: None,
                 };
+                watchdog.fetched(&record.tp);
                 if backlog.is_empty() {
                     match forward(&records_tx, budget, record) {
                         Forward::Sent => {}
@@ -797,22 +797,12 @@ impl FetchWatchdog {
         self.pushed_back = Instant::now();
     }
 
-    fn fetched(&mut self, topic: &str, partition: i32) {
+    fn fetched(&mut self, tp: &Tp) {
         let now = Instant::now();
-        match self
-            .last_record
-            .iter_mut()
-            .find(|(tp, _)| tp.partition == partition && &*tp.topic == topic)
-        {
-            Some((_, at)) => *at = now,
+        match self.last_record.get_mut(tp) {
+            Some(at) => *at = now,
             None => {
-                self.last_record.insert(
-                    Tp {
-                        topic: Arc::from(topic),
-                        partition,
-                    },
-                    now,
-                );
+                self.last_record.insert(tp.clone(), now);
             }
         }
     }

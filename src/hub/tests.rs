@@ -1,0 +1,439 @@
+use super::*;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::inference::{Manifest, TokenStats};
+use crate::partition::tests::tp;
+
+/// Stands in for the producer: records what it was handed, in order,
+/// and acknowledges at once (or, with `refuse_dlq`, refuses dead-letter
+/// records for good).
+#[derive(Clone, Default)]
+struct Outbox(
+    Arc<Mutex<Vec<OutRecord>>>,
+    Arc<std::sync::atomic::AtomicBool>,
+);
+
+impl Deliver for Outbox {
+    fn deliver(
+        &self,
+        record: OutRecord,
+        _source: Source,
+        _cancel: CancellationToken,
+    ) -> BoxFuture<'static, Result<(), ProducerError>> {
+        let refuse = record.kind == "dlq" && self.1.load(std::sync::atomic::Ordering::SeqCst);
+        self.0.lock().unwrap().push(record);
+        Box::pin(async move {
+            if refuse {
+                Err(ProducerError::Rejected("Message size too large".into()))
+            } else {
+                Ok(())
+            }
+        })
+    }
+}
+
+impl Outbox {
+    /// Source offsets of the verdicts handed over so far.
+    fn offsets(&self) -> Vec<i64> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.kind == "verdict")
+            .map(|r| {
+                let v: serde_json::Value =
+                    serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
+                v["source"]["offset"].as_i64().unwrap()
+            })
+            .collect()
+    }
+}
+
+struct Harness {
+    hub: Hub<Outbox>,
+    outbox: Outbox,
+    jobs: async_channel::Receiver<InferenceJob>,
+    acks: mpsc::Receiver<Ack>,
+    positions: async_channel::Receiver<Positions>,
+}
+
+fn harness() -> Harness {
+    let settings = Settings::from_toml(
+        r#"
+        [kafka]
+        bootstrap_servers = "127.0.0.1:1"
+        drain_timeout = "1s"
+        [input]
+        topics = ["posts"]
+        [batching]
+        max_batch_size = 2
+        max_batch_delay = "20ms"
+        [inference]
+        workers = 1
+        "#,
+    )
+    .unwrap();
+    let manifest: Manifest = serde_json::from_value(serde_json::json!({
+        "name": "m", "version": "1", "input_kind": "text", "inputs": ["text"],
+        "output": "p", "labels": ["offensive"], "score_label": "offensive",
+    }))
+    .unwrap();
+    let scorer = Scorer::new(&manifest, &settings.policy).unwrap();
+    let (jobs_tx, jobs) = async_channel::bounded(2);
+    let (positions_tx, positions) = async_channel::bounded(64);
+    let outbox = Outbox::default();
+    let mut hub = Hub::new(
+        settings,
+        scorer,
+        jobs_tx,
+        outbox.clone(),
+        positions_tx,
+        Arc::default(),
+        &Shutdown::new(),
+    );
+    let acks = hub.acks_rx.take().unwrap();
+    Harness {
+        hub,
+        outbox,
+        jobs,
+        acks,
+        positions,
+    }
+}
+
+fn record(partition: i32, offset: i64, generation: u64) -> Ingested {
+    Ingested {
+        tp: tp(partition),
+        offset,
+        key: None,
+        payload: Some(format!(r#"{{"event_id":"e{offset}","text":"post {offset}"}}"#).into_bytes()),
+        headers: Vec::new(),
+        timestamp_ms: None,
+        generation,
+        received_at: Instant::now(),
+        bytes: None,
+    }
+}
+
+fn scored(job: &InferenceJob) -> InferenceResult {
+    InferenceResult {
+        id: job.id,
+        scores: job.texts.iter().map(|_| Ok(vec![0.1])).collect(),
+        texts: job.texts.clone(),
+        elapsed: Duration::from_millis(3),
+        tokens: TokenStats::default(),
+    }
+}
+
+impl Harness {
+    fn push(&mut self, record: Ingested) {
+        self.hub.on_record(record);
+        self.hub.after_event();
+    }
+
+    fn result(&mut self, result: InferenceResult) {
+        self.hub.on_inference_result(result);
+        self.hub.after_event();
+    }
+
+    /// Feed `n` acknowledgements back to the hub.
+    async fn acks(&mut self, n: usize) {
+        for _ in 0..n {
+            let ack = self.acks.recv().await.unwrap();
+            self.hub.on_ack(ack);
+            self.hub.after_event();
+        }
+    }
+
+    /// Revoke one partition as the consumer's callback would; the
+    /// answer arrives on the returned channel.
+    fn revoke(&mut self, tp: Tp, generation: u64) -> std::sync::mpsc::Receiver<Positions> {
+        let (done, answer) = std::sync::mpsc::channel();
+        self.hub.on_rebalance(RebalanceEvent::Revoke {
+            partitions: vec![tp],
+            generation,
+            done,
+        });
+        self.hub.after_event();
+        answer
+    }
+
+    /// Everything the hub has for the consumer thread to store, taking
+    /// one batch at a time as the consumer thread does.
+    fn stored(&mut self) -> Vec<Positions> {
+        let mut taken = Vec::new();
+        loop {
+            self.hub.send_positions();
+            match self.positions.try_recv() {
+                Ok(batch) => taken.push(batch),
+                Err(_) => return taken,
+            }
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn verdicts_keep_offset_order_when_model_runs_finish_out_of_order() {
+    let mut h = harness();
+    for offset in 0..4 {
+        h.push(record(0, offset, 0));
+    }
+    assert_eq!(h.hub.in_flight, 4);
+    let first = h.jobs.try_recv().unwrap();
+    let second = h.jobs.try_recv().unwrap();
+    // The later batch comes back first: nothing may be produced yet.
+    h.result(scored(&second));
+    assert!(h.outbox.offsets().is_empty());
+    h.result(scored(&first));
+    assert_eq!(h.outbox.offsets(), vec![0, 1, 2, 3]);
+    assert_eq!(h.hub.in_flight, 4, "in flight until acknowledged");
+    h.acks(4).await;
+    assert_eq!(h.hub.in_flight, 0);
+    assert_eq!(h.hub.summary.verdicts, 4);
+    let stored: Vec<(Tp, i64)> = h.stored().into_iter().flatten().collect();
+    assert_eq!(stored.last(), Some(&(tp(0), 4)), "one past the last");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_malformed_record_is_dead_lettered_in_its_place() {
+    let mut h = harness();
+    h.push(record(0, 0, 0));
+    let mut bad = record(0, 1, 0);
+    bad.payload = Some(b"not json".to_vec());
+    h.push(bad);
+    // The DLQ record goes out at once; the position waits for offset 0.
+    h.acks(1).await;
+    assert_eq!(h.hub.summary.dlq, 1);
+    assert_eq!(
+        h.stored().concat(),
+        vec![(tp(0), 0)],
+        "offset 0 has no verdict yet"
+    );
+    tokio::time::advance(Duration::from_millis(20)).await;
+    h.hub.after_event();
+    let job = h.jobs.try_recv().expect("closed at the deadline");
+    h.result(scored(&job));
+    h.acks(1).await;
+    assert_eq!(h.hub.in_flight, 0);
+    assert_eq!(h.stored().concat(), vec![(tp(0), 2)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_revoke_during_inference_waits_for_the_verdicts_then_answers_the_position() {
+    let mut h = harness();
+    h.push(record(0, 0, 0));
+    h.push(record(0, 1, 0));
+    let job = h.jobs.try_recv().unwrap();
+    let answer = h.revoke(tp(0), 1);
+    assert!(answer.try_recv().is_err(), "two events still in flight");
+    // A record polled before the revoke is left to the next owner.
+    h.push(record(0, 2, 0));
+    assert_eq!(h.hub.summary.stale, 1);
+    assert_eq!(h.hub.in_flight, 2);
+    h.result(scored(&job));
+    h.acks(2).await;
+    assert_eq!(answer.try_recv().unwrap(), vec![(tp(0), 2)]);
+    assert_eq!(h.hub.in_flight, 0);
+    // The partition comes straight back: the hub knows where it was.
+    let (reply, resume) = std::sync::mpsc::channel();
+    h.hub.on_rebalance(RebalanceEvent::Assign {
+        partitions: vec![tp(0), tp(1)],
+        reply,
+    });
+    assert_eq!(resume.try_recv().unwrap(), vec![(tp(0), 2)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_that_times_out_leaves_the_events_to_the_next_owner() {
+    let mut h = harness();
+    h.push(record(0, 0, 0));
+    h.push(record(0, 1, 0));
+    h.push(record(1, 0, 0));
+    let job = h.jobs.try_recv().unwrap();
+    let answer = h.revoke(tp(0), 1);
+    // Partition 1's open batch is untouched; partition 0's model run
+    // does not come back within kafka.drain_timeout.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    h.hub.after_event();
+    assert_eq!(
+        answer.try_recv().unwrap(),
+        vec![(tp(0), 0)],
+        "nothing delivered: the position stays at the first offset"
+    );
+    assert_eq!(h.hub.in_flight, 3);
+    // The late result produces nothing and is no longer in flight.
+    h.result(scored(&job));
+    assert!(h.outbox.offsets().is_empty());
+    assert_eq!(h.hub.in_flight, 1);
+    // Partition 1 carries on.
+    let job = h
+        .jobs
+        .try_recv()
+        .expect("partition 1 closed at its deadline");
+    h.result(scored(&job));
+    h.acks(1).await;
+    assert_eq!(h.hub.in_flight, 0);
+    assert_eq!(h.stored().concat(), vec![(tp(1), 1)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_the_broker_refuses_for_good_does_not_pin_its_partition() {
+    let mut h = harness();
+    h.outbox.1.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut bad = record(0, 0, 0);
+    bad.payload = Some(vec![b'{'; 10]);
+    h.push(bad);
+    h.push(record(0, 1, 0));
+    h.push(record(0, 2, 0));
+    let job = h.jobs.try_recv().unwrap();
+    h.result(scored(&job));
+    h.acks(3).await;
+    assert_eq!(h.hub.summary.undeliverable, 1);
+    assert_eq!(h.hub.summary.verdicts, 2);
+    assert_eq!(h.hub.in_flight, 0);
+    let stored: Vec<(Tp, i64)> = h.stored().concat();
+    assert_eq!(stored.last(), Some(&(tp(0), 3)), "the position passes it");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_partition_without_progress_is_reported_stalled_until_it_moves() {
+    let mut h = harness();
+    h.hub.settings.limits.stall_after = Duration::from_secs(3);
+    h.push(record(0, 0, 0));
+    h.push(record(0, 1, 0));
+    let job = h.jobs.try_recv().unwrap();
+    // The model run does not come back.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    h.hub.after_event();
+    assert!(h.hub.health.stalled().is_empty(), "not yet");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    h.hub.after_event();
+    let stalled = h.hub.health.stalled();
+    assert_eq!(stalled.len(), 1);
+    assert_eq!(
+        (stalled[0].partition, stalled[0].offset, stalled[0].pending),
+        (0, 0, 2)
+    );
+    assert!(stalled[0].waiting_s >= 3);
+    // It moves: no longer stalled at the next look.
+    h.result(scored(&job));
+    h.acks(2).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    h.hub.after_event();
+    assert!(h.hub.health.stalled().is_empty());
+}
+
+fn failed(job: &InferenceJob) -> InferenceResult {
+    InferenceResult {
+        id: job.id,
+        scores: job
+            .texts
+            .iter()
+            .map(|_| Err("model run failed".into()))
+            .collect(),
+        texts: job.texts.clone(),
+        elapsed: Duration::from_millis(3),
+        tokens: TokenStats::default(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_model_that_fails_everything_is_retried_instead_of_flooding_the_dlq() {
+    let mut h = harness();
+    h.hub.settings.inference.breaker_after = 2;
+    assert!(
+        !h.hub
+            .health
+            .model_failing
+            .load(std::sync::atomic::Ordering::SeqCst)
+    );
+    // One batch scored: its text becomes the probe.
+    h.push(record(1, 0, 0));
+    h.push(record(1, 1, 0));
+    let good = h.jobs.try_recv().unwrap();
+    h.result(scored(&good));
+    h.acks(2).await;
+    for offset in 0..6 {
+        h.push(record(0, offset, 0));
+    }
+    let (first, second) = (h.jobs.try_recv().unwrap(), h.jobs.try_recv().unwrap());
+    // One run in which every event failed: dead-lettered as before.
+    h.result(failed(&first));
+    h.acks(2).await;
+    assert_eq!(h.hub.summary.dlq, 2);
+    let third = h.jobs.try_recv().expect("the next batch went out");
+    // The second in a row opens the breaker: held, not dead-lettered,
+    // and so is a failed run that was already under way.
+    h.result(failed(&second));
+    assert!(
+        h.hub
+            .health
+            .model_failing
+            .load(std::sync::atomic::Ordering::SeqCst)
+    );
+    assert!(h.hub.breaker.open, "no input is taken meanwhile");
+    h.result(failed(&third));
+    assert!(h.jobs.try_recv().is_err(), "no batch goes to the model");
+    // A probe after 1 s; it fails, the next comes 2 s later.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    h.hub.after_event();
+    let probe = h.jobs.try_recv().expect("a probe");
+    assert_eq!(
+        probe.texts,
+        vec!["post 0".to_string()],
+        "the last text scored"
+    );
+    h.result(failed(&probe));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    h.hub.after_event();
+    assert!(h.jobs.try_recv().is_err(), "backing off");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    h.hub.after_event();
+    let probe = h.jobs.try_recv().expect("the second probe");
+    h.result(scored(&probe));
+    assert!(
+        !h.hub
+            .health
+            .model_failing
+            .load(std::sync::atomic::Ordering::SeqCst)
+    );
+    // The held batches go to the model again, with their texts.
+    let (a, b) = (h.jobs.try_recv().unwrap(), h.jobs.try_recv().unwrap());
+    let mut texts = [a.texts.clone(), b.texts.clone()].concat();
+    texts.sort();
+    assert_eq!(texts, ["post 2", "post 3", "post 4", "post 5"]);
+    h.result(scored(&a));
+    h.result(scored(&b));
+    h.acks(4).await;
+    assert_eq!((h.hub.summary.dlq, h.hub.summary.verdicts), (2, 6));
+    assert_eq!(
+        h.outbox.offsets(),
+        vec![0, 1, 2, 3, 4, 5],
+        "in offset order"
+    );
+    assert_eq!(h.hub.in_flight, 0);
+    let stored = h.stored().concat();
+    assert!(stored.contains(&(tp(0), 6)), "{stored:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_held_by_the_breaker_are_given_up_uncommitted_at_the_shutdown_timeout() {
+    let mut h = harness();
+    h.hub.settings.inference.breaker_after = 1;
+    h.push(record(0, 0, 0));
+    h.push(record(0, 1, 0));
+    let job = h.jobs.try_recv().unwrap();
+    h.result(failed(&job));
+    assert!(h.hub.breaker.open);
+    assert_eq!(h.hub.in_flight, 2);
+    // kafka.shutdown_timeout passed: the watchdog cancelled `abort`.
+    h.hub.give_up_held();
+    assert_eq!(h.hub.in_flight, 0, "the run can end");
+    assert_eq!(h.hub.summary.abandoned, 2, "reported as abandoned");
+    assert_eq!(h.hub.summary.dlq, 0);
+    assert!(
+        h.stored().concat().iter().all(|(_, p)| *p == 0),
+        "nothing committed past them"
+    );
+}

@@ -1,0 +1,92 @@
+//! The hub's watchdog: stalled partitions and deliveries failing for the
+//! whole service, looked at every second.
+
+use tokio::time::Instant;
+
+use super::{Deliver, Hub};
+use crate::producer::ProducerError;
+use crate::telemetry::{Stall, metric};
+
+/// How often the watchdog looks at every partition's oldest pending event.
+pub(super) const STALL_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl<D: Deliver> Hub<D> {
+    /// Deliveries failing for the whole service (not authorized, topic
+    /// missing): /readyz fails once that lasts 5 s; after
+    /// `kafka.service_failure_timeout` the run stops with the reason.
+    fn check_service_failure(&mut self) {
+        let failure = self.outbox.service_failure();
+        let report = failure
+            .as_ref()
+            .filter(|(_, lasted, _)| *lasted >= std::time::Duration::from_secs(5))
+            .map(|(topic, lasted, error)| {
+                format!(
+                    "deliveries to {topic} failing for {} s: {error}",
+                    lasted.as_secs()
+                )
+            });
+        self.health.set_delivery_failing(report);
+        let Some((topic, lasted, error)) = failure else {
+            return;
+        };
+        if lasted >= self.settings.kafka.service_failure_timeout && self.producer_fatal.is_none() {
+            tracing::error!(%topic, lasted_s = lasted.as_secs(), error = %error, "stopping: deliveries fail for the whole service");
+            self.producer_fatal = Some(ProducerError::Service {
+                topic,
+                lasted_s: lasted.as_secs(),
+                error,
+            });
+            self.stop.cancel();
+            self.abort.cancel();
+        }
+    }
+
+    /// The watchdog: a partition whose oldest undelivered event has waited
+    /// `limits.stall_after` is stalled (its committed offset cannot move):
+    /// one error log when it starts, the gauges, and /readyz fails until it
+    /// moves again.
+    pub(super) fn check_stalls(&mut self) {
+        let now = Instant::now();
+        self.next_stall_check = now + STALL_CHECK;
+        self.check_service_failure();
+        let stall_after = self.settings.limits.stall_after;
+        let mut stalls = Vec::new();
+        for (tp, partition) in &self.partitions {
+            let oldest = partition.oldest_pending(now);
+            let waited = oldest.map_or(0.0, |(_, w)| w.as_secs_f64());
+            metrics::gauge!(metric::OLDEST_PENDING_SECONDS, "topic" => tp.topic.to_string(), "partition" => tp.partition.to_string())
+                .set(waited);
+            match oldest {
+                Some((offset, waited)) if waited >= stall_after => {
+                    let stall = Stall {
+                        topic: tp.topic.to_string(),
+                        partition: tp.partition,
+                        offset,
+                        waiting_s: waited.as_secs(),
+                        pending: partition.in_flight(),
+                    };
+                    if self.stalled.insert(tp.clone()) {
+                        tracing::error!(topic = %tp.topic, partition = tp.partition, offset, waiting_s = stall.waiting_s, pending = stall.pending, "partition stalled: its oldest event has no verdict delivered yet");
+                    }
+                    stalls.push(stall);
+                }
+                _ => {
+                    if self.stalled.remove(tp) {
+                        tracing::info!(topic = %tp.topic, partition = tp.partition, "partition making progress again");
+                    }
+                }
+            }
+        }
+        // Partitions no longer owned are not stalled here.
+        let owned = &self.partitions;
+        self.stalled.retain(|tp| {
+            let keep = owned.contains_key(tp);
+            if !keep {
+                tracing::info!(topic = %tp.topic, partition = tp.partition, "stalled partition revoked; its next owner takes over");
+            }
+            keep
+        });
+        stalls.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        self.health.set_stalled(stalls);
+    }
+}
