@@ -11,6 +11,7 @@ use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
 use modstream::shutdown::Shutdown;
 use modstream::tools::embedded::EmbeddedBroker;
+use modstream::tools::read::{ReadRecord, read_topic};
 use support::{DLQ, INPUT, VERDICTS};
 
 const PARTITIONS: i32 = 4;
@@ -139,6 +140,56 @@ async fn nothing_committed_past_a_missing_verdict(bootstrap: &str, group: &str) 
             );
         }
     }
+}
+
+/// `texts` (event ids `{prefix}{i}`, one key) on one partition through the
+/// failing test model (tests/data/failing-model: it parses each text as a
+/// number); waits for `(verdicts, dead letters)` and stops the pipeline.
+async fn run_failing_model(
+    group: &str,
+    prefix: &str,
+    texts: &[&str],
+    (verdicts_want, dlq_want): (usize, usize),
+) -> (EmbeddedBroker, Vec<ReadRecord>, Vec<ReadRecord>) {
+    let broker = EmbeddedBroker::start(&[(INPUT, 1), (VERDICTS, 1), (DLQ, 1)]).unwrap();
+    let bootstrap = broker.bootstrap_servers().to_string();
+    let events: Vec<(String, String, Vec<u8>)> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let id = format!("{prefix}{i}");
+            let payload = serde_json::json!({"event_id": id, "text": t});
+            (id, "k".to_string(), payload.to_string().into_bytes())
+        })
+        .collect();
+    let b = bootstrap.clone();
+    tokio::task::spawn_blocking(move || support::produce(&b, &events))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &bootstrap, group);
+    let mut settings = modstream::config::Settings::load(Some(&config)).unwrap();
+    settings.inference.model_dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/failing-model");
+    settings.batching.max_batch_delay = Duration::from_millis(200);
+    let shutdown = Shutdown::new();
+    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
+    let b = bootstrap.clone();
+    let (verdicts, dlq) = tokio::task::spawn_blocking(move || {
+        (
+            read_topic(&b, VERDICTS, 1, verdicts_want, Duration::from_secs(20)).unwrap(),
+            read_topic(&b, DLQ, 1, dlq_want, Duration::from_secs(10)).unwrap(),
+        )
+    })
+    .await
+    .unwrap();
+    shutdown.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(30), pipeline)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    (broker, verdicts, dlq)
 }
 
 async fn after(ms: u64) {
@@ -320,52 +371,11 @@ async fn a_member_joining_mid_stream_drains_before_handing_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_model_run_isolates_the_bad_events() {
-    let broker = EmbeddedBroker::start(&[(INPUT, 1), (VERDICTS, 1), (DLQ, 1)]).unwrap();
-    let bootstrap = broker.bootstrap_servers().to_string();
     // The test model parses each text as a number and fails the whole run
     // on anything else.
     let texts = ["0.5", "2", "boom", "-1", "0", "kaboom", "3.5", "1"];
-    let events: Vec<(String, String, Vec<u8>)> = texts
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            (
-                format!("m-{i}"),
-                "k".to_string(),
-                serde_json::json!({"event_id": format!("m-{i}"), "text": t})
-                    .to_string()
-                    .into_bytes(),
-            )
-        })
-        .collect();
-    let b = bootstrap.clone();
-    tokio::task::spawn_blocking(move || support::produce(&b, &events))
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = support::write_config(dir.path(), &bootstrap, "failing-model");
-    let mut settings = modstream::config::Settings::load(Some(&config)).unwrap();
-    settings.inference.model_dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/failing-model");
-    settings.batching.max_batch_delay = Duration::from_millis(200);
-    let shutdown = Shutdown::new();
-    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
-    let b = bootstrap.clone();
-    let (verdicts, dlq) = tokio::task::spawn_blocking(move || {
-        (
-            modstream::tools::read::read_topic(&b, VERDICTS, 1, 6, Duration::from_secs(20))
-                .unwrap(),
-            modstream::tools::read::read_topic(&b, DLQ, 1, 2, Duration::from_secs(10)).unwrap(),
-        )
-    })
-    .await
-    .unwrap();
-    shutdown.stop.cancel();
-    tokio::time::timeout(Duration::from_secs(30), pipeline)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let (broker, verdicts, dlq) = run_failing_model("failing-model", "m-", &texts, (6, 2)).await;
+    let bootstrap = broker.bootstrap_servers().to_string();
 
     let scored: Vec<String> = verdicts
         .iter()
@@ -412,45 +422,9 @@ async fn a_failing_model_run_isolates_the_bad_events() {
 /// (DLQ `inference_failed`), never an `allow` with null scores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_finite_score_is_dead_lettered_not_judged() {
-    let broker = EmbeddedBroker::start(&[(INPUT, 1), (VERDICTS, 1), (DLQ, 1)]).unwrap();
-    let bootstrap = broker.bootstrap_servers().to_string();
     // The failing test model parses each text as a number: "nan" scores NaN.
-    let events: Vec<(String, String, Vec<u8>)> = ["0.5", "nan", "1"]
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let id = format!("n-{i}");
-            let payload = serde_json::json!({"event_id": id, "text": t});
-            (id, "k".to_string(), payload.to_string().into_bytes())
-        })
-        .collect();
-    let b = bootstrap.clone();
-    tokio::task::spawn_blocking(move || support::produce(&b, &events))
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = support::write_config(dir.path(), &bootstrap, "nan-model");
-    let mut settings = modstream::config::Settings::load(Some(&config)).unwrap();
-    settings.inference.model_dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/failing-model");
-    let shutdown = Shutdown::new();
-    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
-    let b = bootstrap.clone();
-    let (verdicts, dlq) = tokio::task::spawn_blocking(move || {
-        (
-            modstream::tools::read::read_topic(&b, VERDICTS, 1, 3, Duration::from_secs(15))
-                .unwrap(),
-            modstream::tools::read::read_topic(&b, DLQ, 1, 1, Duration::from_secs(5)).unwrap(),
-        )
-    })
-    .await
-    .unwrap();
-    shutdown.stop.cancel();
-    tokio::time::timeout(Duration::from_secs(30), pipeline)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let (_broker, verdicts, dlq) =
+        run_failing_model("nan-model", "n-", &["0.5", "nan", "1"], (3, 1)).await;
     let judged: Vec<i64> = verdicts
         .iter()
         .map(|v| {
