@@ -164,6 +164,7 @@ fn tiny_options() -> BenchOptions {
         providers: vec![modstream::config::ExecutionProvider::Cpu],
         require_gpu: false,
         workers: 1,
+        cache_bytes: 0,
         overload: 0.0,
         out_dir: PathBuf::new(),
     }

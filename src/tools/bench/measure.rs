@@ -327,6 +327,7 @@ pub(super) async fn peak_rss_under_load(
         format!("model_dir = {:?}", model_dir.display().to_string()),
         format!("intra_threads = {}", inference.intra_threads),
         format!("workers = {}", inference.worker_count()),
+        format!("cache_bytes = {}", inference.cache_bytes),
         format!(
             "execution_providers = {:?}",
             inference
@@ -414,6 +415,7 @@ pub(super) fn inference_settings(opts: &BenchOptions) -> InferenceSettings {
         intra_threads: opts.intra_threads,
         workers: crate::config::Workers::Count(opts.workers.max(1)),
         require_gpu: opts.require_gpu,
+        cache_bytes: opts.cache_bytes,
         ..Default::default()
     };
     if !opts.providers.is_empty() {

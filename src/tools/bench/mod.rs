@@ -61,6 +61,9 @@ pub struct BenchOptions {
     /// Inference workers (sessions) in the pipeline; the raw loop uses one.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    /// Score cache bytes in the pipeline (`inference.cache_bytes`; 0: off).
+    #[arg(long, default_value_t = 0)]
+    pub cache_bytes: u64,
     /// Offer this multiple of saturation to a separate `modstream run` for
     /// 3 s and report its peak RSS (0: skip).
     #[arg(long, default_value_t = 10.0)]
