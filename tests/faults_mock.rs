@@ -192,6 +192,49 @@ async fn run_failing_model(
     (broker, verdicts, dlq)
 }
 
+/// Verdict partitions led by broker 3, the input and the group's
+/// coordinator by broker 1, and broker 3 down: every verdict delivery fails
+/// until it is up again.
+fn verdict_leader_down(broker: &EmbeddedBroker, group: &str) {
+    let group = group.to_string();
+    broker.with_cluster(move |c| {
+        for p in 0..PARTITIONS {
+            c.partition_leader(VERDICTS, p, Some(3)).unwrap();
+            c.partition_leader(INPUT, p, Some(1)).unwrap();
+        }
+        c.coordinator(rdkafka::mocking::MockCoordinator::Group(group), 1)
+            .unwrap();
+        c.broker_down(3).unwrap();
+    });
+}
+
+/// A new member of the stopped run's group picks up from what was
+/// committed; then [`finish`].
+async fn restart_and_finish(
+    broker: EmbeddedBroker,
+    acked: Vec<String>,
+    group: String,
+    scenario: &str,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), broker.bootstrap_servers(), &group);
+    let settings = modstream::config::Settings::load(Some(&config)).unwrap();
+    let shutdown = Shutdown::new();
+    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
+    finish(
+        Run {
+            broker,
+            shutdown,
+            pipeline,
+            acked,
+            group,
+            _dir: dir,
+        },
+        scenario,
+    )
+    .await;
+}
+
 async fn after(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
@@ -252,20 +295,9 @@ async fn re_sent_verdicts_keep_offset_order() {
             .producer
             .0
             .insert("message.timeout.ms".into(), "1000".into());
-        broker.with_cluster(|c| {
-            for p in 0..PARTITIONS {
-                c.partition_leader(VERDICTS, p, Some(3)).unwrap();
-                c.partition_leader(INPUT, p, Some(1)).unwrap();
-            }
-            c.coordinator(
-                rdkafka::mocking::MockCoordinator::Group("resend-order".into()),
-                1,
-            )
-            .unwrap();
-            // The verdicts' leader is away for longer than message.timeout.ms:
-            // librdkafka gives up on what it holds and modstream sends it again.
-            c.broker_down(3).unwrap();
-        });
+        // The verdicts' leader is away for longer than message.timeout.ms:
+        // librdkafka gives up on what it holds and modstream sends it again.
+        verdict_leader_down(broker, "resend-order");
     })
     .await;
     after(2500).await;
@@ -532,20 +564,9 @@ async fn delivery_timeouts_are_retried_and_a_stop_meanwhile_loses_nothing() {
             .0
             .insert("message.timeout.ms".into(), "1000".into());
         settings.kafka.shutdown_timeout = Duration::from_secs(3);
-        broker.with_cluster(|c| {
-            for p in 0..PARTITIONS {
-                c.partition_leader(VERDICTS, p, Some(3)).unwrap();
-                c.partition_leader(INPUT, p, Some(1)).unwrap();
-            }
-            c.coordinator(
-                rdkafka::mocking::MockCoordinator::Group("timeouts".into()),
-                1,
-            )
-            .unwrap();
-            // Down from the start: a run that delivered everything within a
-            // few hundred milliseconds left nothing to time out (flaky).
-            c.broker_down(3).unwrap();
-        });
+        // Down from the start: a run that delivered everything within a
+        // few hundred milliseconds left nothing to time out (flaky).
+        verdict_leader_down(broker, "timeouts");
     })
     .await;
     after(3300).await;
@@ -561,22 +582,10 @@ async fn delivery_timeouts_are_retried_and_a_stop_meanwhile_loses_nothing() {
         other => panic!("a stop with undeliverable verdicts must report them, got {other:?}"),
     }
     run.broker.with_cluster(|c| c.broker_up(3)).unwrap();
-
-    // The restart picks up from what was committed.
-    let dir = tempfile::tempdir().unwrap();
-    let config = support::write_config(dir.path(), run.broker.bootstrap_servers(), &run.group);
-    let settings = modstream::config::Settings::load(Some(&config)).unwrap();
-    let shutdown = Shutdown::new();
-    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
-    finish(
-        Run {
-            broker: run.broker,
-            shutdown,
-            pipeline,
-            acked: run.acked,
-            group: run.group,
-            _dir: dir,
-        },
+    restart_and_finish(
+        run.broker,
+        run.acked,
+        run.group,
         "delivery timeouts, stop, restart",
     )
     .await;
@@ -590,18 +599,7 @@ async fn delivery_timeouts_are_retried_and_a_stop_meanwhile_loses_nothing() {
 async fn a_stop_with_stuck_deliveries_ends_within_the_shutdown_timeout() {
     let run = start_with(3, 1000, "bounded-stop", |settings, broker| {
         settings.kafka.shutdown_timeout = Duration::from_secs(2);
-        broker.with_cluster(|c| {
-            for p in 0..PARTITIONS {
-                c.partition_leader(VERDICTS, p, Some(3)).unwrap();
-                c.partition_leader(INPUT, p, Some(1)).unwrap();
-            }
-            c.coordinator(
-                rdkafka::mocking::MockCoordinator::Group("bounded-stop".into()),
-                1,
-            )
-            .unwrap();
-            c.broker_down(3).unwrap();
-        });
+        verdict_leader_down(broker, "bounded-stop");
     })
     .await;
     after(3000).await;
@@ -623,20 +621,10 @@ async fn a_stop_with_stuck_deliveries_ends_within_the_shutdown_timeout() {
         other => panic!("a stop with undeliverable verdicts must report them, got {other:?}"),
     }
     run.broker.with_cluster(|c| c.broker_up(3)).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = support::write_config(dir.path(), run.broker.bootstrap_servers(), &run.group);
-    let settings = modstream::config::Settings::load(Some(&config)).unwrap();
-    let shutdown = Shutdown::new();
-    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
-    finish(
-        Run {
-            broker: run.broker,
-            shutdown,
-            pipeline,
-            acked: run.acked,
-            group: run.group,
-            _dir: dir,
-        },
+    restart_and_finish(
+        run.broker,
+        run.acked,
+        run.group,
         "stop with stuck deliveries, restart",
     )
     .await;
@@ -751,18 +739,7 @@ async fn cooperative_rebalances_while_paused_leave_no_partition_unfetched() {
     };
     let run = start_with(3, 3000, "cooperative-paused", |settings, broker| {
         prepare(settings);
-        broker.with_cluster(|c| {
-            for p in 0..PARTITIONS {
-                c.partition_leader(VERDICTS, p, Some(3)).unwrap();
-                c.partition_leader(INPUT, p, Some(1)).unwrap();
-            }
-            c.coordinator(
-                rdkafka::mocking::MockCoordinator::Group("cooperative-paused".into()),
-                1,
-            )
-            .unwrap();
-            c.broker_down(3).unwrap();
-        });
+        verdict_leader_down(broker, "cooperative-paused");
     })
     .await;
     after(3000).await;
