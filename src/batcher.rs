@@ -52,6 +52,13 @@ impl<T> Batcher<T> {
         }
     }
 
+    /// New limits (the latency target's controller changes them); an open
+    /// batch keeps its start and closes by the new deadline.
+    pub fn set_limits(&mut self, max_batch_size: usize, max_batch_delay: Duration) {
+        self.max_batch_size = max_batch_size.max(1);
+        self.max_batch_delay = max_batch_delay;
+    }
+
     pub fn len(&self) -> usize {
         self.items.len()
     }

@@ -163,6 +163,11 @@ pub struct BatchingSettings {
     pub max_batch_size: usize,
     #[serde(with = "humantime_serde")]
     pub max_batch_delay: Duration,
+    /// The latency target: when set, batch size and deadline are chosen
+    /// continuously (see [`crate::slo`]) with `max_batch_size` and
+    /// `max_batch_delay` as their upper bounds.
+    #[serde(with = "humantime_serde")]
+    pub target_p99: Option<Duration>,
 }
 
 impl Default for BatchingSettings {
@@ -170,6 +175,7 @@ impl Default for BatchingSettings {
         BatchingSettings {
             max_batch_size: 64,
             max_batch_delay: Duration::from_millis(20),
+            target_p99: None,
         }
     }
 }
@@ -735,6 +741,13 @@ impl Settings {
                 "must be between 1 and 4096",
             ));
         }
+        if self
+            .batching
+            .target_p99
+            .is_some_and(|t| t < Duration::from_millis(1))
+        {
+            return Err(invalid("batching.target_p99", "must be at least 1ms"));
+        }
         if self.limits.max_payload_bytes == 0 {
             return Err(invalid(
                 "limits.max_payload_bytes",
@@ -918,6 +931,17 @@ mod tests {
                 .and_then(|s| s.validate().map(|_| s)),
         );
         assert_eq!(key, "kafka.drain_timeout");
+    }
+
+    #[test]
+    fn a_latency_target_is_read_and_checked() {
+        let s = with("[batching]\ntarget_p99 = \"50ms\"").unwrap();
+        assert_eq!(s.batching.target_p99, Some(Duration::from_millis(50)));
+        assert_eq!(with("").unwrap().batching.target_p99, None);
+        assert_eq!(
+            invalid_key(with("[batching]\ntarget_p99 = \"500us\"")),
+            "batching.target_p99"
+        );
     }
 
     #[test]

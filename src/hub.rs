@@ -32,6 +32,7 @@ use crate::partition::{Partition, Pending, ReadyBatch, Scored};
 use crate::producer::{OutRecord, ProducerError, Source};
 use crate::rebalance::{Positions, RebalanceEvent, Revokes};
 use crate::shutdown::Shutdown;
+use crate::slo::{self, Choice};
 use crate::telemetry::{Health, metric};
 use crate::verdict::{self, Original, Scorer};
 
@@ -100,6 +101,8 @@ pub struct Ack {
     kind: &'static str,
     /// Enqueue to acknowledgement.
     took: std::time::Duration,
+    /// When the consumer thread polled the input record.
+    received_at: Instant,
 }
 
 enum Outcome {
@@ -146,6 +149,10 @@ pub struct Hub<D: Deliver> {
     health: std::sync::Arc<Health>,
     stalled: HashSet<Tp>,
     next_stall_check: Instant,
+    /// The batch size and deadline now: fixed, or chosen by the latency
+    /// target's controller when `batching.target_p99` is set.
+    batch: Choice,
+    slo: Option<slo::Controller>,
 }
 
 impl<D: Deliver> Hub<D> {
@@ -159,6 +166,25 @@ impl<D: Deliver> Hub<D> {
         shutdown: &Shutdown,
     ) -> Self {
         let (acks_tx, acks_rx) = mpsc::channel(settings.limits.max_in_flight);
+        let b = &settings.batching;
+        let slo = b.target_p99.map(|target| {
+            slo::Controller::new(
+                target,
+                b.max_batch_size,
+                b.max_batch_delay,
+                settings.inference.worker_count(),
+                Instant::now(),
+            )
+        });
+        let batch = slo.as_ref().map_or(
+            Choice {
+                size: b.max_batch_size,
+                delay: b.max_batch_delay,
+            },
+            slo::Controller::choice,
+        );
+        export_choice(batch);
+        metrics::gauge!(metric::LATENCY_TARGET_MISSED).set(0.0);
         Hub {
             settings,
             scorer,
@@ -184,6 +210,8 @@ impl<D: Deliver> Hub<D> {
             breaker: Breaker::default(),
             stalled: HashSet::new(),
             next_stall_check: Instant::now() + STALL_CHECK,
+            batch,
+            slo,
         }
     }
 
@@ -241,6 +269,46 @@ impl<D: Deliver> Hub<D> {
         if Instant::now() >= self.next_stall_check {
             self.check_stalls();
         }
+        if self
+            .slo
+            .as_ref()
+            .is_some_and(|c| Instant::now() >= c.next_tick())
+        {
+            self.adjust_batching();
+        }
+    }
+
+    /// The latency target's controller looks again; its new choice applies
+    /// to every partition's open and next batches and to dispatch.
+    fn adjust_batching(&mut self) {
+        let Some(controller) = self.slo.as_mut() else {
+            return;
+        };
+        let was_missed = controller.status().missed;
+        let changed = controller.tick(Instant::now());
+        let status = controller.status();
+        if let Some(choice) = changed {
+            self.batch = choice;
+            for partition in self.partitions.values_mut() {
+                partition.set_batching(choice.size, choice.delay);
+            }
+            export_choice(choice);
+        }
+        metrics::gauge!(metric::BATCHING_SATURATED)
+            .set(f64::from(u8::from(status.mode == slo::Mode::Throughput)));
+        metrics::gauge!(metric::LATENCY_TARGET_MISSED).set(f64::from(u8::from(status.missed)));
+        let target = self.settings.batching.target_p99.unwrap_or_default();
+        if status.missed && !was_missed {
+            tracing::warn!(
+                target_p99 = ?target,
+                p99 = ?status.p99.unwrap_or_default(),
+                events_per_s = status.rate.round(),
+                batch_size = status.choice.size,
+                "latency target missed: the input comes faster than the model can score within the target; batching for throughput until it can be met again"
+            );
+        } else if was_missed && !status.missed {
+            tracing::info!(target_p99 = ?target, p99 = ?status.p99.unwrap_or_default(), "latency target met again");
+        }
     }
 
     fn next_wake(&self) -> Option<Instant> {
@@ -251,6 +319,7 @@ impl<D: Deliver> Hub<D> {
             .min();
         let watchdog =
             (self.in_flight > 0 || !self.stalled.is_empty()).then_some(self.next_stall_check);
+        let slo = self.slo.as_ref().map(slo::Controller::next_tick);
         let probe = self
             .breaker
             .next_probe
@@ -264,6 +333,7 @@ impl<D: Deliver> Hub<D> {
             .chain(positions)
             .chain(watchdog)
             .chain(probe)
+            .chain(slo)
             .min()
     }
 
@@ -281,13 +351,13 @@ impl<D: Deliver> Hub<D> {
         {
             self.finish_revokes(true);
         }
-        let batching = &self.settings.batching;
+        let batch = self.batch;
         let partition = self.partitions.entry(record.tp.clone()).or_insert_with(|| {
             Partition::new(
                 record.tp.clone(),
                 record.generation,
-                batching.max_batch_size,
-                batching.max_batch_delay,
+                batch.size,
+                batch.delay,
             )
         });
         partition.track(record.offset);
@@ -306,12 +376,16 @@ impl<D: Deliver> Hub<D> {
         match event::validate(original.payload.as_deref(), &self.settings.limits) {
             Ok(event) => {
                 let urgent = event.priority == Priority::Urgent;
+                if let Some(controller) = self.slo.as_mut() {
+                    controller.arrived(1);
+                }
                 let pending = Pending {
                     tp: record.tp,
                     generation,
                     offset: record.offset,
                     original,
                     event,
+                    received_at: record.received_at,
                     bytes: record.bytes,
                 };
                 if let Some(batch) = partition.push(pending, urgent, record.received_at) {
@@ -330,7 +404,7 @@ impl<D: Deliver> Hub<D> {
                     (record.tp, generation, record.offset),
                     out,
                     Outcome::Dlq(rejection.reason),
-                    record.bytes,
+                    (record.received_at, record.bytes),
                 );
             }
         }
@@ -377,7 +451,7 @@ impl<D: Deliver> Hub<D> {
     /// Coalesce ready batches (possibly of several partitions) into model runs
     /// of at most `max_batch_size` events, while the workers' queue has room.
     fn dispatch(&mut self) {
-        let max = self.settings.batching.max_batch_size;
+        let max = self.batch.size;
         let capacity = self.settings.inference.worker_count() * 2;
         if self.breaker.open {
             self.probe(capacity);
@@ -451,6 +525,9 @@ impl<D: Deliver> Hub<D> {
             }
         }
         metrics::histogram!(metric::INFERENCE_SECONDS).record(result.elapsed.as_secs_f64());
+        if let Some(controller) = self.slo.as_mut() {
+            controller.model_run(result.scores.len(), result.elapsed);
+        }
         self.summary.batches += 1;
         self.summary.inference_seconds += result.elapsed.as_secs_f64();
         self.summary.real_tokens += result.tokens.real;
@@ -490,9 +567,9 @@ impl<D: Deliver> Hub<D> {
         {
             for (mut pending, score) in scored {
                 let at = (pending.tp.clone(), pending.generation, pending.offset);
-                let bytes = pending.bytes.take();
+                let held = (pending.received_at, pending.bytes.take());
                 let (out, outcome) = self.outcome(pending, score);
-                self.deliver(at, out, outcome, bytes);
+                self.deliver(at, out, outcome, held);
             }
         }
     }
@@ -536,13 +613,14 @@ impl<D: Deliver> Hub<D> {
     }
 
     /// Enqueue one record now; a task reports its acknowledgement. `bytes`
-    /// (the input's share of the byte budget) is given back after it.
+    /// (the input's share of the byte budget) is given back after it;
+    /// `received_at` is when the input was polled.
     fn deliver(
         &mut self,
         (tp, generation, offset): (Tp, u64, i64),
         out: OutRecord,
         outcome: Outcome,
-        bytes: Option<tokio::sync::OwnedSemaphorePermit>,
+        (received_at, bytes): (Instant, Option<tokio::sync::OwnedSemaphorePermit>),
     ) {
         let kind = out.kind;
         let delivery = self
@@ -561,6 +639,7 @@ impl<D: Deliver> Hub<D> {
                     outcome,
                     kind,
                     took: started.elapsed(),
+                    received_at,
                 })
                 .await;
         });
@@ -600,9 +679,16 @@ impl<D: Deliver> Hub<D> {
             Outcome::Verdict(label, event_time_ms) => {
                 self.summary.verdicts += 1;
                 metrics::counter!(metric::VERDICTS_TOTAL, "verdict" => label).increment(1);
-                if let Some(t) = event_time_ms {
+                let in_hub = ack.received_at.elapsed();
+                let end_to_end = event_time_ms.map(|t| {
                     let ms = (chrono::Utc::now().timestamp_millis() - t).max(0);
                     metrics::histogram!(metric::END_TO_END_SECONDS).record(ms as f64 / 1000.0);
+                    std::time::Duration::from_millis(ms as u64)
+                });
+                if let Some(controller) = self.slo.as_mut() {
+                    // Without a record timestamp only the part in the hub is known.
+                    let end_to_end = end_to_end.unwrap_or(in_hub).max(in_hub);
+                    controller.delivered(end_to_end, end_to_end - in_hub, ack.took);
                 }
             }
             Outcome::Dlq(reason) => {
@@ -710,6 +796,12 @@ impl<D: Deliver> Hub<D> {
             self.revokes.answer(answer, done);
         }
     }
+}
+
+/// The batch size and deadline in use, as metrics.
+fn export_choice(choice: Choice) {
+    metrics::gauge!(metric::BATCH_TARGET_SIZE).set(choice.size as f64);
+    metrics::gauge!(metric::BATCH_TARGET_DELAY_SECONDS).set(choice.delay.as_secs_f64());
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

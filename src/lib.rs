@@ -22,6 +22,7 @@ pub mod producer;
 pub mod rebalance;
 pub mod score_cache;
 pub mod shutdown;
+pub mod slo;
 pub mod telemetry;
 pub mod tokens;
 pub mod tools;

@@ -31,6 +31,8 @@ pub struct Pending {
     /// all of it into a dead-letter record if the model fails on it).
     pub original: Original,
     pub event: event::Event,
+    /// When the consumer thread polled it.
+    pub received_at: Instant,
     /// Its share of `limits.max_in_flight_bytes` (see [`crate::consumer::ByteBudget`]).
     pub bytes: Option<tokio::sync::OwnedSemaphorePermit>,
 }
@@ -78,6 +80,11 @@ impl Partition {
 
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// New batch limits (the latency target's controller chose them).
+    pub fn set_batching(&mut self, max_batch_size: usize, max_batch_delay: Duration) {
+        self.batcher.set_limits(max_batch_size, max_batch_delay);
     }
 
     /// Count a consumed offset (valid or not) as undelivered.
@@ -181,6 +188,7 @@ pub(crate) mod tests {
             generation,
             offset,
             original: Original::default(),
+            received_at: Instant::now(),
             bytes: None,
             event: event::validate(
                 Some(format!(r#"{{"event_id":"e{offset}","text":"post {offset}"}}"#).as_bytes()),

@@ -66,6 +66,15 @@ pub mod metric {
     /// Tokens fed to a token model including padding; real ÷ padded is the
     /// padding efficiency.
     pub const TOKENS_PADDED_TOTAL: &str = "modstream_tokens_padded_total";
+    /// The batch size and deadline in use (fixed, or chosen for
+    /// `batching.target_p99`).
+    pub const BATCH_TARGET_SIZE: &str = "modstream_batch_target_size";
+    pub const BATCH_TARGET_DELAY_SECONDS: &str = "modstream_batch_target_delay_seconds";
+    /// 1 while batching for throughput because the latency target cannot be
+    /// held at the incoming rate (saturation).
+    pub const BATCHING_SATURATED: &str = "modstream_batching_saturated";
+    /// 1 while at saturation and the measured p99 is above `batching.target_p99`.
+    pub const LATENCY_TARGET_MISSED: &str = "modstream_latency_target_missed";
     /// Records behind the end of the partition (librdkafka statistics).
     /// Labels: topic, partition.
     pub const CONSUMER_LAG: &str = "modstream_consumer_lag";
@@ -97,6 +106,10 @@ pub mod metric {
         END_TO_END_SECONDS,
         TOKENS_REAL_TOTAL,
         TOKENS_PADDED_TOTAL,
+        BATCH_TARGET_SIZE,
+        BATCH_TARGET_DELAY_SECONDS,
+        BATCHING_SATURATED,
+        LATENCY_TARGET_MISSED,
         CONSUMER_LAG,
     ];
 }
@@ -220,6 +233,26 @@ pub fn describe_metrics() {
         metric::END_TO_END_SECONDS,
         Unit::Seconds,
         "input record timestamp to verdict acknowledgement"
+    );
+    describe_gauge!(
+        metric::BATCH_TARGET_SIZE,
+        Unit::Count,
+        "batch size in use (fixed, or chosen for batching.target_p99)"
+    );
+    describe_gauge!(
+        metric::BATCH_TARGET_DELAY_SECONDS,
+        Unit::Seconds,
+        "batch deadline in use (fixed, or chosen for batching.target_p99)"
+    );
+    describe_gauge!(
+        metric::BATCHING_SATURATED,
+        Unit::Count,
+        "1 while batching for throughput: the latency target cannot be held at the incoming rate"
+    );
+    describe_gauge!(
+        metric::LATENCY_TARGET_MISSED,
+        Unit::Count,
+        "1 while at saturation with the measured p99 above batching.target_p99"
     );
     describe_gauge!(
         metric::CONSUMER_LAG,

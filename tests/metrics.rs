@@ -67,6 +67,9 @@ fn metrics_match_what_happened_and_prometheus_scrapes_them() {
         .args(["run", "--config"])
         .arg(&config)
         .env("MODSTREAM__TELEMETRY__LISTEN", format!("127.0.0.1:{port}"))
+        // The latency target's controller chooses the batching here (every
+        // other test runs fixed batching).
+        .env("MODSTREAM__BATCHING__TARGET_P99", "50ms")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -116,6 +119,14 @@ fn metrics_match_what_happened_and_prometheus_scrapes_them() {
         sum(&exposition, "modstream_end_to_end_latency_seconds_count"),
         500.0
     );
+
+    // The controller's choice is exported, within the configured bounds.
+    let size = sum(&exposition, "modstream_batch_target_size");
+    assert!((1.0..=32.0).contains(&size), "chosen size {size}");
+    let delay = sum(&exposition, "modstream_batch_target_delay_seconds");
+    assert!((0.0..=0.010).contains(&delay), "chosen deadline {delay}");
+    assert!(exposition.contains("modstream_latency_target_missed 0"));
+    assert!(exposition.contains("modstream_batching_saturated "));
 
     // promtool accepts the exposition.
     let mut promtool = Command::new("promtool")

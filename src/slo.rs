@@ -1,0 +1,376 @@
+//! The latency target (`batching.target_p99`): chooses, every [`TICK`], the
+//! batch size and deadline from what it measures, instead of the user.
+//!
+//! What it measures: the model's time per run size (mean per power-of-two
+//! bucket of sizes, interpolated between buckets, extrapolated upward in
+//! proportion to size so that an unseen size is never assumed cheap), the
+//! arrival rate, and, per delivered verdict, the end-to-end latency (input
+//! record timestamp to acknowledgement) split into what the batching does
+//! not control: the time before the hub received the record (producer,
+//! broker, fetch) and the delivery of the verdict.
+//!
+//! How it chooses: the budget for batching is the target (less 20 %
+//! headroom, and less a correction learnt from the measured p99) minus the
+//! p99 of those uncontrolled parts. An event waits at most the deadline `d`
+//! for its batch, then about one run ahead of it and its own run: `d + 2·t(b)`
+//! must fit the budget. Among the sizes `b` that fit, it takes the one that
+//! makes the largest runs at the measured rate (the run the rate fills by
+//! the deadline, at most `b`): the most efficient for the model. When that
+//! would keep the workers more than 90 % busy (or no size fits), the target
+//! cannot be held at this rate: it is at saturation and maximises throughput
+//! instead (the size with the most events per second of model time, the
+//! configured deadline), and reports the target missed while the measured
+//! p99 is above it; it leaves saturation when the workers would be below
+//! 75 % busy.
+//! `batching.max_batch_size` and `max_batch_delay` are the upper bounds.
+//! Urgent events still close their batch at once (the batcher does that).
+//!
+//! Pure: time is passed in, so the tests drive it with a simulated model and
+//! simulated arrivals.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use tokio::time::Instant;
+
+/// How often the controller looks again.
+pub const TICK: Duration = Duration::from_millis(100);
+/// Latency percentiles are taken over the last this many ticks (1 s).
+const WINDOW_TICKS: usize = 10;
+/// Share of the budget that is planned for.
+const HEADROOM: f64 = 0.8;
+/// How busy the workers would be (share of time running the model) when
+/// the controller calls it saturation, and when it no longer does.
+const ENTER_BUSY: f64 = 0.9;
+const LEAVE_BUSY: f64 = 0.75;
+/// Weight of a new observation in the model-time means.
+const ALPHA: f64 = 0.3;
+/// Weight of the last tick's arrival rate in the rate's running mean when
+/// it falls (a rise is taken at once).
+const RATE_ALPHA: f64 = 0.3;
+
+/// A batch size and deadline.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Choice {
+    pub size: usize,
+    pub delay: Duration,
+}
+
+/// Whether the target can be held at the measured rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Below saturation: the largest runs that keep p99 under the target.
+    Latency,
+    /// At or above saturation: the most events per second.
+    Throughput,
+}
+
+/// What the controller sees and decided, for metrics and logs.
+#[derive(Debug, Clone, Copy)]
+pub struct Status {
+    pub choice: Choice,
+    pub mode: Mode,
+    /// End-to-end p99 over the last second, if any verdict was delivered.
+    pub p99: Option<Duration>,
+    /// Events per second arriving (running mean).
+    pub rate: f64,
+    /// The target is missed: at saturation and the measured p99 above it.
+    pub missed: bool,
+}
+
+pub struct Controller {
+    target: Duration,
+    max_size: usize,
+    max_delay: Duration,
+    workers: usize,
+    cost: ModelCost,
+    arrivals: u64,
+    rate: Option<f64>,
+    last_tick: Instant,
+    e2e: Window,
+    outside: Window,
+    delivery: Window,
+    /// Learnt share of the budget (AIMD on the measured p99).
+    correction: f64,
+    status: Status,
+}
+
+impl Controller {
+    pub fn new(
+        target: Duration,
+        max_size: usize,
+        max_delay: Duration,
+        workers: usize,
+        now: Instant,
+    ) -> Self {
+        // Before any measurement: the largest batches (a backlog at start
+        // clears fast) and a fifth of the target as the deadline.
+        let choice = Choice {
+            size: max_size.max(1),
+            delay: max_delay.min(target / 5),
+        };
+        Controller {
+            target,
+            max_size: max_size.max(1),
+            max_delay,
+            workers: workers.max(1),
+            cost: ModelCost::default(),
+            arrivals: 0,
+            rate: None,
+            last_tick: now,
+            e2e: Window::default(),
+            outside: Window::default(),
+            delivery: Window::default(),
+            correction: 1.0,
+            status: Status {
+                choice,
+                mode: Mode::Latency,
+                p99: None,
+                rate: 0.0,
+                missed: false,
+            },
+        }
+    }
+
+    pub fn choice(&self) -> Choice {
+        self.status.choice
+    }
+
+    pub fn status(&self) -> Status {
+        self.status
+    }
+
+    pub fn next_tick(&self) -> Instant {
+        self.last_tick + TICK
+    }
+
+    /// Events arrived for batching.
+    pub fn arrived(&mut self, events: u64) {
+        self.arrivals += events;
+    }
+
+    /// A model run of `size` events took `took`.
+    pub fn model_run(&mut self, size: usize, took: Duration) {
+        if size > 0 {
+            self.cost.observe(size, took.as_secs_f64());
+        }
+    }
+
+    /// A verdict was acknowledged: its end-to-end latency, the part before
+    /// the hub received the record, and its delivery.
+    pub fn delivered(&mut self, end_to_end: Duration, before_hub: Duration, delivery: Duration) {
+        self.e2e.record(end_to_end);
+        self.outside.record(before_hub);
+        self.delivery.record(delivery);
+    }
+
+    /// Look again (call at [`Controller::next_tick`]); returns the new choice
+    /// when it changed.
+    pub fn tick(&mut self, now: Instant) -> Option<Choice> {
+        let elapsed = now.saturating_duration_since(self.last_tick).as_secs_f64();
+        if elapsed <= 0.0 {
+            return None;
+        }
+        self.last_tick = now;
+        let instant_rate = self.arrivals as f64 / elapsed;
+        self.arrivals = 0;
+        let rate = match self.rate {
+            Some(r) if instant_rate < r => r + RATE_ALPHA * (instant_rate - r),
+            _ => instant_rate,
+        };
+        self.rate = Some(rate);
+
+        let p99 = self.e2e.p99();
+        let target = self.target.as_secs_f64();
+        if let Some(p) = p99 {
+            let p = p.as_secs_f64();
+            if self.status.mode == Mode::Latency && p > target {
+                self.correction = (self.correction * 0.8).max(0.3);
+            } else if p < 0.85 * target {
+                self.correction = (self.correction + 0.05).min(1.0);
+            }
+        }
+        let uncontrolled = self.outside.p99().unwrap_or_default().as_secs_f64()
+            + self.delivery.p99().unwrap_or_default().as_secs_f64();
+        let budget = target * HEADROOM * self.correction - uncontrolled;
+
+        // Saturation, with hysteresis: entered when the latency choice
+        // would keep the workers busier than ENTER_BUSY, left below LEAVE_BUSY.
+        let limit = match self.status.mode {
+            Mode::Latency => ENTER_BUSY,
+            Mode::Throughput => LEAVE_BUSY,
+        };
+        let (choice, mode) = if self.cost.is_empty() {
+            (self.status.choice, Mode::Latency)
+        } else {
+            match self.for_latency(rate, budget) {
+                Some((choice, busy)) if busy <= limit => (choice, Mode::Latency),
+                _ => (self.for_throughput(), Mode::Throughput),
+            }
+        };
+        let missed = mode == Mode::Throughput && p99.is_some_and(|p| p > self.target);
+        for w in [&mut self.e2e, &mut self.outside, &mut self.delivery] {
+            w.rotate();
+        }
+        let changed = choice != self.status.choice;
+        self.status = Status {
+            choice,
+            mode,
+            p99,
+            rate,
+            missed,
+        };
+        changed.then_some(choice)
+    }
+
+    /// The size whose runs are largest while `d + 2·t(b)` fits the budget,
+    /// with how busy it keeps the workers at `rate`; `None` when no size fits.
+    fn for_latency(&self, rate: f64, budget: f64) -> Option<(Choice, f64)> {
+        let mut best: Option<(f64, Choice, f64)> = None;
+        for b in candidate_sizes(self.max_size) {
+            let t = self.cost.estimate(b)?;
+            let slack = budget - 2.0 * t;
+            if slack < 0.0 {
+                continue;
+            }
+            let delay = slack.min(self.max_delay.as_secs_f64());
+            // The run the rate fills by the deadline (at least 1, at most b).
+            let run = (rate * delay).clamp(1.0, b as f64);
+            let run_time = self.cost.estimate(run.ceil() as usize)?;
+            let busy = rate * run_time / (run * self.workers as f64);
+            let choice = Choice {
+                size: b,
+                delay: Duration::from_secs_f64(delay),
+            };
+            // Largest runs; among equal runs, the shorter wait.
+            let better = best.is_none_or(|(r, c, _)| {
+                run > r + 1e-9 || (run >= r - 1e-9 && choice.delay < c.delay)
+            });
+            if better {
+                best = Some((run, choice, busy));
+            }
+        }
+        best.map(|(_, c, busy)| (c, busy))
+    }
+
+    /// The size with the most events per second of model time (the larger
+    /// one within 2 %), at the configured deadline.
+    fn for_throughput(&self) -> Choice {
+        let mut best = (0.0, self.max_size);
+        for b in candidate_sizes(self.max_size) {
+            let Some(t) = self.cost.estimate(b) else {
+                continue;
+            };
+            let per_s = b as f64 / t.max(1e-9);
+            if per_s >= best.0 * 0.98 {
+                best = (per_s.max(best.0), b);
+            }
+        }
+        Choice {
+            size: best.1,
+            delay: self.max_delay,
+        }
+    }
+}
+
+/// 1, 2, 4, … and the maximum itself.
+fn candidate_sizes(max: usize) -> impl Iterator<Item = usize> {
+    let powers =
+        std::iter::successors(Some(1usize), |b| b.checked_mul(2)).take_while(move |b| *b < max);
+    powers.chain(std::iter::once(max))
+}
+
+/// The model's time per run, by size.
+#[derive(Debug, Default)]
+struct ModelCost {
+    /// Per power-of-two bucket of sizes: running means of size and seconds.
+    buckets: Vec<Option<(f64, f64)>>,
+}
+
+impl ModelCost {
+    fn is_empty(&self) -> bool {
+        self.buckets.iter().all(Option::is_none)
+    }
+
+    fn observe(&mut self, size: usize, seconds: f64) {
+        let k = bucket(size);
+        if self.buckets.len() <= k {
+            self.buckets.resize(k + 1, None);
+        }
+        let slot = &mut self.buckets[k];
+        *slot = Some(match *slot {
+            Some((s, t)) => (s + ALPHA * (size as f64 - s), t + ALPHA * (seconds - t)),
+            None => (size as f64, seconds),
+        });
+    }
+
+    /// Seconds for a run of `size`: interpolated between measured sizes,
+    /// never less than a smaller size's (measurements are noisy), the
+    /// smallest measured time below them, and in proportion to size above.
+    fn estimate(&self, size: usize) -> Option<f64> {
+        let mut points: Vec<(f64, f64)> = Vec::new();
+        for &(s, t) in self.buckets.iter().flatten() {
+            let floor = points.last().map_or(0.0, |p| p.1);
+            points.push((s, t.max(floor)));
+        }
+        let size = size as f64;
+        let first = *points.first()?;
+        let last = *points.last()?;
+        if size <= first.0 {
+            return Some(first.1);
+        }
+        if size >= last.0 {
+            return Some(last.1 * size / last.0);
+        }
+        let i = points.iter().position(|p| p.0 >= size)?;
+        let (a, b) = (points[i - 1], points[i]);
+        let f = (size - a.0) / (b.0 - a.0).max(1e-9);
+        Some(a.1 + f * (b.1 - a.1))
+    }
+}
+
+fn bucket(size: usize) -> usize {
+    (usize::BITS - size.max(1).leading_zeros() - 1) as usize
+}
+
+/// 1 µs to an hour, 3 significant digits.
+fn micros() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3)
+        .unwrap_or_else(|_| unreachable!("the bounds are valid"))
+}
+
+/// Latencies of the last [`WINDOW_TICKS`] ticks, in microseconds.
+#[derive(Default)]
+struct Window {
+    ticks: VecDeque<Histogram<u64>>,
+}
+
+impl Window {
+    fn record(&mut self, d: Duration) {
+        if self.ticks.is_empty() {
+            self.rotate();
+        }
+        if let Some(h) = self.ticks.back_mut() {
+            h.saturating_record(d.as_micros().min(u64::MAX as u128) as u64);
+        }
+    }
+
+    fn rotate(&mut self) {
+        if self.ticks.len() >= WINDOW_TICKS {
+            self.ticks.pop_front();
+        }
+        self.ticks.push_back(micros());
+    }
+
+    fn p99(&self) -> Option<Duration> {
+        let mut all = micros();
+        for h in &self.ticks {
+            all.add(h).ok()?;
+        }
+        (!all.is_empty()).then(|| Duration::from_micros(all.value_at_quantile(0.99)))
+    }
+}
+
+#[cfg(test)]
+mod tests;
