@@ -71,7 +71,13 @@ pub struct RunSummary {
     pub batch_wait_seconds: f64,
     pub closed_batches: u64,
     pub produce_seconds: f64,
+    /// With `batching.target_p99`: each batch size and deadline chosen, and
+    /// when (the first [`MAX_BATCH_CHOICES`] changes).
+    pub batch_choices: Vec<(std::time::Instant, Choice)>,
 }
+
+/// How many batch choices a [`RunSummary`] keeps.
+pub const MAX_BATCH_CHOICES: usize = 100_000;
 
 /// Hands a record to the broker; resolves once it is acknowledged (see
 /// [`crate::producer::Sink`]). A trait so that tests can stand in for Kafka.
@@ -185,6 +191,13 @@ impl<D: Deliver> Hub<D> {
         );
         export_choice(batch);
         metrics::gauge!(metric::LATENCY_TARGET_MISSED).set(0.0);
+        let summary = RunSummary {
+            batch_choices: slo
+                .as_ref()
+                .map(|_| vec![(std::time::Instant::now(), batch)])
+                .unwrap_or_default(),
+            ..Default::default()
+        };
         Hub {
             settings,
             scorer,
@@ -205,7 +218,7 @@ impl<D: Deliver> Hub<D> {
             acks_tx,
             acks_rx: Some(acks_rx),
             deliveries: TaskTracker::new(),
-            summary: RunSummary::default(),
+            summary,
             health,
             breaker: Breaker::default(),
             stalled: HashSet::new(),
@@ -289,6 +302,11 @@ impl<D: Deliver> Hub<D> {
         let status = controller.status();
         if let Some(choice) = changed {
             self.batch = choice;
+            if self.summary.batch_choices.len() < MAX_BATCH_CHOICES {
+                self.summary
+                    .batch_choices
+                    .push((std::time::Instant::now(), choice));
+            }
             for partition in self.partitions.values_mut() {
                 partition.set_batching(choice.size, choice.delay);
             }
@@ -297,14 +315,25 @@ impl<D: Deliver> Hub<D> {
         metrics::gauge!(metric::BATCHING_SATURATED)
             .set(f64::from(u8::from(status.mode == slo::Mode::Throughput)));
         metrics::gauge!(metric::LATENCY_TARGET_MISSED).set(f64::from(u8::from(status.missed)));
+        tracing::trace!(
+            mode = ?status.mode,
+            size = status.choice.size,
+            delay = ?status.choice.delay,
+            p99 = ?status.p99,
+            outside_batching = ?status.uncontrolled,
+            events_per_s = status.rate.round(),
+            "batching choice"
+        );
         let target = self.settings.batching.target_p99.unwrap_or_default();
         if status.missed && !was_missed {
             tracing::warn!(
                 target_p99 = ?target,
                 p99 = ?status.p99.unwrap_or_default(),
                 events_per_s = status.rate.round(),
+                outside_batching = ?status.uncontrolled,
                 batch_size = status.choice.size,
-                "latency target missed: the input comes faster than the model can score within the target; batching for throughput until it can be met again"
+                cause = status.miss_cause(),
+                "latency target missed; batching for throughput until it can be met again"
             );
         } else if was_missed && !status.missed {
             tracing::info!(target_p99 = ?target, p99 = ?status.p99.unwrap_or_default(), "latency target met again");

@@ -144,6 +144,7 @@ fn main() -> ExitCode {
                 malformed_every,
                 abusive_share,
                 urgent_share,
+                repeat_share: None,
             },
         ),
         Command::Bench {

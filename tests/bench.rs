@@ -10,6 +10,12 @@ use modstream::tools::bench::{BenchOptions, Report, run};
 
 /// `modstream bench` as a user runs it (the overload run needs the binary).
 fn bench_binary(out: &std::path::Path) -> Report {
+    // The plain-Python baseline's venv (cached after the first run).
+    let python = std::process::Command::new("bench/python-baseline.sh")
+        .output()
+        .expect("bench/python-baseline.sh runs");
+    assert!(python.status.success(), "the baseline venv is made");
+    let python = String::from_utf8(python.stdout).unwrap();
     let status = std::process::Command::new(env!("CARGO_BIN_EXE_modstream"))
         .args([
             "bench",
@@ -25,6 +31,14 @@ fn bench_binary(out: &std::path::Path) -> Report {
             "1",
             "--overload",
             "3",
+            "--target-p99-ms",
+            "50",
+            "--step-seconds",
+            "1",
+            "--repeat-shares",
+            "0,0.5",
+            "--python",
+            python.trim(),
             "--out",
         ])
         .arg(out)
@@ -41,8 +55,15 @@ fn a_tiny_bench_writes_a_complete_report() {
 
     assert_eq!(
         report.saturation.len(),
-        2,
-        "one saturation row per batch size × delay"
+        3,
+        "one saturation row per batch size × delay, and the adaptive cell"
+    );
+    let adaptive = &report.saturation[2];
+    assert_eq!(adaptive.target_p99_ms, Some(50));
+    assert_eq!(
+        (adaptive.max_batch_size, adaptive.max_batch_delay_ms),
+        (16, 5),
+        "bounded by the grid's largest size and delay"
     );
     for row in &report.saturation {
         assert_eq!(row.events, 400);
@@ -69,9 +90,10 @@ fn a_tiny_bench_writes_a_complete_report() {
     );
     assert_eq!(
         report.latency.len(),
-        2,
-        "one latency row per batch size × load"
+        3,
+        "one latency row per batch size × load, and the adaptive cell's"
     );
+    assert_eq!(report.latency[2].target_p99_ms, Some(50));
     for row in &report.latency {
         assert!(row.p50_ms <= row.p99_ms && row.p99_ms <= row.max_ms);
         assert!(
@@ -102,8 +124,44 @@ fn a_tiny_bench_writes_a_complete_report() {
     ] {
         assert!(json.get(key).is_some(), "bench.json has {key}");
     }
-    let svg = std::fs::read_to_string(out.path().join("bench.svg")).unwrap();
-    assert!(svg.starts_with("<svg") && svg.contains("polyline"));
+
+    // The step-load trace: 3 phases of 1 s in half seconds, every event
+    // counted once, and the batch choices over the same clock.
+    let step = report.step.as_ref().expect("a step-load trace");
+    assert_eq!(step.bins.len(), 6);
+    assert_eq!(step.factor, 4.0);
+    let offered: f64 = step.bins.iter().map(|b| b.offered_per_s * 0.5).sum();
+    let counted: usize = step.bins.iter().map(|b| b.events).sum();
+    assert!(
+        (counted as f64 - offered).abs() <= offered * 0.05 + 30.0,
+        "{counted} events in the bins, {offered:.0} offered"
+    );
+    assert!(!step.choices.is_empty() && step.choices[0].t_s == 0.0);
+    assert!(step.choices.iter().all(|c| (1..=16).contains(&c.size)));
+
+    // The cache sweep and the Python baseline.
+    assert_eq!(report.repeats.len(), 2);
+    assert_eq!(report.repeats[1].repeat_share, 0.5);
+    assert!(
+        report
+            .repeats
+            .iter()
+            .all(|r| r.cache_off_per_s > 0.0 && r.cache_on_per_s > 0.0)
+    );
+    let baseline = report.baseline.as_ref().expect("a baseline row");
+    assert_eq!(baseline.events, 400);
+    assert!(baseline.modstream_per_s > 0.0 && baseline.python_per_s > 0.0);
+    assert!(baseline.modstream_peak_rss_bytes > 0 && baseline.python_peak_rss_bytes > 0);
+
+    // Every chart, as SVG with its axis titles and as PNG.
+    for name in ["latency", "throughput", "step", "cache"] {
+        let svg = std::fs::read_to_string(out.path().join(format!("{name}.svg"))).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("second"), "{name}.svg");
+        let png = std::fs::read(out.path().join(format!("{name}.png"))).unwrap();
+        assert!(png.starts_with(b"\x89PNG"), "{name}.png");
+    }
+    let latency_svg = std::fs::read_to_string(out.path().join("latency.svg")).unwrap();
+    assert!(latency_svg.contains("latency target 50 ms"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,6 +224,12 @@ fn tiny_options() -> BenchOptions {
         workers: 1,
         cache_bytes: 0,
         overload: 0.0,
+        target_p99_ms: 0,
+        step_seconds: 0,
+        repeat_shares: vec![],
+        repeat_cache_bytes: 0,
+        python: None,
+        python_script: None,
         out_dir: PathBuf::new(),
     }
 }

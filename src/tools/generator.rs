@@ -36,6 +36,10 @@ pub struct Mix {
     pub abusive_share: f64,
     /// Fraction of valid posts marked `"priority": "urgent"`.
     pub urgent_share: f64,
+    /// `None`: texts built from the sample posts as they are (almost every
+    /// text repeats). `Some(share)`: every text unique except this share of
+    /// posts, which copy an earlier post's text exactly (reposts, spam waves).
+    pub repeat_share: Option<f64>,
 }
 
 impl Default for Mix {
@@ -44,6 +48,7 @@ impl Default for Mix {
             malformed_every: 100,
             abusive_share: 0.2,
             urgent_share: 0.05,
+            repeat_share: None,
         }
     }
 }
@@ -122,7 +127,23 @@ pub fn generate_mix(count: usize, mix: &Mix, prefix: &str) -> Vec<GeneratedEvent
                     urgent: false,
                 };
             }
-            let text = post_text(i, share(i, 0xAB, mix.abusive_share));
+            let text = match mix.repeat_share {
+                None => post_text(i, share(i, 0xAB, mix.abusive_share)),
+                Some(repeats) => {
+                    let unique = |j: usize| {
+                        format!("{} #{j:x}", post_text(j, share(j, 0xAB, mix.abusive_share)))
+                    };
+                    let is_repeat = |j: usize| j > 0 && share(j, 0x5E, repeats);
+                    // A repeat copies an earlier post that was itself an original.
+                    let original = (0..32)
+                        .map(|k| (spread((i as u64) << 5 | k) % i.max(1) as u64) as usize)
+                        .find(|j| !is_repeat(*j));
+                    match original {
+                        Some(j) if is_repeat(i) => unique(j),
+                        _ => unique(i),
+                    }
+                }
+            };
             let urgent = share(i, 0x0E, mix.urgent_share);
             let priority = if urgent { "urgent" } else { "normal" };
             let payload = serde_json::json!({
@@ -156,6 +177,7 @@ mod tests {
             malformed_every: 50,
             abusive_share: 0.3,
             urgent_share: 0.1,
+            repeat_share: None,
         };
         let events = generate_mix(10_000, &mix, "x-");
         let valid: Vec<&GeneratedEvent> = events.iter().filter(|e| e.text.is_some()).collect();
@@ -190,5 +212,27 @@ mod tests {
             generate_mix(100, &mix, "x-")[7].payload.len(),
             events[7].payload.len()
         );
+    }
+
+    #[test]
+    fn the_repeat_share_is_the_share_of_texts_seen_before() {
+        for target in [0.0, 0.3, 0.7] {
+            let mix = Mix {
+                malformed_every: 0,
+                repeat_share: Some(target),
+                ..Default::default()
+            };
+            let events = generate_mix(10_000, &mix, "r-");
+            let mut seen = std::collections::HashSet::new();
+            let repeats = events
+                .iter()
+                .filter(|e| !seen.insert(e.text.clone().unwrap()))
+                .count();
+            let share = repeats as f64 / events.len() as f64;
+            assert!(
+                (share - target).abs() < 0.03,
+                "asked {target}, got {share}"
+            );
+        }
     }
 }

@@ -1,81 +1,446 @@
-//! The bench chart: throughput and p99 latency against batch size, as SVG.
+//! The bench charts, drawn with plotters as SVG and PNG beside bench.json:
+//!
+//! - `latency`: p99 latency against achieved verdicts/s, one line per
+//!   configuration (a point per offered load), the latency target as a line;
+//! - `throughput`: pipeline against the raw model at saturation, per cell;
+//! - `step`: the adaptive mode under a step in load: p99 per half second
+//!   and the chosen batch size over time;
+//! - `cache`: verdicts/s with the score cache off and on, per share of
+//!   repeated texts.
+//!
+//! Text is drawn with DejaVu Sans (assets/fonts, Bitstream Vera licence),
+//! compiled in, so PNGs look the same on any machine.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
 
 use super::report::Report;
 
-/// Redraw the chart of a saved report (`bench.json` → `bench.svg` beside it).
-pub fn replot(report_path: &std::path::Path) -> anyhow::Result<PathBuf> {
+const SIZE: (u32, u32) = (960, 600);
+/// The fixed configurations' lines (the adaptive one is red).
+const FIXED_COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(23, 190, 207),
+    RGBColor(140, 86, 75),
+    RGBColor(188, 189, 34),
+    RGBColor(127, 127, 127),
+];
+const FONT: &str = "sans-serif";
+type Drawn<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
+
+/// Redraw the charts of a saved report beside it; returns the first one.
+pub fn replot(report_path: &Path) -> anyhow::Result<PathBuf> {
     let report: Report = serde_json::from_str(&std::fs::read_to_string(report_path)?)?;
-    let svg = report_path.with_extension("svg");
-    std::fs::write(&svg, chart(&report))?;
-    Ok(svg)
+    let dir = report_path.parent().unwrap_or(Path::new("."));
+    let charts = draw_all(&report, dir)?;
+    charts
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("the report has nothing to draw"))
 }
 
-/// Throughput and p99 latency against batch size (first delay, highest load
-/// below saturation), as a small SVG.
-pub fn chart(report: &Report) -> String {
-    let delay = report
-        .saturation
-        .first()
-        .map_or(0, |r| r.max_batch_delay_ms);
-    let tput: Vec<(f64, f64)> = report
-        .saturation
-        .iter()
-        .filter(|r| r.max_batch_delay_ms == delay)
-        .map(|r| (r.max_batch_size as f64, r.pipeline_per_s))
-        .collect();
-    // The highest load below saturation (at 100 % queues dominate).
-    let loads: Vec<f64> = report.latency.iter().map(|r| r.offered_fraction).collect();
-    let below: Vec<f64> = loads.iter().copied().filter(|f| *f < 1.0).collect();
-    let top_load = if below.is_empty() { &loads } else { &below }
-        .iter()
-        .copied()
-        .fold(0.0, f64::max);
-    let p99: Vec<(f64, f64)> = report
+/// Every chart the report has data for, as SVG and PNG under `dir`.
+pub fn draw_all(report: &Report, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    register_font()?;
+    let mut written = Vec::new();
+    macro_rules! render {
+        ($name:expr, $draw:ident) => {{
+            let svg = dir.join(format!("{}.svg", $name));
+            $draw(SVGBackend::new(&svg, SIZE).into_drawing_area(), report)
+                .map_err(|e| anyhow::anyhow!("drawing {}: {e}", svg.display()))?;
+            let png = dir.join(format!("{}.png", $name));
+            $draw(BitMapBackend::new(&png, SIZE).into_drawing_area(), report)
+                .map_err(|e| anyhow::anyhow!("drawing {}: {e}", png.display()))?;
+            written.push(svg);
+            written.push(png);
+        }};
+    }
+    if !report.latency.is_empty() {
+        render!("latency", latency_chart);
+    }
+    if !report.saturation.is_empty() {
+        render!("throughput", throughput_chart);
+    }
+    if report.step.is_some() {
+        render!("step", step_chart);
+    }
+    if !report.repeats.is_empty() {
+        render!("cache", cache_chart);
+    }
+    Ok(written)
+}
+
+fn register_font() -> anyhow::Result<()> {
+    static RESULT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ok = RESULT.get_or_init(|| {
+        plotters::style::register_font(
+            FONT,
+            FontStyle::Normal,
+            include_bytes!("../../../assets/fonts/DejaVuSans.ttf"),
+        )
+        .is_ok()
+    });
+    anyhow::ensure!(*ok, "the chart font does not load");
+    Ok(())
+}
+
+fn title(report: &Report, what: &str) -> String {
+    format!(
+        "{what} — {}, {} worker(s), {}",
+        report.model, report.workers, report.machine
+    )
+}
+
+/// p99 latency against achieved verdicts/s; one line per configuration.
+fn latency_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Drawn<DB> {
+    root.fill(&WHITE)?;
+    let mut lines: BTreeMap<(u8, usize, u64), (String, Vec<(f64, f64)>)> = BTreeMap::new();
+    for row in &r.latency {
+        let (key, label) = match row.target_p99_ms {
+            Some(t) => ((1, 0, t), format!("adaptive, target p99 {t} ms")),
+            None => (
+                (0, row.max_batch_size, row.max_batch_delay_ms),
+                format!(
+                    "batch {} / {} ms",
+                    row.max_batch_size, row.max_batch_delay_ms
+                ),
+            ),
+        };
+        lines
+            .entry(key)
+            .or_insert_with(|| (label, Vec::new()))
+            .1
+            .push((row.achieved_per_s, row.p99_ms.max(0.1)));
+    }
+    let x_max = r
         .latency
         .iter()
-        .filter(|r| r.offered_fraction == top_load)
-        .map(|r| (r.max_batch_size as f64, r.p99_ms))
-        .collect();
-    let (w, h, m) = (640.0, 400.0, 70.0);
-    let xmax = tput.iter().map(|p| p.0.log2()).fold(1.0, f64::max);
-    let x = |b: f64| m + (b.log2() / xmax) * (w - 2.0 * m);
-    let line = |points: &[(f64, f64)], color: &str| {
-        let ymax = points.iter().map(|p| p.1).fold(1e-9, f64::max);
-        let pts: Vec<String> = points
-            .iter()
-            .map(|(b, v)| format!("{:.1},{:.1}", x(*b), h - m - v / ymax * (h - 2.0 * m)))
-            .collect();
-        format!(
-            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>",
-            pts.join(" ")
-        )
-    };
-    let ticks: String = tput
+        .map(|l| l.achieved_per_s)
+        .fold(1.0, f64::max)
+        * 1.05;
+    let y_max = r.latency.iter().map(|l| l.p99_ms).fold(10.0, f64::max) * 1.3;
+    let y_min = r
+        .latency
         .iter()
-        .map(|(b, _)| {
-            format!(
-                "<text x=\"{:.1}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">{b}</text>",
-                x(*b),
-                h - m + 16.0
-            )
+        .map(|l| l.p99_ms)
+        .fold(f64::MAX, f64::min)
+        .max(0.1)
+        * 0.7;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title(r, "p99 latency against throughput"), (FONT, 18))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0f64..x_max, (y_min..y_max).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("verdicts per second (achieved, open-loop paced load)")
+        .y_desc("p99 latency, ms (log scale): intended send → verdict read")
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 15))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .draw()?;
+    let target = r.latency.iter().find_map(|l| l.target_p99_ms);
+    if let Some(t) = target {
+        let t = t as f64;
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(0.0, t), (x_max, t)],
+                8,
+                5,
+                BLACK.stroke_width(2),
+            ))?
+            .label(format!("latency target {t:.0} ms"))
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+    }
+    for (i, (key, (label, mut points))) in lines.into_iter().enumerate() {
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let color = if key.0 == 1 {
+            RED.to_rgba()
+        } else {
+            FIXED_COLORS[i % FIXED_COLORS.len()].to_rgba()
+        };
+        let width = if key.0 == 1 { 3 } else { 2 };
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(width)))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(width))
+            });
+        chart.draw_series(
+            points
+                .iter()
+                .map(|p| Circle::new(*p, 4, color.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 13))
+        .draw()?;
+    root.present()
+}
+
+/// Pipeline against raw model at saturation, per cell.
+fn throughput_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Drawn<DB> {
+    root.fill(&WHITE)?;
+    let labels: Vec<String> = r
+        .saturation
+        .iter()
+        .map(|s| match s.target_p99_ms {
+            Some(t) => format!("p99≤{t}ms"),
+            None => format!("{}/{}ms", s.max_batch_size, s.max_batch_delay_ms),
         })
         .collect();
-    let tmax = tput.iter().map(|p| p.1).fold(0.0, f64::max);
-    let lmax = p99.iter().map(|p| p.1).fold(0.0, f64::max);
-    format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\">\
-<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\
-<text x=\"{m}\" y=\"20\" font-size=\"14\">modstream vs max_batch_size (log scale)</text>\
-<text x=\"{m}\" y=\"38\" font-size=\"12\" fill=\"steelblue\">throughput at saturation, verdicts/s (top = {tmax:.0})</text>\
-<text x=\"{m}\" y=\"54\" font-size=\"12\" fill=\"firebrick\">p99 latency at {:.0}% of saturation, ms (top = {lmax:.1})</text>\
-<line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>{ticks}{}{}</svg>\n",
-        top_load * 100.0,
-        h - m,
-        w - m,
-        h - m,
-        line(&tput, "steelblue"),
-        line(&p99, "firebrick")
-    )
+    let y_max = r
+        .saturation
+        .iter()
+        .flat_map(|s| [s.pipeline_per_s, s.raw_model_per_s])
+        .filter(|v| v.is_finite())
+        .fold(1.0, f64::max)
+        * 1.15;
+    let n = r.saturation.len();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            title(r, "saturation: pipeline vs raw model"),
+            (FONT, 18),
+        )
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(-0.5f64..n as f64 - 0.5, 0f64..y_max)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n.max(1))
+        .x_label_formatter(&|v| {
+            let i = v.round();
+            if (v - i).abs() < 0.01 && i >= 0.0 {
+                labels.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .x_desc("max_batch_size / max_batch_delay (adaptive: latency target)")
+        .y_desc("events per second")
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 15))
+        .draw()?;
+    let bar = |i: usize, offset: f64, v: f64, color: RGBColor| {
+        let x = i as f64 + offset;
+        Rectangle::new([(x - 0.18, 0.0), (x + 0.18, v)], color.filled())
+    };
+    chart
+        .draw_series(
+            r.saturation
+                .iter()
+                .enumerate()
+                .map(|(i, s)| bar(i, -0.19, s.pipeline_per_s, BLUE)),
+        )?
+        .label("pipeline: verdicts/s acknowledged")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], BLUE.filled()));
+    chart
+        .draw_series(
+            r.saturation
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.raw_model_per_s.is_finite())
+                .map(|(i, s)| bar(i, 0.19, s.raw_model_per_s, RGBColor(150, 150, 150))),
+        )?
+        .label("raw model alone, same batch size, 1 session")
+        .legend(|(x, y)| {
+            Rectangle::new(
+                [(x, y - 5), (x + 14, y + 5)],
+                RGBColor(150, 150, 150).filled(),
+            )
+        });
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 13))
+        .draw()?;
+    root.present()
+}
+
+/// The step-load trace: p99 per half second (left) and the chosen batch
+/// size (right) over time.
+fn step_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Drawn<DB> {
+    root.fill(&WHITE)?;
+    let Some(step) = &r.step else {
+        return root.present();
+    };
+    let t_max = step.phase_seconds * 3.0;
+    let target = step.target_p99_ms as f64;
+    let y_max = step
+        .bins
+        .iter()
+        .map(|b| b.p99_ms)
+        .fold(target, f64::max)
+        * 1.2;
+    let size_max = step.choices.iter().map(|c| c.size).max().unwrap_or(1) as f64 * 1.2;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "step load, adaptive (target p99 {target:.0} ms): {:.0}/s, ×{} for {:.0} s, back — {}",
+                step.base_per_s, step.factor, step.phase_seconds, r.model
+            ),
+            (FONT, 18),
+        )
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(64)
+        .right_y_label_area_size(64)
+        .build_cartesian_2d(0f64..t_max, 0f64..y_max)?
+        .set_secondary_coord(0f64..t_max, 0f64..size_max);
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the paced load started")
+        .y_desc("p99 latency per half second, ms")
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 15))
+        .draw()?;
+    chart
+        .configure_secondary_axes()
+        .y_desc("chosen max batch size (events)")
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 15))
+        .draw()?;
+    // The ×factor phase, shaded.
+    chart.draw_series(std::iter::once(Rectangle::new(
+        [
+            (step.phase_seconds, 0.0),
+            (2.0 * step.phase_seconds, y_max),
+        ],
+        RGBColor(255, 235, 200).filled(),
+    )))?;
+    chart
+        .draw_series(DashedLineSeries::new(
+            vec![(0.0, target), (t_max, target)],
+            8,
+            5,
+            BLACK.stroke_width(2),
+        ))?
+        .label(format!("latency target {target:.0} ms"))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+    let p99: Vec<(f64, f64)> = step
+        .bins
+        .iter()
+        .filter(|b| b.events > 0)
+        .map(|b| (b.t_s + 0.25, b.p99_ms))
+        .collect();
+    chart
+        .draw_series(LineSeries::new(p99.clone(), RED.stroke_width(2)))?
+        .label("p99 latency (left axis)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED.stroke_width(2)));
+    chart.draw_series(p99.iter().map(|p| Circle::new(*p, 3, RED.filled())))?;
+    // The chosen size as a step function.
+    let mut steps = Vec::new();
+    for (i, c) in step.choices.iter().enumerate() {
+        let until = step.choices.get(i + 1).map_or(t_max, |n| n.t_s).min(t_max);
+        steps.push((c.t_s.min(t_max), c.size as f64));
+        steps.push((until, c.size as f64));
+    }
+    chart
+        .draw_secondary_series(LineSeries::new(steps, BLUE.stroke_width(2)))?
+        .label("chosen max batch size (right axis)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.stroke_width(2)));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 13))
+        .draw()?;
+    root.present()
+}
+
+/// Score cache off and on, per share of repeated texts.
+fn cache_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Drawn<DB> {
+    root.fill(&WHITE)?;
+    let n = r.repeats.len();
+    let y_max = r
+        .repeats
+        .iter()
+        .flat_map(|x| [x.cache_off_per_s, x.cache_on_per_s])
+        .fold(1.0, f64::max)
+        * 1.2;
+    let labels: Vec<String> = r
+        .repeats
+        .iter()
+        .map(|x| format!("{:.0} % repeated", x.repeat_share * 100.0))
+        .collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            title(r, "score cache at saturation, batch 64 / 20 ms"),
+            (FONT, 18),
+        )
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(-0.5f64..n as f64 - 0.5, 0f64..y_max)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n.max(1))
+        .x_label_formatter(&|v| {
+            let i = v.round();
+            if (v - i).abs() < 0.01 && i >= 0.0 {
+                labels.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .x_desc("share of posts whose text repeats an earlier post exactly")
+        .y_desc("verdicts per second")
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 15))
+        .draw()?;
+    let bar = |i: usize, offset: f64, v: f64, color: RGBColor| {
+        let x = i as f64 + offset;
+        Rectangle::new([(x - 0.18, 0.0), (x + 0.18, v)], color.filled())
+    };
+    let grey = RGBColor(150, 150, 150);
+    chart
+        .draw_series(
+            r.repeats
+                .iter()
+                .enumerate()
+                .map(|(i, x)| bar(i, -0.19, x.cache_off_per_s, grey)),
+        )?
+        .label("cache off")
+        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], grey.filled()));
+    let cache_mib = r.repeats.first().map_or(0, |x| x.cache_bytes >> 20);
+    chart
+        .draw_series(
+            r.repeats
+                .iter()
+                .enumerate()
+                .map(|(i, x)| bar(i, 0.19, x.cache_on_per_s, BLUE)),
+        )?
+        .label(format!("cache on ({cache_mib} MiB)"))
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], BLUE.filled()));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 13))
+        .draw()?;
+    root.present()
 }

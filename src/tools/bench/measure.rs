@@ -14,7 +14,7 @@ use crate::inference::Model;
 use crate::shutdown::Shutdown;
 use crate::tools::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS};
 use crate::tools::embedded::EmbeddedBroker;
-use crate::tools::generator::generate;
+use crate::tools::generator::{GeneratedEvent, generate};
 use crate::tools::read::TopicReader;
 use crate::tools::send::{self, Schedule};
 
@@ -40,32 +40,59 @@ pub fn raw_model_throughput(
     Ok((per_s, efficiency))
 }
 
+/// One batching configuration: fixed, or a latency target with `size` and
+/// `delay_ms` as the upper bounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Batching {
+    pub size: usize,
+    pub delay_ms: u64,
+    pub target_p99_ms: Option<u64>,
+}
+
+impl Batching {
+    pub fn fixed(size: usize, delay_ms: u64) -> Batching {
+        Batching {
+            size,
+            delay_ms,
+            target_p99_ms: None,
+        }
+    }
+
+    /// "64 / 20 ms", or "p99 ≤ 50 ms (≤ 128 / 20 ms)".
+    pub fn label(&self) -> String {
+        match self.target_p99_ms {
+            None => format!("{} / {} ms", self.size, self.delay_ms),
+            Some(t) => format!("p99 ≤ {t} ms"),
+        }
+    }
+}
+
 fn settings(
     opts: &BenchOptions,
     cell: &Cell,
-    batch: usize,
-    delay_ms: u64,
+    b: Batching,
 ) -> anyhow::Result<crate::config::Settings> {
-    let mut s = crate::config::Settings::from_toml(&cell.config(batch, delay_ms))?;
+    let mut s = crate::config::Settings::from_toml(&cell.config(b.size, b.delay_ms))?;
     s.inference = inference_settings(opts);
-    s.limits.max_in_flight = s.limits.max_in_flight.max(batch * 4);
+    s.batching.target_p99 = b.target_p99_ms.map(Duration::from_millis);
+    s.limits.max_in_flight = s.limits.max_in_flight.max(b.size * 4);
     Ok(s)
 }
 
 /// Where one run happens: a fresh embedded cluster, or (`--bootstrap`) fresh
 /// topics and a fresh group on the given cluster, so that runs never see
 /// each other's records.
-struct Cell {
+pub(super) struct Cell {
     _embedded: Option<EmbeddedBroker>,
-    bootstrap: String,
-    input: String,
-    verdicts: String,
-    dlq: String,
-    group: String,
+    pub bootstrap: String,
+    pub input: String,
+    pub verdicts: String,
+    pub dlq: String,
+    pub group: String,
 }
 
 impl Cell {
-    async fn new(opts: &BenchOptions) -> anyhow::Result<Cell> {
+    pub(super) async fn new(opts: &BenchOptions) -> anyhow::Result<Cell> {
         let Some(bootstrap) = &opts.bootstrap else {
             let broker = EmbeddedBroker::start(&[
                 (DEMO_INPUT, PARTITIONS),
@@ -141,19 +168,27 @@ impl Cell {
     }
 }
 
-/// Pipeline at saturation: events pre-produced, then timed to the last verdict.
+/// Pipeline at saturation: the generator's events pre-produced, then timed
+/// to the last verdict.
 pub(super) async fn saturation(
     opts: &BenchOptions,
-    batch: usize,
-    delay_ms: u64,
+    b: Batching,
+) -> anyhow::Result<(f64, crate::pipeline::RunSummary, f64)> {
+    saturation_of(opts, b, generate(opts.events, 0, "s-")).await
+}
+
+/// Pipeline at saturation on these events.
+pub(super) async fn saturation_of(
+    opts: &BenchOptions,
+    b: Batching,
+    events: Vec<GeneratedEvent>,
 ) -> anyhow::Result<(f64, crate::pipeline::RunSummary, f64)> {
     let cell = Cell::new(opts).await?;
-    let events = generate(opts.events, 0, "s-");
     send::produce_all(&cell.bootstrap, &cell.input, &events).await?;
     let shutdown = Shutdown::new();
     let health = std::sync::Arc::new(crate::telemetry::Health::default());
     let run = tokio::spawn(crate::pipeline::run_with_health(
-        settings(opts, &cell, batch, delay_ms)?,
+        settings(opts, &cell, b)?,
         shutdown.clone(),
         health.clone(),
     ));
@@ -204,22 +239,34 @@ fn read_verdicts(
     Ok(last)
 }
 
-/// Open-loop paced load at `rate`/s for `seconds`; latency from each event's
-/// intended send time to its verdict being read.
-pub(super) async fn latency(
+/// What a paced run saw: per event its intended send time, when its
+/// verdict was read, and whether it was urgent; the clock's start; the run's
+/// summary (with the batch choices of a latency target).
+pub(super) struct PacedRun {
+    pub start: Instant,
+    pub samples: Vec<(Instant, Instant, bool)>,
+    pub summary: crate::pipeline::RunSummary,
+}
+
+/// Open-loop paced load in `phases` of (seconds, events per second), one
+/// after the other; latency from each event's intended send time to its
+/// verdict being read.
+pub(super) async fn paced_run(
     opts: &BenchOptions,
-    batch: usize,
-    delay_ms: u64,
-    fraction: f64,
-    rate: f64,
-) -> anyhow::Result<LatencyRow> {
+    b: Batching,
+    phases: &[(f64, f64)],
+) -> anyhow::Result<PacedRun> {
     let cell = Cell::new(opts).await?;
     let bootstrap = cell.bootstrap.clone();
-    let count = ((rate * opts.latency_seconds as f64) as usize).max(10);
+    let counts: Vec<usize> = phases
+        .iter()
+        .map(|(seconds, rate)| ((rate * seconds) as usize).max(10))
+        .collect();
+    let count: usize = counts.iter().sum();
     let events = generate(count, 0, "l-");
     let shutdown = Shutdown::new();
     let run = tokio::spawn(crate::pipeline::run(
-        settings(opts, &cell, batch, delay_ms)?,
+        settings(opts, &cell, b)?,
         shutdown.clone(),
     ));
     // One reader for the whole run, started first: a new consumer needs about
@@ -239,52 +286,78 @@ pub(super) async fn latency(
         });
         r.map(|_| read_at)
     });
+    // The warm-up goes through the load's own producer, so that its
+    // connection and metadata are not in the first events' latency either.
+    let producer = send::event_producer(&bootstrap)?;
     let warmup = generate(1, 0, "warmup-");
-    send::produce_all(&bootstrap, &cell.input, &warmup).await?;
+    send::produce_with(&producer, &cell.input, &warmup).await?;
     tokio::task::spawn_blocking(move || warm_rx.recv_timeout(Duration::from_secs(60)))
         .await?
         .map_err(|_| anyhow::anyhow!("the warm-up verdict did not come back"))?;
-    let schedule = Schedule {
-        start: Instant::now(),
-        rate,
-        stamp_from_ms: None,
-    };
-    let start = schedule.start;
-    let intended: HashMap<String, Instant> = events
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (e.event_id.clone(), schedule.due(i)))
-        .collect();
-    let producer = send::event_producer(&bootstrap)?;
-    let pending = send::send_paced(&producer, &cell.input, &events, schedule, |_| {}).await?;
+    let start = Instant::now();
+    let mut intended: HashMap<&str, Instant> = HashMap::new();
+    let mut pending = Vec::new();
+    let (mut phase_start, mut first) = (start, 0);
+    for (&(seconds, rate), &n) in phases.iter().zip(&counts) {
+        let slice = &events[first..first + n];
+        let schedule = Schedule {
+            start: phase_start,
+            rate,
+            stamp_from_ms: None,
+        };
+        for (i, e) in slice.iter().enumerate() {
+            intended.insert(e.event_id.as_str(), schedule.due(i));
+        }
+        pending.extend(send::send_paced(&producer, &cell.input, slice, schedule, |_| {}).await?);
+        phase_start += Duration::from_secs_f64(seconds);
+        first += n;
+    }
     send::await_deliveries(pending).await?;
     let read_at = reader.await??;
-    let finished = read_at.values().max().copied().unwrap_or(start);
     shutdown.stop.cancel();
-    run.await??;
-    let urgent: std::collections::HashSet<&str> = events
+    let summary = run.await??;
+    let samples = events
         .iter()
-        .filter(|e| e.urgent)
-        .map(|e| e.event_id.as_str())
+        .filter_map(|e| {
+            let read = read_at.get(&e.event_id)?;
+            Some((*intended.get(e.event_id.as_str())?, *read, e.urgent))
+        })
         .collect();
+    Ok(PacedRun {
+        start,
+        samples,
+        summary,
+    })
+}
+
+/// Open-loop paced load at `rate`/s for `opts.latency_seconds`; its latency
+/// percentiles, all events and the urgent ones.
+pub(super) async fn latency(
+    opts: &BenchOptions,
+    b: Batching,
+    fraction: f64,
+    rate: f64,
+) -> anyhow::Result<LatencyRow> {
+    let run = paced_run(opts, b, &[(opts.latency_seconds as f64, rate)]).await?;
+    let finished = run.samples.iter().map(|s| s.1).max().unwrap_or(run.start);
     let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
     let mut hu = h.clone();
-    for (id, at) in &read_at {
-        if let Some(t) = intended.get(id) {
-            let micros = at.saturating_duration_since(*t).as_micros().max(1) as u64;
-            h.record(micros)?;
-            if urgent.contains(id.as_str()) {
-                hu.record(micros)?;
-            }
+    for &(intended, read, urgent) in &run.samples {
+        let micros = read.saturating_duration_since(intended).as_micros().max(1) as u64;
+        h.record(micros)?;
+        if urgent {
+            hu.record(micros)?;
         }
     }
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     Ok(LatencyRow {
-        max_batch_size: batch,
-        max_batch_delay_ms: delay_ms,
+        max_batch_size: b.size,
+        max_batch_delay_ms: b.delay_ms,
+        target_p99_ms: b.target_p99_ms,
         offered_fraction: fraction,
         offered_per_s: rate,
-        achieved_per_s: count as f64 / finished.duration_since(start).as_secs_f64(),
+        achieved_per_s: run.samples.len() as f64
+            / finished.duration_since(run.start).as_secs_f64(),
         p50_ms: ms(0.5),
         p90_ms: ms(0.9),
         p99_ms: ms(0.99),
@@ -304,8 +377,7 @@ const MAX_OVERLOAD_EVENTS: usize = 60_000;
 /// process, let it work on the backlog 5 s more, and read its peak RSS.
 pub(super) async fn peak_rss_under_load(
     opts: &BenchOptions,
-    batch: usize,
-    delay_ms: u64,
+    b: Batching,
     rate: f64,
     seconds: u64,
 ) -> anyhow::Result<(usize, u64)> {
@@ -322,7 +394,7 @@ pub(super) async fn peak_rss_under_load(
     let inference = inference_settings(opts);
     let model_dir = std::path::absolute(&inference.model_dir)?;
     let toml = [
-        cell.config(batch, delay_ms),
+        cell.config(b.size, b.delay_ms),
         "[inference]".to_string(),
         format!("model_dir = {:?}", model_dir.display().to_string()),
         format!("intra_threads = {}", inference.intra_threads),

@@ -12,6 +12,7 @@
 //! send time to the moment its verdict is read back, so queueing behind a
 //! late send is counted (no coordinated omission).
 
+mod baseline;
 mod chart;
 mod measure;
 mod report;
@@ -20,11 +21,14 @@ use std::path::PathBuf;
 
 use crate::config::{ExecutionProvider, InferenceSettings, PadTo};
 use crate::inference::{InputKind, Model};
-use crate::tools::generator::generate;
+use crate::tools::generator::{Mix, generate, generate_mix};
 
-pub use chart::{chart, replot};
-pub use measure::{peak_rss_bytes, peak_rss_of, raw_model_throughput};
-pub use report::{LatencyRow, OverloadRow, Report, SaturationRow};
+pub use baseline::BaselineRow;
+pub use chart::replot;
+pub use measure::{Batching, peak_rss_bytes, peak_rss_of, raw_model_throughput};
+pub use report::{
+    ChoicePoint, LatencyRow, OverloadRow, RepeatRow, Report, SaturationRow, StepBin, StepTrace,
+};
 
 /// What to measure; also the command line of `modstream bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -68,7 +72,29 @@ pub struct BenchOptions {
     /// 3 s and report its peak RSS (0: skip).
     #[arg(long, default_value_t = 10.0)]
     pub overload: f64,
-    /// Where bench.json and bench.svg go.
+    /// The adaptive mode's latency target (`batching.target_p99`), run beside
+    /// the fixed grid with the largest batch size and delay as its bounds
+    /// (0: skip).
+    #[arg(long, default_value_t = 50)]
+    pub target_p99_ms: u64,
+    /// Step-load trace of the adaptive mode: 20 % of the best fixed cell's
+    /// saturation, then ×4, then back, this many seconds each (0: skip).
+    #[arg(long, default_value_t = 10)]
+    pub step_seconds: u64,
+    /// Shares of repeated texts for the score-cache sweep (empty: skip).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "0,0.3,0.7")]
+    pub repeat_shares: Vec<f64>,
+    /// The score cache's size in that sweep.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub repeat_cache_bytes: u64,
+    /// Python interpreter with confluent-kafka and onnxruntime (made by
+    /// bench/python-baseline.sh) for the plain-Python baseline (absent: skip).
+    #[arg(long)]
+    pub python: Option<PathBuf>,
+    /// The baseline script (default: bench/python_consumer.py).
+    #[arg(long)]
+    pub python_script: Option<PathBuf>,
+    /// Where bench.json and the charts go.
     #[arg(long = "out", default_value = "target/bench")]
     pub out_dir: PathBuf,
 }
@@ -93,15 +119,18 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         .filter_map(|e| e.text)
         .collect();
     let mut saturation_rows = Vec::new();
+    let mut raw_at = std::collections::HashMap::new();
     report::print_saturation_header();
     for &batch in &opts.batch_sizes {
         let (raw, _) = raw_model_throughput(&mut model, &texts, batch)?;
+        raw_at.insert(batch, raw);
         let naive = match unbucketed.as_mut() {
             Some(m) => Some(raw_model_throughput(m, &texts, batch)?),
             None => None,
         };
         for &delay in &opts.delays_ms {
-            let (per_s, summary, elapsed) = measure::saturation(&opts, batch, delay).await?;
+            let (per_s, summary, elapsed) =
+                measure::saturation(&opts, Batching::fixed(batch, delay)).await?;
             let row = SaturationRow::new(
                 (batch, delay, opts.events),
                 per_s,
@@ -114,6 +143,32 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
             saturation_rows.push(row);
         }
     }
+    // The adaptive cell: a latency target, bounded by the grid's largest
+    // size and delay.
+    let bounds = (
+        opts.batch_sizes.iter().copied().max().unwrap_or(64),
+        opts.delays_ms.iter().copied().max().unwrap_or(20),
+    );
+    let adaptive = (opts.target_p99_ms > 0).then_some(Batching {
+        size: bounds.0,
+        delay_ms: bounds.1,
+        target_p99_ms: Some(opts.target_p99_ms),
+    });
+    if let Some(b) = adaptive {
+        let (per_s, summary, elapsed) = measure::saturation(&opts, b).await?;
+        let raw = raw_at.get(&b.size).copied().unwrap_or(f64::NAN);
+        let mut row =
+            SaturationRow::new((b.size, b.delay_ms, opts.events), per_s, raw, &summary, elapsed, None);
+        row.target_p99_ms = b.target_p99_ms;
+        row.print();
+        saturation_rows.push(row);
+    }
+    let best_fixed = saturation_rows
+        .iter()
+        .filter(|r| r.target_p99_ms.is_none())
+        .map(|r| r.pipeline_per_s)
+        .fold(0.0, f64::max);
+
     let mut latency_rows = Vec::new();
     report::print_latency_header();
     for &batch in &opts.batch_sizes {
@@ -125,31 +180,75 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
             continue;
         };
         for &fraction in &opts.loads {
-            let row =
-                measure::latency(&opts, batch, delay, fraction, sat.pipeline_per_s * fraction)
-                    .await?;
+            let b = Batching::fixed(batch, delay);
+            let row = measure::latency(&opts, b, fraction, sat.pipeline_per_s * fraction).await?;
             row.print();
             latency_rows.push(row);
         }
+    }
+    // The adaptive cell at the same fractions of the best fixed cell's
+    // saturation (what this machine can do).
+    if let Some(b) = adaptive {
+        for &fraction in &opts.loads {
+            let row = measure::latency(&opts, b, fraction, best_fixed * fraction).await?;
+            row.print();
+            latency_rows.push(row);
+        }
+    }
+    let step = match adaptive {
+        Some(b) if opts.step_seconds > 0 => {
+            let trace = step_trace(&opts, b, best_fixed * 0.2, 4.0).await?;
+            eprintln!(
+                "step load: {:.0}/s → ×{} → back, {} s each; p99 by half second (ms): {}",
+                trace.base_per_s,
+                trace.factor,
+                trace.phase_seconds,
+                trace
+                    .bins
+                    .iter()
+                    .map(|b| format!("{:.0}", b.p99_ms))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            Some(trace)
+        }
+        _ => None,
+    };
+    let mut repeats = Vec::new();
+    for &share in &opts.repeat_shares {
+        let mix = Mix {
+            malformed_every: 0,
+            repeat_share: Some(share),
+            ..Default::default()
+        };
+        let events = generate_mix(opts.events, &mix, "r-");
+        let cell = Batching::fixed(64, 20);
+        let (off, _, _) = measure::saturation_of(&opts, cell, events.clone()).await?;
+        let on_opts = BenchOptions {
+            cache_bytes: opts.repeat_cache_bytes,
+            ..opts.clone()
+        };
+        let (on, _, _) = measure::saturation_of(&on_opts, cell, events).await?;
+        let row = RepeatRow {
+            repeat_share: share,
+            cache_bytes: opts.repeat_cache_bytes,
+            cache_off_per_s: off,
+            cache_on_per_s: on,
+        };
+        row.print();
+        repeats.push(row);
     }
     let overload = match saturation_rows
         .iter()
         .find(|r| r.max_batch_size == *opts.batch_sizes.last().unwrap_or(&1))
     {
         Some(sat) if opts.overload > 0.0 => {
-            let (batch, delay) = (sat.max_batch_size, sat.max_batch_delay_ms);
+            let b = Batching::fixed(sat.max_batch_size, sat.max_batch_delay_ms);
             let seconds = 3;
-            let (_, light) = measure::peak_rss_under_load(
-                &opts,
-                batch,
-                delay,
-                sat.pipeline_per_s * 0.25,
-                seconds,
-            )
-            .await?;
+            let (_, light) =
+                measure::peak_rss_under_load(&opts, b, sat.pipeline_per_s * 0.25, seconds).await?;
             let rate = sat.pipeline_per_s * opts.overload;
-            let (events, peak) =
-                measure::peak_rss_under_load(&opts, batch, delay, rate, seconds).await?;
+            let (events, peak) = measure::peak_rss_under_load(&opts, b, rate, seconds).await?;
             let row = OverloadRow {
                 offered_multiple: opts.overload,
                 offered_per_s: rate,
@@ -162,6 +261,14 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
             Some(row)
         }
         _ => None,
+    };
+    let baseline = match &opts.python {
+        Some(python) => {
+            let row = baseline::run(&opts, python).await?;
+            row.print();
+            Some(row)
+        }
+        None => None,
     };
     let report = Report {
         machine: format!(
@@ -180,7 +287,79 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
             .clone()
             .unwrap_or_else(|| "embedded".to_string()),
         overload,
+        step,
+        repeats,
+        baseline,
     };
     report.write(&opts.out_dir)?;
     Ok(report)
+}
+
+/// The adaptive cell under paced load at `base`/s for `opts.step_seconds`,
+/// then `factor` × `base`, then `base` again; p99 by half second of intended
+/// send time and the batch choices over the same clock.
+async fn step_trace(
+    opts: &BenchOptions,
+    b: Batching,
+    base: f64,
+    factor: f64,
+) -> anyhow::Result<StepTrace> {
+    let phase = opts.step_seconds as f64;
+    let phases = [(phase, base), (phase, base * factor), (phase, base)];
+    let run = measure::paced_run(opts, b, &phases).await?;
+    const BIN: f64 = 0.5;
+    let bins_n = (3.0 * phase / BIN).ceil() as usize;
+    let mut bins: Vec<Vec<u64>> = vec![Vec::new(); bins_n];
+    for &(intended, read, _) in &run.samples {
+        let t = intended.saturating_duration_since(run.start).as_secs_f64();
+        if let Some(bin) = bins.get_mut((t / BIN) as usize) {
+            bin.push(read.saturating_duration_since(intended).as_micros() as u64);
+        }
+    }
+    let bins = bins
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut l)| {
+            l.sort_unstable();
+            let p99 = l
+                .get((l.len() * 99 / 100).min(l.len().saturating_sub(1)))
+                .map_or(0.0, |us| *us as f64 / 1000.0);
+            let t_s = i as f64 * BIN;
+            StepBin {
+                t_s,
+                offered_per_s: if (phase..2.0 * phase).contains(&t_s) {
+                    base * factor
+                } else {
+                    base
+                },
+                events: l.len(),
+                p99_ms: p99,
+            }
+        })
+        .collect();
+    // The choice in force at the clock's start, then each change after it.
+    let since = |at: std::time::Instant| {
+        at.saturating_duration_since(run.start).as_secs_f64()
+            - run.start.saturating_duration_since(at).as_secs_f64()
+    };
+    let mut choices: Vec<ChoicePoint> = Vec::new();
+    for (at, c) in &run.summary.batch_choices {
+        let point = ChoicePoint {
+            t_s: since(*at).max(0.0),
+            size: c.size,
+            delay_ms: c.delay.as_secs_f64() * 1000.0,
+        };
+        match choices.last_mut() {
+            Some(last) if point.t_s <= 0.0 => *last = point,
+            _ => choices.push(point),
+        }
+    }
+    Ok(StepTrace {
+        target_p99_ms: b.target_p99_ms.unwrap_or_default(),
+        base_per_s: base,
+        factor,
+        phase_seconds: phase,
+        bins,
+        choices,
+    })
 }

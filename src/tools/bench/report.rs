@@ -11,6 +11,9 @@ use crate::pipeline::RunSummary;
 pub struct SaturationRow {
     pub max_batch_size: usize,
     pub max_batch_delay_ms: u64,
+    /// The adaptive cell: `batching.target_p99`, with the two above as bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_p99_ms: Option<u64>,
     pub events: usize,
     pub pipeline_per_s: f64,
     pub raw_model_per_s: f64,
@@ -55,6 +58,8 @@ pub struct OverloadRow {
 pub struct LatencyRow {
     pub max_batch_size: usize,
     pub max_batch_delay_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_p99_ms: Option<u64>,
     pub offered_fraction: f64,
     pub offered_per_s: f64,
     pub achieved_per_s: f64,
@@ -91,6 +96,67 @@ pub struct Report {
     pub provider: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overload: Option<OverloadRow>,
+    /// The adaptive mode under a step in load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<StepTrace>,
+    /// What the score cache buys at each share of repeated texts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repeats: Vec<RepeatRow>,
+    /// The default configuration against a plain Python consumer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<super::baseline::BaselineRow>,
+}
+
+/// Paced load at `base_per_s`, then `factor` times that, then back, each for
+/// `phase_seconds`, on the adaptive cell.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StepTrace {
+    pub target_p99_ms: u64,
+    pub base_per_s: f64,
+    pub factor: f64,
+    pub phase_seconds: f64,
+    /// By half second of intended send time.
+    pub bins: Vec<StepBin>,
+    /// The batch size and deadline chosen, from the clock's start (the
+    /// choice in force at 0 first).
+    pub choices: Vec<ChoicePoint>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StepBin {
+    pub t_s: f64,
+    pub offered_per_s: f64,
+    pub events: usize,
+    pub p99_ms: f64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ChoicePoint {
+    pub t_s: f64,
+    pub size: usize,
+    pub delay_ms: f64,
+}
+
+/// Saturation with the score cache off and on, on a stream where
+/// `repeat_share` of the texts repeat an earlier one (the rest unique).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RepeatRow {
+    pub repeat_share: f64,
+    pub cache_bytes: u64,
+    pub cache_off_per_s: f64,
+    pub cache_on_per_s: f64,
+}
+
+impl RepeatRow {
+    pub fn print(&self) {
+        eprintln!(
+            "repeated texts {:>3.0} %: cache off {:>7.0}/s, on {:>7.0}/s ({:.2}×)",
+            self.repeat_share * 100.0,
+            self.cache_off_per_s,
+            self.cache_on_per_s,
+            self.cache_on_per_s / self.cache_off_per_s
+        );
+    }
 }
 
 /// Power-of-two buckets of run sizes: "1", "2-3", "4-7", ...
@@ -135,6 +201,7 @@ impl SaturationRow {
         SaturationRow {
             max_batch_size,
             max_batch_delay_ms,
+            target_p99_ms: None,
             events,
             pipeline_per_s,
             raw_model_per_s,
@@ -157,6 +224,9 @@ impl SaturationRow {
     pub fn print(&self) {
         let opt =
             |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
+        if let Some(t) = self.target_p99_ms {
+            eprint!("adaptive, p99 target {t} ms, bounds: ");
+        }
         eprintln!(
             "{:>6} {:>6}ms {:>11.0} {:>9.0} {:>6.2} {:>7.1} {:>8.1} {:>8.1} {:>8.1} {:>6} {:>10}",
             self.max_batch_size,
@@ -200,6 +270,9 @@ pub fn print_latency_header() {
 
 impl LatencyRow {
     pub fn print(&self) {
+        if let Some(t) = self.target_p99_ms {
+            eprint!("adaptive, p99 target {t} ms: ");
+        }
         eprintln!(
             "{:>6} {:>6}ms {:>6.0}% {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1}   urgent {:.1} / {:.1}",
             self.max_batch_size,
@@ -231,16 +304,15 @@ impl OverloadRow {
 }
 
 impl Report {
-    /// bench.json and bench.svg into `dir`.
+    /// bench.json and the charts (SVG and PNG) into `dir`.
     pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("bench.json"), serde_json::to_string_pretty(self)?)?;
-        std::fs::write(dir.join("bench.svg"), super::chart(self))?;
-        eprintln!(
-            "report: {}  chart: {}",
-            dir.join("bench.json").display(),
-            dir.join("bench.svg").display()
-        );
+        let charts = super::chart::draw_all(self, dir)?;
+        eprintln!("report: {}", dir.join("bench.json").display());
+        for c in charts {
+            eprintln!("chart: {}", c.display());
+        }
         Ok(())
     }
 }

@@ -1,0 +1,70 @@
+"""The moderation job written the usual way in Python, for the bench's
+baseline: confluent-kafka consume(128) -> json -> onnxruntime (default
+session options) -> one verdict per event -> produce -> flush -> commit.
+
+    python_consumer.py BOOTSTRAP INPUT OUTPUT GROUP MODEL_DIR EVENTS
+
+Stops after EVENTS verdicts; prints {"verdicts": n, "peak_rss_bytes": b}.
+Verdict thresholds are modstream's defaults (review 0.5, block 0.85).
+"""
+import json
+import resource
+import sys
+
+import numpy as np
+import onnxruntime as ort
+from confluent_kafka import Consumer, Producer
+
+bootstrap, input_topic, output_topic, group, model_dir, want = sys.argv[1:7]
+want = int(want)
+manifest = json.load(open(f"{model_dir}/manifest.json"))
+session = ort.InferenceSession(f"{model_dir}/model.onnx", providers=["CPUExecutionProvider"])
+labels = manifest["labels"]
+score_index = labels.index(manifest["score_label"])
+output = manifest["output"]
+input_name = manifest["inputs"][0]
+
+consumer = Consumer({
+    "bootstrap.servers": bootstrap,
+    "group.id": group,
+    "auto.offset.reset": "earliest",
+    "enable.auto.commit": False,
+})
+producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+consumer.subscribe([input_topic])
+
+done = 0
+while done < want:
+    messages = consumer.consume(128, timeout=1.0)
+    events = []
+    for m in messages:
+        if m.error():
+            continue
+        try:
+            event = json.loads(m.value())
+            events.append((m, event, str(event["text"])))
+        except (ValueError, KeyError, TypeError):
+            pass
+    if events:
+        texts = np.array([t for _, _, t in events], dtype=object).reshape(-1, 1)
+        probabilities = session.run([output], {input_name: texts})[0]
+        for (m, event, _), p in zip(events, probabilities):
+            score = float(p[score_index])
+            verdict = "block" if score >= 0.85 else "review" if score >= 0.5 else "allow"
+            record = {
+                "event_id": event.get("event_id"),
+                "verdict": verdict,
+                "scores": {label: float(v) for label, v in zip(labels, p)},
+                "model": {"name": manifest["name"], "version": manifest["version"]},
+                "source": {"topic": m.topic(), "partition": m.partition(), "offset": m.offset()},
+            }
+            producer.produce(output_topic, json.dumps(record).encode(), key=m.key())
+        producer.flush()
+    if messages:
+        consumer.commit(asynchronous=False)
+    done += len(events)
+consumer.close()
+print(json.dumps({
+    "verdicts": done,
+    "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+}))
