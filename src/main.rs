@@ -185,6 +185,7 @@ fn run(config: Option<PathBuf>, print_config: bool) -> anyhow::Result<()> {
     }
     modstream::telemetry::init_logging(&settings.telemetry);
     let metrics = modstream::telemetry::install_recorder()?;
+    modstream::telemetry::register_zeroes(&settings);
     runtime()?.block_on(async {
         let health = Arc::new(Health::default());
         let stop_listener = CancellationToken::new();

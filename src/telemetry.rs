@@ -292,6 +292,65 @@ pub fn install_recorder() -> Result<PrometheusHandle, TelemetryError> {
     Ok(handle)
 }
 
+/// Every counter and gauge at 0 from the start, with its labels where they
+/// are known before any event (input topics, verdict kinds, DLQ reasons,
+/// record kinds, outcomes), so that alerts and dashboards find their series
+/// on an idle instance. Per-partition series appear with their partitions.
+pub fn register_zeroes(settings: &crate::config::Settings) {
+    use metrics::{counter, gauge};
+    for topic in &settings.input.topics {
+        counter!(metric::CONSUMED_TOTAL, "topic" => topic.clone()).absolute(0);
+    }
+    for verdict in [
+        crate::verdict::ALLOW,
+        crate::verdict::REVIEW,
+        crate::verdict::BLOCK,
+    ] {
+        counter!(metric::VERDICTS_TOTAL, "verdict" => verdict).absolute(0);
+    }
+    for reason in crate::event::RejectReason::ALL {
+        counter!(metric::DLQ_TOTAL, "reason" => reason.code()).absolute(0);
+    }
+    for kind in ["verdict", "dlq"] {
+        counter!(metric::PRODUCED_TOTAL, "kind" => kind).absolute(0);
+        counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => kind).absolute(0);
+        counter!(metric::UNDELIVERABLE_TOTAL, "kind" => kind).absolute(0);
+    }
+    for outcome in ["ok", "error"] {
+        counter!(metric::COMMITS_TOTAL, "outcome" => outcome).absolute(0);
+    }
+    for kind in ["assign", "revoke"] {
+        counter!(metric::REBALANCES_TOTAL, "kind" => kind).absolute(0);
+    }
+    for kind in ["client", "rebalance", "consume"] {
+        counter!(metric::ERRORS_TOTAL, "kind" => kind).absolute(0);
+    }
+    for name in [
+        metric::INFERENCE_FAILURES_TOTAL,
+        metric::CACHE_HITS_TOTAL,
+        metric::CACHE_MISSES_TOTAL,
+        metric::STALE_RECORDS_TOTAL,
+        metric::TOKENS_REAL_TOTAL,
+        metric::TOKENS_PADDED_TOTAL,
+    ] {
+        counter!(name).absolute(0);
+    }
+    for name in [
+        metric::IN_FLIGHT_EVENTS,
+        metric::IN_FLIGHT_BYTES,
+        metric::PAUSED_PARTITIONS,
+        metric::STALLED_PARTITIONS,
+        metric::INFERENCE_BREAKER_OPEN,
+        metric::BATCHING_SATURATED,
+        metric::LATENCY_TARGET_MISSED,
+    ] {
+        gauge!(name).set(0.0);
+    }
+    let b = &settings.batching;
+    gauge!(metric::BATCH_TARGET_SIZE).set(b.max_batch_size as f64);
+    gauge!(metric::BATCH_TARGET_DELAY_SECONDS).set(b.max_batch_delay.as_secs_f64());
+}
+
 /// What /readyz reports: ready once the model is loaded, the consumer has
 /// joined (partitions assigned or waiting for an assignment) and the
 /// producer reached the cluster, and while no partition is stalled.

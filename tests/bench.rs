@@ -156,7 +156,10 @@ fn a_tiny_bench_writes_a_complete_report() {
     // Every chart, as SVG with its axis titles and as PNG.
     for name in ["latency", "throughput", "step", "cache"] {
         let svg = std::fs::read_to_string(out.path().join(format!("{name}.svg"))).unwrap();
-        assert!(svg.starts_with("<svg") && svg.contains("second"), "{name}.svg");
+        assert!(
+            svg.starts_with("<svg") && svg.contains("second"),
+            "{name}.svg"
+        );
         let png = std::fs::read(out.path().join(format!("{name}.png"))).unwrap();
         assert!(png.starts_with(b"\x89PNG"), "{name}.png");
     }

@@ -202,3 +202,69 @@ fn metrics_match_what_happened_and_prometheus_scrapes_them() {
     assert!(rate > 0.0, "Prometheus scraped a non-zero verdict rate");
     assert!(service.terminate(Duration::from_secs(20)));
 }
+
+/// Alerts need series that exist: an idle instance (no event yet) exports
+/// every counter and gauge at 0, with its known labels.
+#[test]
+fn an_idle_instance_exports_every_series_at_zero() {
+    let broker = EmbeddedBroker::start(&[(INPUT, 2), (VERDICTS, 2), (DLQ, 1)]).unwrap();
+    let bootstrap = broker.bootstrap_servers().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &bootstrap, "g-idle");
+    let port = support::free_port();
+    let service = Command::new(env!("CARGO_BIN_EXE_modstream"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("MODSTREAM__TELEMETRY__LISTEN", format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _service = Modstream::adopt(service, "idle");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exposition = loop {
+        let ready =
+            TcpStream::connect(("127.0.0.1", port)).is_ok() && get(port, "/readyz").0 == 200;
+        if ready {
+            break get(port, "/metrics").1;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the idle instance never got ready"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Per-partition series appear with their partitions; histograms with
+    // their first observation.
+    let per_partition = [
+        modstream::telemetry::metric::OLDEST_PENDING_SECONDS,
+        modstream::telemetry::metric::CONSUMER_LAG,
+    ];
+    let histograms = [
+        modstream::telemetry::metric::BATCH_SIZE,
+        modstream::telemetry::metric::BATCH_WAIT_SECONDS,
+        modstream::telemetry::metric::INFERENCE_SECONDS,
+        modstream::telemetry::metric::END_TO_END_SECONDS,
+    ];
+    for name in modstream::telemetry::metric::ALL {
+        if per_partition.contains(name) || histograms.contains(name) {
+            continue;
+        }
+        assert!(
+            exposition
+                .lines()
+                .any(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} "))),
+            "{name} is not exported by an idle instance:\n{exposition}"
+        );
+    }
+    for line in [
+        "modstream_verdicts_total{verdict=\"block\"} 0",
+        "modstream_dlq_total{reason=\"invalid_json\"} 0",
+        "modstream_events_consumed_total{topic=\"posts\"} 0",
+        "modstream_undeliverable_total{kind=\"dlq\"} 0",
+        "modstream_stalled_partitions 0",
+        "modstream_batch_target_size 32",
+    ] {
+        assert!(exposition.contains(line), "missing `{line}`:\n{exposition}");
+    }
+}

@@ -229,10 +229,7 @@ mod tests {
                 .filter(|e| !seen.insert(e.text.clone().unwrap()))
                 .count();
             let share = repeats as f64 / events.len() as f64;
-            assert!(
-                (share - target).abs() < 0.03,
-                "asked {target}, got {share}"
-            );
+            assert!((share - target).abs() < 0.03, "asked {target}, got {share}");
         }
     }
 }

@@ -50,7 +50,8 @@ pub(super) async fn run(opts: &BenchOptions, python: &Path) -> anyhow::Result<Ba
     let events = generate(opts.events, 0, "b-");
     let model_dir = std::path::absolute(inference_settings(opts).model_dir)?;
     let (modstream_per_s, modstream_peak) = modstream(opts, &events, &model_dir).await?;
-    let (python_per_s, python_peak) = python_job(opts, &events, python, &script, &model_dir).await?;
+    let (python_per_s, python_peak) =
+        python_job(opts, &events, python, &script, &model_dir).await?;
     Ok(BaselineRow {
         events: events.len(),
         modstream_per_s,
@@ -120,13 +121,22 @@ async fn python_job(
     let reader = spawn_timed_reader(&cell, events.len());
     let child = Command::new(python)
         .arg(script)
-        .args([&cell.bootstrap, &cell.input, &cell.verdicts, "python-baseline"])
+        .args([
+            &cell.bootstrap,
+            &cell.input,
+            &cell.verdicts,
+            "python-baseline",
+        ])
         .arg(model_dir)
         .arg(events.len().to_string())
         .stdout(Stdio::piped())
         .spawn()?;
     let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
-    anyhow::ensure!(out.status.success(), "the Python consumer failed: {}", out.status);
+    anyhow::ensure!(
+        out.status.success(),
+        "the Python consumer failed: {}",
+        out.status
+    );
     #[derive(Deserialize)]
     struct Summary {
         peak_rss_bytes: u64,

@@ -174,11 +174,7 @@ fn latency_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(width))
             });
-        chart.draw_series(
-            points
-                .iter()
-                .map(|p| Circle::new(*p, 4, color.filled())),
-        )?;
+        chart.draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
     }
     chart
         .configure_series_labels()
@@ -210,10 +206,7 @@ fn throughput_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report
         * 1.15;
     let n = r.saturation.len();
     let mut chart = ChartBuilder::on(&root)
-        .caption(
-            title(r, "saturation: pipeline vs raw model"),
-            (FONT, 18),
-        )
+        .caption(title(r, "saturation: pipeline vs raw model"), (FONT, 18))
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(72)
@@ -283,12 +276,7 @@ fn step_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> D
     };
     let t_max = step.phase_seconds * 3.0;
     let target = step.target_p99_ms as f64;
-    let y_max = step
-        .bins
-        .iter()
-        .map(|b| b.p99_ms)
-        .fold(target, f64::max)
-        * 1.2;
+    let y_max = step.bins.iter().map(|b| b.p99_ms).fold(target, f64::max) * 1.2;
     let size_max = step.choices.iter().map(|c| c.size).max().unwrap_or(1) as f64 * 1.2;
     let mut chart = ChartBuilder::on(&root)
         .caption(
@@ -322,10 +310,7 @@ fn step_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> D
         .draw()?;
     // The ×factor phase, shaded.
     chart.draw_series(std::iter::once(Rectangle::new(
-        [
-            (step.phase_seconds, 0.0),
-            (2.0 * step.phase_seconds, y_max),
-        ],
+        [(step.phase_seconds, 0.0), (2.0 * step.phase_seconds, y_max)],
         RGBColor(255, 235, 200).filled(),
     )))?;
     chart

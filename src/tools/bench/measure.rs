@@ -356,8 +356,7 @@ pub(super) async fn latency(
         target_p99_ms: b.target_p99_ms,
         offered_fraction: fraction,
         offered_per_s: rate,
-        achieved_per_s: run.samples.len() as f64
-            / finished.duration_since(run.start).as_secs_f64(),
+        achieved_per_s: run.samples.len() as f64 / finished.duration_since(run.start).as_secs_f64(),
         p50_ms: ms(0.5),
         p90_ms: ms(0.9),
         p99_ms: ms(0.99),

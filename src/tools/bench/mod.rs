@@ -157,8 +157,14 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     if let Some(b) = adaptive {
         let (per_s, summary, elapsed) = measure::saturation(&opts, b).await?;
         let raw = raw_at.get(&b.size).copied().unwrap_or(f64::NAN);
-        let mut row =
-            SaturationRow::new((b.size, b.delay_ms, opts.events), per_s, raw, &summary, elapsed, None);
+        let mut row = SaturationRow::new(
+            (b.size, b.delay_ms, opts.events),
+            per_s,
+            raw,
+            &summary,
+            elapsed,
+            None,
+        );
         row.target_p99_ms = b.target_p99_ms;
         row.print();
         saturation_rows.push(row);
