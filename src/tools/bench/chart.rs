@@ -100,7 +100,9 @@ fn title(report: &Report, what: &str) -> String {
 /// p99 latency against achieved verdicts/s; one line per configuration.
 fn latency_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Drawn<DB> {
     root.fill(&WHITE)?;
-    let mut lines: BTreeMap<(u8, usize, u64), (String, Vec<(f64, f64)>)> = BTreeMap::new();
+    // (adaptive?, size, delay or target) → (label, points)
+    type Lines = BTreeMap<(u8, usize, u64), (String, Vec<(f64, f64)>)>;
+    let mut lines = Lines::new();
     for row in &r.latency {
         let (key, label) = match row.target_p99_ms {
             Some(t) => ((1, 0, t), format!("adaptive, target p99 {t} ms")),
