@@ -84,8 +84,8 @@ enum Command {
     /// Measure throughput and latency (embedded cluster or --bootstrap), against the raw model.
     Bench {
         #[command(flatten)]
-        options: bench::BenchOptions,
-        /// Only redraw bench.svg from this saved bench.json.
+        options: Box<bench::BenchOptions>,
+        /// Only redraw the charts from this saved bench.json.
         #[arg(long)]
         replot: Option<PathBuf>,
     },
@@ -154,7 +154,7 @@ fn main() -> ExitCode {
         Command::Bench {
             options,
             replot: None,
-        } => bench(options),
+        } => bench(*options),
         Command::Demo {
             events,
             max_seconds,
