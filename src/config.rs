@@ -341,6 +341,8 @@ impl InferenceSettings {
     /// use (affinity and cgroup quota, as the standard library reads them)
     /// divided by `intra_threads`, 1 to 64; on a GPU provider, 1 per device
     /// (not measured yet: scripts/gpu-check.sh is the way to find better).
+    ///
+    /// `"auto"` reads the cgroup files on every call: resolve it once.
     pub fn worker_count(&self) -> usize {
         match self.workers {
             Workers::Count(n) => n,

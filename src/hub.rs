@@ -159,6 +159,9 @@ pub struct Hub<D: Deliver> {
     /// target's controller when `batching.target_p99` is set.
     batch: Choice,
     slo: Option<slo::Controller>,
+    /// Model runs dispatched at most at once (two per worker). Resolved
+    /// once: `workers = "auto"` reads the cgroup's CPU limit from files.
+    dispatch_capacity: usize,
 }
 
 impl<D: Deliver> Hub<D> {
@@ -173,12 +176,13 @@ impl<D: Deliver> Hub<D> {
     ) -> Self {
         let (acks_tx, acks_rx) = mpsc::channel(settings.limits.max_in_flight);
         let b = &settings.batching;
+        let workers = settings.inference.worker_count();
         let slo = b.target_p99.map(|target| {
             slo::Controller::new(
                 target,
                 b.max_batch_size,
                 b.max_batch_delay,
-                settings.inference.worker_count(),
+                workers,
                 Instant::now(),
             )
         });
@@ -225,6 +229,7 @@ impl<D: Deliver> Hub<D> {
             next_stall_check: Instant::now() + STALL_CHECK,
             batch,
             slo,
+            dispatch_capacity: workers * 2,
         }
     }
 
@@ -481,7 +486,7 @@ impl<D: Deliver> Hub<D> {
     /// of at most `max_batch_size` events, while the workers' queue has room.
     fn dispatch(&mut self) {
         let max = self.batch.size;
-        let capacity = self.settings.inference.worker_count() * 2;
+        let capacity = self.dispatch_capacity;
         if self.breaker.open {
             self.probe(capacity);
             return;

@@ -100,6 +100,10 @@ async fn modstream(
     let mut peak = 0;
     while !reader.is_finished() {
         peak = peak.max(peak_rss_of(&pid));
+        if let Some(status) = child.try_wait()? {
+            reader.abort();
+            anyhow::bail!("modstream run exited before its last verdict: {status}");
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     peak = peak.max(peak_rss_of(&pid));

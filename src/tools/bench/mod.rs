@@ -41,7 +41,7 @@ pub struct BenchOptions {
     #[arg(long, value_delimiter = ',', default_value = "5,20")]
     pub delays_ms: Vec<u64>,
     /// Offered load as fractions of saturation, for the latency curve.
-    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,0.75,1.0")]
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "0.25,0.5,0.75,1.0")]
     pub loads: Vec<f64>,
     /// Seconds of paced load per latency point.
     #[arg(long, default_value_t = 5)]
