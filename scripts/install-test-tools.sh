@@ -5,6 +5,8 @@
 # - kcat, a real Kafka client (Debian package)
 # - prometheus and promtool (Debian package), to check and scrape /metrics
 # - docker-compose (Debian package), only to validate docker-compose.yml
+# - kubectl (Debian package kubernetes-client, if none is on the PATH), only
+#   to render deploy/k8s with `kubectl kustomize`
 # Fails with a clear message when either cannot be installed: the tests that
 # need them are never skipped.
 set -euo pipefail
@@ -23,6 +25,7 @@ missing=""
 command -v kcat >/dev/null || missing="$missing kcat"
 command -v promtool >/dev/null || missing="$missing prometheus"
 command -v docker-compose >/dev/null || missing="$missing docker-compose"
+command -v kubectl >/dev/null || missing="$missing kubernetes-client"
 if [ -n "$missing" ]; then
   echo "install-test-tools: installing$missing (Debian packages)" >&2
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"

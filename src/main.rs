@@ -89,6 +89,12 @@ enum Command {
         #[arg(long)]
         replot: Option<PathBuf>,
     },
+    /// How many instances and partitions for a rate at a p99, from a bench
+    /// report of your own hardware (`modstream bench`).
+    Plan {
+        #[command(flatten)]
+        options: modstream::tools::plan::PlanOptions,
+    },
     /// Run the pipeline on an embedded Kafka cluster with generated posts.
     Demo {
         /// Events to produce.
@@ -155,6 +161,7 @@ fn main() -> ExitCode {
             options,
             replot: None,
         } => bench(*options),
+        Command::Plan { options } => modstream::tools::plan::run(&options),
         Command::Demo {
             events,
             max_seconds,

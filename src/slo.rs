@@ -219,7 +219,7 @@ impl Controller {
         // the target cannot be met whatever the batching: keep a quarter of
         // it for batching and the model rather than none, and say so.
         let planned = target * HEADROOM * self.correction;
-        let out_of_reach = uncontrolled > planned * 0.75;
+        let out_of_reach = uncontrolled > target * HEADROOM * 0.75;
         let budget = (planned - uncontrolled).max(planned * 0.25);
 
         // Saturation, with hysteresis: entered when the latency choice

@@ -131,3 +131,250 @@ fn the_dashboard_names_only_exported_metrics() {
         );
     }
 }
+
+/// `kubectl kustomize` an overlay of deploy/k8s and check every object
+/// against its schema (deploy/k8s/validate.py); the objects as JSON.
+fn render(overlay: &str) -> Vec<serde_json::Value> {
+    let kustomize = Command::new("kubectl")
+        .args(["kustomize", &format!("deploy/k8s/overlays/{overlay}")])
+        .output()
+        .expect("kubectl is installed (scripts/test.sh installs it)");
+    assert!(
+        kustomize.status.success(),
+        "kubectl kustomize {overlay}: {}",
+        String::from_utf8_lossy(&kustomize.stderr)
+    );
+    let python = Command::new("scripts/k8s-validate-venv.sh")
+        .output()
+        .expect("scripts/k8s-validate-venv.sh runs");
+    assert!(python.status.success(), "the validation venv is made");
+    let python = String::from_utf8(python.stdout).unwrap();
+    let mut validate = Command::new(python.trim())
+        .arg("deploy/k8s/validate.py")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    validate
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&kustomize.stdout)
+        .unwrap();
+    let out = validate.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{overlay}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn object<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} rendered"))
+}
+
+fn seconds(d: std::time::Duration) -> u64 {
+    d.as_secs()
+}
+
+#[test]
+fn the_kubernetes_overlays_render_validate_and_agree_with_the_config() {
+    let config = std::fs::read_to_string("config/modstream.toml").unwrap();
+    assert_eq!(
+        std::fs::read_to_string("deploy/k8s/base/modstream.toml").unwrap(),
+        config,
+        "the ConfigMap's copy of config/modstream.toml is the same file"
+    );
+    let settings = modstream::config::Settings::from_toml(&config).unwrap();
+    let alerts = std::fs::read_to_string("deploy/alerts.yml").unwrap();
+    let alert_names: Vec<&str> = alerts
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert:"))
+        .map(str::trim)
+        .collect();
+
+    for overlay in ["cpu", "gpu"] {
+        let docs = render(overlay);
+        let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+        for kind in [
+            "Deployment",
+            "Service",
+            "ConfigMap",
+            "Secret",
+            "PodDisruptionBudget",
+            "ScaledObject",
+            "PodMonitor",
+            "PrometheusRule",
+        ] {
+            assert!(kinds.contains(&kind), "{overlay} renders a {kind}");
+        }
+
+        // The ScaledObject scales the Deployment on the config's group and topic.
+        let scaled = object(&docs, "ScaledObject");
+        let trigger = &scaled["spec"]["triggers"][0];
+        assert_eq!(trigger["type"], "kafka");
+        assert_eq!(
+            trigger["metadata"]["consumerGroup"],
+            settings.kafka.group_id
+        );
+        assert_eq!(trigger["metadata"]["topic"], settings.input.topics[0]);
+        assert_eq!(trigger["metadata"]["offsetResetPolicy"], "earliest");
+        let deployment = object(&docs, "Deployment");
+        assert_eq!(
+            scaled["spec"]["scaleTargetRef"]["name"],
+            deployment["metadata"]["name"]
+        );
+        let max = scaled["spec"]["maxReplicaCount"].as_u64().unwrap();
+        let partitions: u64 = scaled["metadata"]["annotations"]["modstream.dev/input-partitions"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(max <= partitions, "no more members than partitions");
+        assert!(
+            scaled["spec"]["minReplicaCount"].as_u64().unwrap() >= 1,
+            "never scaled to zero"
+        );
+        assert!(
+            trigger["metadata"]["lagThreshold"]
+                .as_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+                > 0
+        );
+
+        // The grace period outlasts shutdown plus a drain.
+        let pod = &deployment["spec"]["template"]["spec"];
+        let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+        assert!(
+            grace
+                > seconds(settings.kafka.shutdown_timeout) + seconds(settings.kafka.drain_timeout),
+            "grace {grace} s"
+        );
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+        let container = &pod["containers"][0];
+        assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+
+        // Probes and the monitor point at what modstream serves, where it listens.
+        let env = |name: &str| {
+            container["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == name)
+                .map(|e| e["value"].clone())
+        };
+        let listen = env("MODSTREAM__TELEMETRY__LISTEN").unwrap();
+        let port: u64 = listen
+            .as_str()
+            .unwrap()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(container["ports"][0]["containerPort"], port);
+        let port_name = &container["ports"][0]["name"];
+        assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+        assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert_eq!(&container["readinessProbe"]["httpGet"]["port"], port_name);
+        let monitor = object(&docs, "PodMonitor");
+        assert_eq!(
+            &monitor["spec"]["podMetricsEndpoints"][0]["port"],
+            port_name
+        );
+        assert_eq!(
+            monitor["spec"]["podMetricsEndpoints"][0]["path"],
+            "/metrics"
+        );
+        for (k, v) in monitor["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .unwrap()
+        {
+            assert_eq!(&deployment["spec"]["template"]["metadata"]["labels"][k], v);
+        }
+        // The secret reaches librdkafka's sasl.password, never as a plain value.
+        let password = container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "MODSTREAM__KAFKA__CONSUMER__SASL__PASSWORD")
+            .unwrap();
+        assert!(password["valueFrom"]["secretKeyRef"].is_object());
+
+        // The PrometheusRule carries deploy/alerts.yml's alerts, each on exported metrics.
+        let rule = object(&docs, "PrometheusRule");
+        let rules = rule["spec"]["groups"][0]["rules"].as_array().unwrap();
+        let names: Vec<&str> = rules.iter().filter_map(|r| r["alert"].as_str()).collect();
+        assert_eq!(names, alert_names);
+        for r in rules {
+            let used = metric_names(r["expr"].as_str().unwrap());
+            assert!(!used.is_empty());
+            for name in used {
+                assert!(
+                    metric::ALL.contains(&name.as_str()),
+                    "{name} is not exported"
+                );
+            }
+        }
+
+        let limits = &container["resources"]["limits"];
+        if overlay == "gpu" {
+            assert_eq!(limits["nvidia.com/gpu"], 1);
+            assert!(container["image"].as_str().unwrap().ends_with("-gpu"));
+            assert_eq!(
+                env("MODSTREAM__INFERENCE__EXECUTION_PROVIDERS").unwrap(),
+                "cuda,cpu"
+            );
+            assert!(pod["tolerations"].as_array().is_some_and(|t| !t.is_empty()));
+        } else {
+            assert!(limits.get("nvidia.com/gpu").is_none());
+        }
+    }
+    let dockerfile = std::fs::read_to_string("Dockerfile").unwrap();
+    assert!(
+        dockerfile.contains(" AS gpu\n"),
+        "the gpu overlay's image target"
+    );
+}
+
+/// The CPU overlay's lagThreshold is what `modstream plan` derives from the
+/// shipped bench report.
+#[test]
+fn the_lag_threshold_comes_from_the_shipped_bench_report() {
+    let docs = render("cpu");
+    let threshold: u64 =
+        object(&docs, "ScaledObject")["spec"]["triggers"][0]["metadata"]["lagThreshold"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_modstream"))
+        .args([
+            "plan",
+            "--rate",
+            "100000",
+            "--p99",
+            "50",
+            "--json",
+            "--from",
+            "docs/bench/bench.json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["lag_threshold"], threshold);
+    assert!(plan["instances"].as_u64().unwrap() >= 1);
+    assert!(plan["partitions"].as_u64().unwrap() >= plan["instances"].as_u64().unwrap());
+}

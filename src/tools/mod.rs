@@ -1,5 +1,5 @@
 //! What runs around the pipeline rather than in it: `modstream demo` and
-//! `modstream bench`, the event generator and sender behind `modstream
+//! `modstream bench`, `modstream plan` (sizing from a bench report), the event generator and sender behind `modstream
 //! produce`, a topic reader, and the embedded Kafka cluster. The
 //! integration tests use them too.
 
@@ -7,5 +7,6 @@ pub mod bench;
 pub mod demo;
 pub mod embedded;
 pub mod generator;
+pub mod plan;
 pub mod read;
 pub mod send;

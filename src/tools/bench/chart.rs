@@ -126,24 +126,17 @@ fn latency_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -
         .map(|l| l.achieved_per_s)
         .fold(1.0, f64::max)
         * 1.05;
-    let y_max = r.latency.iter().map(|l| l.p99_ms).fold(10.0, f64::max) * 1.3;
-    let y_min = r
-        .latency
-        .iter()
-        .map(|l| l.p99_ms)
-        .fold(f64::MAX, f64::min)
-        .max(0.1)
-        * 0.7;
+    let y_max = r.latency.iter().map(|l| l.p99_ms).fold(10.0, f64::max) * 1.15;
     let mut chart = ChartBuilder::on(&root)
         .caption(title(r, "p99 latency against throughput"), (FONT, 18))
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(64)
-        .build_cartesian_2d(0f64..x_max, (y_min..y_max).log_scale())?;
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
     chart
         .configure_mesh()
         .x_desc("verdicts per second (achieved, open-loop paced load)")
-        .y_desc("p99 latency, ms (log scale): intended send → verdict read")
+        .y_desc("p99 latency, ms: intended send → verdict read")
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 15))
         .x_label_formatter(&|v| format!("{v:.0}"))

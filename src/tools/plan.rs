@@ -1,0 +1,339 @@
+//! `modstream plan`: how many instances and partitions for a rate of events
+//! at a p99 latency, answered from a bench report of the user's own
+//! hardware and model (`modstream bench`), never from a rule of thumb.
+//!
+//! The arithmetic (all of it is printed):
+//! - one instance holds `per_instance`: the highest verdicts/s any measured
+//!   configuration achieved with its p99 at or under the asked p99 (without
+//!   `--p99`: the best saturation throughput);
+//! - instances = ceil(rate ÷ (per_instance × headroom)), at least 1;
+//! - partitions: at least twice the instances (room to double by adding
+//!   members alone), rounded up to a multiple of 6 (spreads evenly over 1, 2,
+//!   3 or 6 members);
+//! - KEDA's lagThreshold = saturation throughput × catch-up seconds × 0.5:
+//!   a backlog is cleared within the catch-up time while each instance keeps
+//!   half its throughput for the live rate;
+//! - one more instance adds per_instance × headroom of capacity.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::tools::bench::Report;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct PlanOptions {
+    /// Events per second to moderate.
+    #[arg(long)]
+    pub rate: f64,
+    /// p99 latency to hold, in milliseconds (as the bench measures it: the
+    /// intended send time to the verdict read back).
+    #[arg(long = "p99")]
+    pub p99_ms: Option<f64>,
+    /// The bench report to answer from.
+    #[arg(long = "from", default_value = "docs/bench/bench.json")]
+    pub report: PathBuf,
+    /// Share of one instance's capacity to plan for (the rest absorbs
+    /// bursts, rebalances and noisy neighbours).
+    #[arg(long, default_value_t = 0.7)]
+    pub headroom: f64,
+    /// Seconds in which the autoscaled group should clear a backlog.
+    #[arg(long, default_value_t = 10.0)]
+    pub catch_up_seconds: f64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    pub rate_per_s: f64,
+    pub p99_ms: Option<f64>,
+    /// Verdicts/s one instance holds at that p99, and the configuration
+    /// (and offered load) it was measured with.
+    pub per_instance_per_s: f64,
+    pub measured_with: String,
+    pub measured_p99_ms: Option<f64>,
+    pub headroom: f64,
+    pub instances: u64,
+    pub partitions: u64,
+    pub lag_threshold: u64,
+    /// Capacity one more instance adds, and each instance's share of the
+    /// rate with it.
+    pub one_more_instance_adds_per_s: f64,
+    pub per_instance_load_now: f64,
+    pub per_instance_load_with_one_more: f64,
+    /// Where the numbers come from.
+    pub bench: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("cannot read the bench report {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the bench report {path} is not a modstream bench report")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error(
+        "no configuration in the bench report held a p99 of {p99_ms} ms (the best was {best_ms:.1} ms); bench a lower load or a smaller batch, or ask for a looser p99"
+    )]
+    Unreachable { p99_ms: f64, best_ms: f64 },
+}
+
+pub fn load(path: &Path) -> Result<Report, PlanError> {
+    let text = std::fs::read_to_string(path).map_err(|source| PlanError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| PlanError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The answer for `opts` from `report`.
+pub fn plan(report: &Report, opts: &PlanOptions) -> Result<Plan, PlanError> {
+    if !(opts.rate > 0.0 && opts.rate.is_finite()) {
+        return Err(PlanError::Invalid("--rate must be above 0".into()));
+    }
+    if !(opts.headroom > 0.0 && opts.headroom <= 1.0) {
+        return Err(PlanError::Invalid(
+            "--headroom must be above 0 and at most 1".into(),
+        ));
+    }
+    let saturation = report
+        .saturation
+        .iter()
+        .map(|r| r.pipeline_per_s)
+        .fold(0.0, f64::max);
+    if saturation <= 0.0 {
+        return Err(PlanError::Invalid(
+            "the bench report has no saturation run".into(),
+        ));
+    }
+    let label = |size: usize, delay: u64, target: Option<u64>| match target {
+        Some(t) => format!("batching.target_p99 = {t} ms"),
+        None => format!("max_batch_size {size}, max_batch_delay {delay} ms"),
+    };
+    let (per_instance, measured_with, measured_p99) = match opts.p99_ms {
+        None => {
+            let best = report
+                .saturation
+                .iter()
+                .max_by(|a, b| a.pipeline_per_s.total_cmp(&b.pipeline_per_s))
+                .ok_or_else(|| PlanError::Invalid("no saturation run".into()))?;
+            (
+                best.pipeline_per_s,
+                format!(
+                    "{}, at saturation",
+                    label(
+                        best.max_batch_size,
+                        best.max_batch_delay_ms,
+                        best.target_p99_ms
+                    )
+                ),
+                None,
+            )
+        }
+        Some(p99) => {
+            let held = report
+                .latency
+                .iter()
+                .filter(|r| r.p99_ms <= p99)
+                .max_by(|a, b| a.achieved_per_s.total_cmp(&b.achieved_per_s));
+            match held {
+                Some(r) => (
+                    r.achieved_per_s,
+                    format!(
+                        "{}, at {:.0} % of its saturation",
+                        label(r.max_batch_size, r.max_batch_delay_ms, r.target_p99_ms),
+                        r.offered_fraction * 100.0
+                    ),
+                    Some(r.p99_ms),
+                ),
+                None => {
+                    let best_ms = report
+                        .latency
+                        .iter()
+                        .map(|r| r.p99_ms)
+                        .fold(f64::INFINITY, f64::min);
+                    return Err(PlanError::Unreachable {
+                        p99_ms: p99,
+                        best_ms,
+                    });
+                }
+            }
+        }
+    };
+    let usable = per_instance * opts.headroom;
+    let instances = ((opts.rate / usable).ceil() as u64).max(1);
+    let partitions = (instances * 2).div_ceil(6) * 6;
+    let lag_threshold =
+        (((saturation * opts.catch_up_seconds * 0.5) / 1000.0).round() as u64).max(1) * 1000;
+    Ok(Plan {
+        rate_per_s: opts.rate,
+        p99_ms: opts.p99_ms,
+        per_instance_per_s: per_instance,
+        measured_with,
+        measured_p99_ms: measured_p99,
+        headroom: opts.headroom,
+        instances,
+        partitions,
+        lag_threshold,
+        one_more_instance_adds_per_s: usable,
+        per_instance_load_now: opts.rate / instances as f64 / per_instance,
+        per_instance_load_with_one_more: opts.rate / (instances + 1) as f64 / per_instance,
+        bench: format!(
+            "{} on {}, {} worker(s), {}, broker {}",
+            report.model, report.machine, report.workers, report.provider, report.broker
+        ),
+    })
+}
+
+impl Plan {
+    pub fn print(&self) {
+        println!("From your bench run: {}.", self.bench);
+        match (self.p99_ms, self.measured_p99_ms) {
+            (Some(p99), Some(measured)) => println!(
+                "One instance holds {:.0} events/s at p99 ≤ {p99} ms (measured {measured:.1} ms with {}).",
+                self.per_instance_per_s, self.measured_with
+            ),
+            _ => println!(
+                "One instance holds {:.0} events/s ({}; no p99 asked).",
+                self.per_instance_per_s, self.measured_with
+            ),
+        }
+        println!(
+            "For {:.0} events/s at {:.0} % of each instance's capacity: {} instance(s) (each at {:.0} % of it).",
+            self.rate_per_s,
+            self.headroom * 100.0,
+            self.instances,
+            self.per_instance_load_now * 100.0
+        );
+        println!(
+            "Partitions of the input topic: {} (at least the instances, room to double them, a multiple of 6).",
+            self.partitions
+        );
+        println!(
+            "KEDA lagThreshold: {} (saturation throughput × catch-up seconds × 0.5).",
+            self.lag_threshold
+        );
+        println!(
+            "One more instance adds {:.0} events/s of planned capacity (each instance then at {:.0} %).",
+            self.one_more_instance_adds_per_s,
+            self.per_instance_load_with_one_more * 100.0
+        );
+        println!(
+            "These numbers hold for the hardware, model and broker of that bench run only; bench yours."
+        );
+    }
+}
+
+pub fn run(opts: &PlanOptions) -> anyhow::Result<()> {
+    let report = load(&opts.report)?;
+    let plan = plan(&report, opts)?;
+    if opts.json {
+        use std::io::Write;
+        writeln!(
+            std::io::stdout(),
+            "{}",
+            serde_json::to_string_pretty(&plan)?
+        )?;
+    } else {
+        plan.print();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hand-made report: two fixed cells and their latency points.
+    fn report() -> Report {
+        serde_json::from_value(serde_json::json!({
+            "machine": "2 cores", "model": "m 1", "intra_threads": 1, "workers": 2,
+            "provider": "cpu", "broker": "embedded", "peak_rss_bytes": 1,
+            "saturation": [
+                {"max_batch_size": 8, "max_batch_delay_ms": 5, "events": 100,
+                 "pipeline_per_s": 10000.0, "raw_model_per_s": 1.0, "pipeline_over_raw": 1.0,
+                 "mean_batch_size": 8.0, "inference_share": 0.5, "run_sizes": {},
+                 "batch_wait_ms": 1.0, "inference_ms": 1.0, "produce_ms": 1.0},
+                {"max_batch_size": 64, "max_batch_delay_ms": 20, "events": 100,
+                 "pipeline_per_s": 20000.0, "raw_model_per_s": 1.0, "pipeline_over_raw": 1.0,
+                 "mean_batch_size": 60.0, "inference_share": 0.5, "run_sizes": {},
+                 "batch_wait_ms": 1.0, "inference_ms": 1.0, "produce_ms": 1.0}
+            ],
+            "latency": [
+                {"max_batch_size": 8, "max_batch_delay_ms": 5, "offered_fraction": 0.5,
+                 "offered_per_s": 5000.0, "achieved_per_s": 5000.0, "p50_ms": 10.0,
+                 "p90_ms": 15.0, "p99_ms": 20.0, "p999_ms": 25.0, "max_ms": 30.0},
+                {"max_batch_size": 64, "max_batch_delay_ms": 20, "offered_fraction": 0.5,
+                 "offered_per_s": 10000.0, "achieved_per_s": 10000.0, "p50_ms": 20.0,
+                 "p90_ms": 30.0, "p99_ms": 40.0, "p999_ms": 50.0, "max_ms": 60.0},
+                {"max_batch_size": 64, "max_batch_delay_ms": 20, "offered_fraction": 0.75,
+                 "offered_per_s": 15000.0, "achieved_per_s": 15000.0, "p50_ms": 30.0,
+                 "p90_ms": 60.0, "p99_ms": 90.0, "p999_ms": 99.0, "max_ms": 120.0}
+            ]
+        }))
+        .unwrap()
+    }
+
+    fn opts(rate: f64, p99: Option<f64>) -> PlanOptions {
+        PlanOptions {
+            rate,
+            p99_ms: p99,
+            report: PathBuf::new(),
+            headroom: 0.7,
+            catch_up_seconds: 10.0,
+            json: false,
+        }
+    }
+
+    #[test]
+    fn the_arithmetic_on_a_hand_made_report() {
+        // p99 ≤ 50 ms: the 64/20 cell at half load holds 10,000/s (40 ms).
+        let p = plan(&report(), &opts(100_000.0, Some(50.0))).unwrap();
+        assert_eq!(p.per_instance_per_s, 10_000.0);
+        assert_eq!(p.measured_p99_ms, Some(40.0));
+        // 100,000 ÷ (10,000 × 0.7) = 14.3 → 15 instances.
+        assert_eq!(p.instances, 15);
+        // ≥ 30, a multiple of 6.
+        assert_eq!(p.partitions, 30);
+        // 20,000/s at saturation × 10 s × 0.5.
+        assert_eq!(p.lag_threshold, 100_000);
+        assert_eq!(p.one_more_instance_adds_per_s, 7_000.0);
+        assert!((p.per_instance_load_now - 100_000.0 / 15.0 / 10_000.0).abs() < 1e-12);
+        assert!((p.per_instance_load_with_one_more - 100_000.0 / 16.0 / 10_000.0).abs() < 1e-12);
+
+        // A looser p99 lets the 75 % point count: 15,000/s.
+        let p = plan(&report(), &opts(100_000.0, Some(100.0))).unwrap();
+        assert_eq!(p.per_instance_per_s, 15_000.0);
+        assert_eq!(p.instances, 10); // 100,000 ÷ 10,500 = 9.5
+        assert_eq!(p.partitions, 24);
+
+        // No p99: the best saturation throughput; a small rate needs one.
+        let p = plan(&report(), &opts(1_000.0, None)).unwrap();
+        assert_eq!(
+            (p.per_instance_per_s, p.instances, p.partitions),
+            (20_000.0, 1, 6)
+        );
+    }
+
+    #[test]
+    fn an_unreachable_p99_says_what_was_measured() {
+        let e = plan(&report(), &opts(1_000.0, Some(10.0))).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("10 ms") && text.contains("20.0 ms"), "{text}");
+        assert!(plan(&report(), &opts(0.0, None)).is_err());
+    }
+}
