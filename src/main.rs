@@ -97,7 +97,7 @@ enum Command {
     },
     /// Run the pipeline on an embedded Kafka cluster with generated posts.
     Demo {
-        /// Events to produce.
+        /// Events to produce (all at once; without --rate).
         #[arg(long, default_value_t = 5000)]
         events: usize,
         /// Give up waiting for verdicts after this many seconds.
@@ -105,6 +105,15 @@ enum Command {
         max_seconds: u64,
         #[arg(long)]
         model: Option<PathBuf>,
+        /// Paced mode: send this many events per second (with /metrics served).
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Paced mode: for this many seconds (default: until Ctrl-C).
+        #[arg(long, requires = "rate")]
+        seconds: Option<u64>,
+        /// Paced mode: where /metrics, /healthz and /readyz are served.
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        listen: std::net::SocketAddr,
     },
 }
 
@@ -163,9 +172,23 @@ fn main() -> ExitCode {
         } => bench(*options),
         Command::Plan { options } => modstream::tools::plan::run(&options),
         Command::Demo {
+            rate: Some(rate),
+            seconds,
+            listen,
+            model,
+            ..
+        } => demo_paced(demo::PacedOptions {
+            rate,
+            seconds,
+            listen,
+            model_dir: model,
+        }),
+        Command::Demo {
             events,
             max_seconds,
             model,
+            rate: None,
+            ..
         } => demo(events, max_seconds, model),
     };
     match result {
@@ -322,6 +345,14 @@ fn bench(opts: bench::BenchOptions) -> anyhow::Result<()> {
     );
     runtime()?.block_on(bench::run(opts))?;
     Ok(())
+}
+
+fn demo_paced(opts: demo::PacedOptions) -> anyhow::Result<()> {
+    modstream::telemetry::init_logging(&TelemetrySettings {
+        log_level: "warn".into(),
+        ..Default::default()
+    });
+    runtime()?.block_on(demo::run_paced(opts))
 }
 
 fn demo(events: usize, max_seconds: u64, model: Option<PathBuf>) -> anyhow::Result<()> {

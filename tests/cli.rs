@@ -1,6 +1,8 @@
 //! The `modstream` binary as a user runs it: failures at start are one clear
 //! line and a non-zero exit, before anything is consumed.
 
+mod support;
+
 use std::process::Command;
 
 fn modstream() -> Command {
@@ -216,4 +218,56 @@ fn a_secret_never_shows_in_any_output() {
             assert!(all.contains("sasl.password"), "names the key: {all}");
         }
     }
+}
+
+/// `modstream demo --rate R --seconds S`: paced, /metrics served while it
+/// runs, latency reported after the pipeline joined.
+#[test]
+fn the_paced_demo_serves_metrics_while_it_runs() {
+    use std::io::{Read, Write};
+    let port = support::free_port();
+    let mut child = modstream()
+        .args(["demo", "--rate", "300", "--seconds", "6", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut scraped = 0.0;
+    while scraped == 0.0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            continue;
+        };
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut body = String::new();
+        let _ = stream.read_to_string(&mut body);
+        scraped = body
+            .lines()
+            .filter(|l| l.starts_with("modstream_verdicts_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+    }
+    assert!(
+        scraped > 0.0,
+        "/metrics counted verdicts while the demo ran"
+    );
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("http://127.0.0.1:{port}/metrics")),
+        "{text}"
+    );
+    assert!(text.contains("after the pipeline joined"), "{text}");
+    let sent = text
+        .lines()
+        .find_map(|l| l.strip_prefix("sent             "))
+        .unwrap();
+    assert!(sent.starts_with("1800 events"), "{sent}");
 }
