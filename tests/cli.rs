@@ -226,7 +226,7 @@ fn a_secret_never_shows_in_any_output() {
 fn the_paced_demo_serves_metrics_while_it_runs() {
     use std::io::{Read, Write};
     let port = support::free_port();
-    let mut child = modstream()
+    let child = modstream()
         .args(["demo", "--rate", "300", "--seconds", "6", "--listen"])
         .arg(format!("127.0.0.1:{port}"))
         .stdout(std::process::Stdio::piped())
