@@ -71,8 +71,9 @@ pub struct RunSummary {
     pub batch_wait_seconds: f64,
     pub closed_batches: u64,
     pub produce_seconds: f64,
-    /// With `batching.target_p99`: each batch size and deadline chosen, and
-    /// when (the first [`MAX_BATCH_CHOICES`] changes).
+    /// With `batching.target_p99`: the batch sizes and deadlines chosen, and
+    /// when (a change of size, or of the deadline by more than a tenth; the
+    /// first [`MAX_BATCH_CHOICES`]).
     pub batch_choices: Vec<(std::time::Instant, Choice)>,
 }
 
@@ -307,7 +308,11 @@ impl<D: Deliver> Hub<D> {
         let status = controller.status();
         if let Some(choice) = changed {
             self.batch = choice;
-            if self.summary.batch_choices.len() < MAX_BATCH_CHOICES {
+            // Kept when the size changes or the deadline by a tenth.
+            let noted = self.summary.batch_choices.last().is_some_and(|(_, last)| {
+                last.size == choice.size && last.delay.abs_diff(choice.delay) * 10 <= last.delay
+            });
+            if !noted && self.summary.batch_choices.len() < MAX_BATCH_CHOICES {
                 self.summary
                     .batch_choices
                     .push((std::time::Instant::now(), choice));

@@ -89,6 +89,12 @@ enum Command {
         #[arg(long)]
         replot: Option<PathBuf>,
     },
+    /// Judge a range of an input topic again into another topic (its own
+    /// consumer; the live group's offsets are not touched).
+    Rescore {
+        #[command(flatten)]
+        options: modstream::tools::rescore::RescoreOptions,
+    },
     /// How many instances and partitions for a rate at a p99, from a bench
     /// report of your own hardware (`modstream bench`).
     Plan {
@@ -171,6 +177,7 @@ fn main() -> ExitCode {
             replot: None,
         } => bench(*options),
         Command::Plan { options } => modstream::tools::plan::run(&options),
+        Command::Rescore { options } => rescore(options),
         Command::Demo {
             rate: Some(rate),
             seconds,
@@ -344,6 +351,26 @@ fn bench(opts: bench::BenchOptions) -> anyhow::Result<()> {
         "give at least one batch size and one delay"
     );
     runtime()?.block_on(bench::run(opts))?;
+    Ok(())
+}
+
+fn rescore(opts: modstream::tools::rescore::RescoreOptions) -> anyhow::Result<()> {
+    modstream::telemetry::init_logging(&TelemetrySettings {
+        log_level: "warn".into(),
+        ..Default::default()
+    });
+    let json = opts.json;
+    let report = runtime()?.block_on(modstream::tools::rescore::run(opts))?;
+    if json {
+        use std::io::Write;
+        writeln!(
+            std::io::stdout(),
+            "{}",
+            serde_json::to_string_pretty(&report)?
+        )?;
+    } else {
+        report.print();
+    }
     Ok(())
 }
 

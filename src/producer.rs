@@ -138,7 +138,8 @@ pub struct OutRecord {
 }
 
 impl OutRecord {
-    fn as_future_record(&self) -> FutureRecord<'_, [u8], [u8]> {
+    /// The record as librdkafka takes it.
+    pub fn as_future_record(&self) -> FutureRecord<'_, [u8], [u8]> {
         let mut record = FutureRecord::to(&self.topic);
         if let Some(payload) = &self.payload {
             record = record.payload(payload.as_slice());

@@ -9,4 +9,5 @@ pub mod embedded;
 pub mod generator;
 pub mod plan;
 pub mod read;
+pub mod rescore;
 pub mod send;
