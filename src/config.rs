@@ -71,6 +71,9 @@ pub struct Settings {
     pub policy: Policy,
     #[serde(default)]
     pub telemetry: TelemetrySettings,
+    /// The file these settings were read from (SIGHUP reads it again).
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -223,6 +226,12 @@ pub struct InferenceSettings {
     /// Bytes of the score cache (texts seen again are scored once per
     /// loaded model); 0 turns it off.
     pub cache_bytes: u64,
+    /// How often `modstream run` looks for a new model in `model_dir` (a
+    /// changed manifest or model file, or a symlink swapped to another
+    /// version directory) and loads it without stopping; SIGHUP looks at
+    /// once and also re-reads `policy`. 0: only on SIGHUP.
+    #[serde(with = "humantime_serde")]
+    pub reload_interval: Duration,
 }
 
 impl Default for InferenceSettings {
@@ -242,6 +251,7 @@ impl Default for InferenceSettings {
             warm_up: true,
             breaker_after: 5,
             cache_bytes: 0,
+            reload_interval: Duration::from_secs(5),
         }
     }
 }
@@ -370,7 +380,7 @@ choice! {
     LogFormat { Text = "text", Json = "json" }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Policy {
     pub review_at: f32,
@@ -602,13 +612,17 @@ impl Settings {
     /// Load from an optional file, then `MODSTREAM__*` env vars, then validate.
     pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
         let mut builder = config::Config::builder();
-        match path {
-            Some(p) => builder = builder.add_source(config::File::from(p).required(true)),
+        let source = match path {
+            Some(p) => {
+                builder = builder.add_source(config::File::from(p).required(true));
+                Some(p.to_path_buf())
+            }
             None => {
                 builder =
-                    builder.add_source(config::File::with_name("config/modstream").required(false))
+                    builder.add_source(config::File::with_name("config/modstream").required(false));
+                Some(PathBuf::from("config/modstream.toml")).filter(|p| p.exists())
             }
-        }
+        };
         let built = builder
             .add_source(
                 config::Environment::with_prefix("MODSTREAM")
@@ -616,8 +630,9 @@ impl Settings {
                     .separator("__"),
             )
             .build()?;
-        let settings: Settings = built.try_deserialize().map_err(with_key)?;
+        let mut settings: Settings = built.try_deserialize().map_err(with_key)?;
         settings.validate()?;
+        settings.source = source;
         Ok(settings)
     }
 

@@ -426,6 +426,7 @@ impl<D: Deliver> Hub<D> {
                     event,
                     received_at: record.received_at,
                     bytes: record.bytes,
+                    scored_by: None,
                 };
                 if let Some(batch) = partition.push(pending, urgent, record.received_at) {
                     self.enqueue(batch);
@@ -536,6 +537,7 @@ impl<D: Deliver> Hub<D> {
                     texts: e.into_inner().texts,
                     elapsed: std::time::Duration::ZERO,
                     tokens: Default::default(),
+                    scorer: None,
                 });
             }
         }
@@ -578,7 +580,8 @@ impl<D: Deliver> Hub<D> {
             let scored: Vec<Scored> = segment
                 .items
                 .into_iter()
-                .map(|p| {
+                .map(|mut p| {
+                    p.scored_by = result.scorer.clone();
                     let s = scores
                         .next()
                         .unwrap_or_else(|| Err("no score returned".to_string()));
@@ -617,7 +620,9 @@ impl<D: Deliver> Hub<D> {
     fn outcome(&self, pending: Pending, score: Result<Vec<f32>, String>) -> (OutRecord, Outcome) {
         match score {
             Ok(probabilities) => {
-                let (out, label) = self.scorer.verdict_record(
+                // The model that scored it (a reload may have switched it).
+                let scorer = pending.scored_by.as_deref().unwrap_or(&self.scorer);
+                let (out, label) = scorer.verdict_record(
                     &self.settings.output.topic,
                     &pending.tp,
                     pending.offset,

@@ -598,12 +598,28 @@ pub struct InferenceResult {
     pub elapsed: Duration,
     /// Tokens this job fed the model, real and padded (token models).
     pub tokens: TokenStats,
+    /// The model (and policy) that scored it when it is not the one the
+    /// pipeline started with (a hot reload, see [`crate::reload`]).
+    pub scorer: Option<Arc<crate::verdict::Scorer>>,
+}
+
+/// What a worker switches to before its next job: a new session (a new
+/// model, loaded and warmed up beside the old one), its score cache, and the
+/// scorer (model identity and policy) its results carry.
+pub struct Swap {
+    /// The new session and the settings it was loaded with (its resolved
+    /// directory: a worker that must reload after a panic loads that one).
+    pub model: Option<(Model, InferenceSettings)>,
+    pub cache: Option<Arc<crate::score_cache::ScoreCache>>,
+    pub scorer: Arc<crate::verdict::Scorer>,
 }
 
 /// The worker threads. Dropping the job sender stops them.
 pub struct InferencePool {
     jobs: async_channel::Sender<InferenceJob>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// One per worker: what it switches to at its next job boundary.
+    swaps: Vec<std::sync::mpsc::Sender<Swap>>,
     pub manifest: Manifest,
 }
 
@@ -621,6 +637,7 @@ impl InferencePool {
         let cache = (settings.cache_bytes > 0)
             .then(|| Arc::new(crate::score_cache::ScoreCache::new(settings.cache_bytes)));
         let mut threads = Vec::new();
+        let mut swaps = Vec::new();
         let mut manifest = None;
         for worker in 0..workers {
             let mut model = Model::load(settings)?;
@@ -644,12 +661,24 @@ impl InferencePool {
             manifest.get_or_insert_with(|| model.manifest.clone());
             let jobs = jobs_rx.clone();
             let results = results.clone();
-            let settings = settings.clone();
-            let cache = cache.clone();
+            let mut settings = settings.clone();
+            let mut cache = cache.clone();
+            let (swap_tx, swap_rx) = std::sync::mpsc::channel::<Swap>();
+            swaps.push(swap_tx);
+            let mut scorer: Option<Arc<crate::verdict::Scorer>> = None;
             let handle = std::thread::Builder::new()
                 .name(format!("inference-{worker}"))
                 .spawn(move || {
                     while let Ok(mut job) = jobs.recv_blocking() {
+                        // A reload takes effect here, between two jobs.
+                        while let Ok(swap) = swap_rx.try_recv() {
+                            if let Some((fresh, loaded_with)) = swap.model {
+                                model = fresh;
+                                settings = loaded_with;
+                                cache = swap.cache;
+                            }
+                            scorer = Some(swap.scorer);
+                        }
                         let started = Instant::now();
                         let before = model.tokens;
                         let scores = match catching_panics(&mut job.texts, |texts| match &cache {
@@ -677,6 +706,7 @@ impl InferencePool {
                                 real: model.tokens.real.saturating_sub(before.real),
                                 padded: model.tokens.padded.saturating_sub(before.padded),
                             },
+                            scorer: scorer.clone(),
                         };
                         if results.blocking_send(result).is_err() {
                             break;
@@ -689,8 +719,14 @@ impl InferencePool {
         Ok(InferencePool {
             jobs: jobs_tx,
             threads,
+            swaps,
             manifest: manifest.ok_or(InferenceError::WorkerGone)?,
         })
+    }
+
+    /// Senders of each worker's switches (for [`crate::reload`]).
+    pub fn swaps(&self) -> Vec<std::sync::mpsc::Sender<Swap>> {
+        self.swaps.clone()
     }
 
     /// The workers' bounded job queue (`workers × 2` jobs).

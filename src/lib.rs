@@ -20,6 +20,7 @@ pub mod partition;
 pub mod pipeline;
 pub mod producer;
 pub mod rebalance;
+pub mod reload;
 pub mod score_cache;
 pub mod shutdown;
 pub mod slo;

@@ -35,6 +35,9 @@ pub struct Pending {
     pub received_at: Instant,
     /// Its share of `limits.max_in_flight_bytes` (see [`crate::consumer::ByteBudget`]).
     pub bytes: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// The model that scored it, when a reload switched from the one the
+    /// pipeline started with.
+    pub scored_by: Option<std::sync::Arc<crate::verdict::Scorer>>,
 }
 
 /// An event with its probabilities, or why the model could not score it.
@@ -190,6 +193,7 @@ pub(crate) mod tests {
             original: Original::default(),
             received_at: Instant::now(),
             bytes: None,
+            scored_by: None,
             event: event::validate(
                 Some(format!(r#"{{"event_id":"e{offset}","text":"post {offset}"}}"#).as_bytes()),
                 &Default::default(),

@@ -83,6 +83,18 @@ pub async fn run_with_health(
     )?;
     let scorer = Scorer::new(&pool.manifest, &settings.policy)?;
     tracing::info!(model = %pool.manifest.name, version = %pool.manifest.version, workers = settings.inference.worker_count(), "model loaded");
+    // Hot reload: a new model (or, on SIGHUP, policy) while running.
+    let reloader = tokio::spawn(
+        crate::reload::Reloader {
+            settings: settings.clone(),
+            max_batch: settings.batching.max_batch_size,
+            swaps: pool.swaps(),
+            loaded: crate::reload::fingerprint(&settings.inference.model_dir),
+            refused: None,
+            manifest: pool.manifest.clone(),
+        }
+        .run(shutdown.stop.clone()),
+    );
     health.model_loaded.store(true, Ordering::SeqCst);
 
     let sink = Sink::new(&settings.kafka, settings.limits.max_payload_bytes)?;
@@ -144,6 +156,7 @@ pub async fn run_with_health(
     };
     let (summary, producer_fatal) = hub.run(inputs).await;
     watchdog.abort();
+    reloader.abort();
     health.consumer_ready.store(false, Ordering::SeqCst);
 
     let aborted = shutdown.abort.is_cancelled();

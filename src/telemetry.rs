@@ -75,6 +75,10 @@ pub mod metric {
     pub const BATCHING_SATURATED: &str = "modstream_batching_saturated";
     /// 1 while at saturation and the measured p99 is above `batching.target_p99`.
     pub const LATENCY_TARGET_MISSED: &str = "modstream_latency_target_missed";
+    /// Hot reloads of the model and of the policy. Labels: outcome (loaded,
+    /// refused).
+    pub const MODEL_RELOADS_TOTAL: &str = "modstream_model_reloads_total";
+    pub const POLICY_RELOADS_TOTAL: &str = "modstream_policy_reloads_total";
     /// Records behind the end of the partition (librdkafka statistics).
     /// Labels: topic, partition.
     pub const CONSUMER_LAG: &str = "modstream_consumer_lag";
@@ -110,6 +114,8 @@ pub mod metric {
         BATCH_TARGET_DELAY_SECONDS,
         BATCHING_SATURATED,
         LATENCY_TARGET_MISSED,
+        MODEL_RELOADS_TOTAL,
+        POLICY_RELOADS_TOTAL,
         CONSUMER_LAG,
     ];
 }
@@ -254,6 +260,16 @@ pub fn describe_metrics() {
         Unit::Count,
         "1 while at saturation with the measured p99 above batching.target_p99"
     );
+    describe_counter!(
+        metric::MODEL_RELOADS_TOTAL,
+        Unit::Count,
+        "hot reloads of the model, by outcome (loaded, refused)"
+    );
+    describe_counter!(
+        metric::POLICY_RELOADS_TOTAL,
+        Unit::Count,
+        "reloads of the policy on SIGHUP, by outcome (loaded, refused)"
+    );
     describe_gauge!(
         metric::CONSUMER_LAG,
         Unit::Count,
@@ -321,6 +337,10 @@ pub fn register_zeroes(settings: &crate::config::Settings) {
     }
     for kind in ["assign", "revoke"] {
         counter!(metric::REBALANCES_TOTAL, "kind" => kind).absolute(0);
+    }
+    for outcome in ["loaded", "refused"] {
+        counter!(metric::MODEL_RELOADS_TOTAL, "outcome" => outcome).absolute(0);
+        counter!(metric::POLICY_RELOADS_TOTAL, "outcome" => outcome).absolute(0);
     }
     for kind in ["client", "rebalance", "consume"] {
         counter!(metric::ERRORS_TOTAL, "kind" => kind).absolute(0);

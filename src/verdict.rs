@@ -28,6 +28,7 @@ pub const REVIEW: &str = "review";
 pub const BLOCK: &str = "block";
 
 /// Turns model probabilities into verdict records.
+#[derive(Debug)]
 pub struct Scorer {
     labels: Vec<String>,
     /// (label index, thresholds) judged for every event: the policy's
@@ -304,7 +305,7 @@ mod tests {
         assert_eq!(scorer.decide(&[0.1, 0.99, 0.99]), ALLOW);
         // A label the model lacks is refused where the policy is built.
         policy.labels.insert("spam".into(), t(0.5, 0.9));
-        let error = Scorer::new(&manifest, &policy).err().expect("refused");
+        let error = Scorer::new(&manifest, &policy).expect_err("refused");
         assert_eq!(error.label, "spam");
         assert!(error.to_string().contains("policy.labels.spam"), "{error}");
     }

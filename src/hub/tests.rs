@@ -123,6 +123,7 @@ fn scored(job: &InferenceJob) -> InferenceResult {
         texts: job.texts.clone(),
         elapsed: Duration::from_millis(3),
         tokens: TokenStats::default(),
+        scorer: None,
     }
 }
 
@@ -335,6 +336,7 @@ fn failed(job: &InferenceJob) -> InferenceResult {
         texts: job.texts.clone(),
         elapsed: Duration::from_millis(3),
         tokens: TokenStats::default(),
+        scorer: None,
     }
 }
 

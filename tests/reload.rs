@@ -1,0 +1,198 @@
+//! Hot reload on a real broker (nisshi): under paced load the model
+//! directory (a symlink) is swapped to a new version, then to a broken one.
+//! Nothing is lost, nothing fails, the group does not rebalance, verdicts
+//! carry the version that scored them, and the broken model is refused.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use support::{Broker, DLQ, INPUT, Modstream, VERDICTS};
+
+/// A copy of the shipped model with another version in its manifest.
+fn model_version(dir: &Path, version: &str) {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/profanity-check");
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::copy(shipped.join("model.onnx"), dir.join("model.onnx")).unwrap();
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(shipped.join("manifest.json")).unwrap())
+            .unwrap();
+    manifest["version"] = version.into();
+    std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
+}
+
+/// Point `link` at `target` atomically (a new link renamed over the old).
+fn swap_link(link: &Path, target: &Path) {
+    let tmp = link.with_extension("new");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).unwrap();
+    std::fs::rename(&tmp, link).unwrap();
+}
+
+fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).unwrap();
+    body
+}
+
+fn sample(exposition: &str, series: &str) -> f64 {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(-1.0)
+}
+
+#[test]
+fn a_model_swapped_twice_under_load_one_of_them_broken() {
+    let broker = Broker::start_memory();
+    let bootstrap = broker.bootstrap();
+    for (topic, partitions) in [(INPUT, 2), (VERDICTS, 2), (DLQ, 1)] {
+        broker.create_topic(topic, partitions);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (v1, v2, broken) = (
+        dir.path().join("v1"),
+        dir.path().join("v2"),
+        dir.path().join("broken"),
+    );
+    model_version(&v1, "1.9.1");
+    model_version(&v2, "2.0.0-test");
+    model_version(&broken, "3.0.0-broken");
+    std::fs::write(broken.join("model.onnx"), b"not an onnx model").unwrap();
+    let current = dir.path().join("current");
+    std::os::unix::fs::symlink(&v1, &current).unwrap();
+
+    let port = support::free_port();
+    let config = support::write_config(dir.path(), &bootstrap, "g-reload");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("model_dir") {
+                format!(
+                    "model_dir = {:?}\nreload_interval = \"300ms\"",
+                    current.display().to_string()
+                )
+            } else if l.starts_with("listen") {
+                format!("listen = \"127.0.0.1:{port}\"")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&config, text).unwrap();
+    let _service = Modstream::start(&config, "reload", dir.path());
+
+    let events = support::events("r-", 0..3000);
+    let load = support::produce_paced(bootstrap.clone(), events, Duration::from_secs(12));
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs(4));
+    swap_link(&current, &v2);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sample(
+        &scrape(port),
+        "modstream_model_reloads_total{outcome=\"loaded\"}",
+    ) < 1.0
+    {
+        assert!(Instant::now() < deadline, "v2 was never loaded");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    swap_link(&current, &broken);
+    while sample(
+        &scrape(port),
+        "modstream_model_reloads_total{outcome=\"refused\"}",
+    ) < 1.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the broken model was never looked at"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let acked = load.join().unwrap();
+    assert!(
+        started.elapsed() > Duration::from_secs(8),
+        "the swaps happened under load"
+    );
+    let v = support::verify(&bootstrap, &acked, Duration::from_secs(90));
+    v.report("hot reload");
+    assert!(v.lost.is_empty(), "lost {}", v.lost.len());
+
+    let metrics = scrape(port);
+    assert_eq!(
+        sample(
+            &metrics,
+            "modstream_model_reloads_total{outcome=\"loaded\"}"
+        ),
+        1.0
+    );
+    assert!(
+        sample(
+            &metrics,
+            "modstream_model_reloads_total{outcome=\"refused\"}"
+        ) >= 1.0
+    );
+    assert_eq!(
+        sample(&metrics, "modstream_rebalances_total{kind=\"assign\"}"),
+        1.0,
+        "the group never rebalanced after its first assignment"
+    );
+    assert_eq!(
+        sample(&metrics, "modstream_dlq_total{reason=\"inference_failed\"}"),
+        0.0
+    );
+    assert_eq!(sample(&metrics, "modstream_inference_failures_total"), 0.0);
+
+    // Each verdict names the version that scored it: v1, then v2, never the
+    // broken one, and per partition never back.
+    let verdicts =
+        modstream::tools::read::TopicReader::from_beginning(&bootstrap, VERDICTS, Some(2))
+            .unwrap()
+            .read_to_end(Duration::from_secs(30))
+            .unwrap();
+    let mut by_partition: HashMap<i64, Vec<(i64, String)>> = HashMap::new();
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for r in &verdicts {
+        let json = r.json().unwrap();
+        let version = json["model"]["version"].as_str().unwrap().to_string();
+        *counts.entry(version.clone()).or_default() += 1;
+        by_partition
+            .entry(json["source"]["partition"].as_i64().unwrap())
+            .or_default()
+            .push((json["source"]["offset"].as_i64().unwrap(), version));
+    }
+    assert!(counts.get("1.9.1").is_some_and(|n| *n > 0), "{counts:?}");
+    assert!(
+        counts.get("2.0.0-test").is_some_and(|n| *n > 0),
+        "{counts:?}"
+    );
+    assert_eq!(
+        counts.len(),
+        2,
+        "only the two good versions scored: {counts:?}"
+    );
+    for (partition, mut scored) in by_partition {
+        scored.sort();
+        let first_v2 = scored
+            .iter()
+            .position(|(_, v)| v == "2.0.0-test")
+            .unwrap_or(scored.len());
+        assert!(
+            scored[first_v2..].iter().all(|(_, v)| v == "2.0.0-test"),
+            "partition {partition}: back to v1 after v2"
+        );
+    }
+    let log = std::fs::read_to_string(dir.path().join("reload.log")).unwrap_or_default();
+    assert!(log.contains("new model refused"), "the refusal is logged");
+}
