@@ -120,6 +120,8 @@ pub struct InputSettings {
 pub struct OutputSettings {
     pub topic: String,
     pub dlq_topic: String,
+    /// Comparison records of the shadow model (`inference.shadow`).
+    pub shadow_topic: String,
 }
 
 impl Default for OutputSettings {
@@ -127,6 +129,27 @@ impl Default for OutputSettings {
         OutputSettings {
             topic: "moderation.verdicts".to_string(),
             dlq_topic: "moderation.dlq".to_string(),
+            shadow_topic: "moderation.shadow".to_string(),
+        }
+    }
+}
+
+/// A candidate model scoring a sample of the live events on spare capacity
+/// (see [`crate::shadow`]).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShadowSettings {
+    /// Its directory; unset: no shadow.
+    pub model_dir: Option<PathBuf>,
+    /// Share of the events it scores, 0 to 1 (by a hash of the event id).
+    pub share: f64,
+}
+
+impl Default for ShadowSettings {
+    fn default() -> Self {
+        ShadowSettings {
+            model_dir: None,
+            share: 1.0,
         }
     }
 }
@@ -232,6 +255,7 @@ pub struct InferenceSettings {
     /// once and also re-reads `policy`. 0: only on SIGHUP.
     #[serde(with = "humantime_serde")]
     pub reload_interval: Duration,
+    pub shadow: ShadowSettings,
 }
 
 impl Default for InferenceSettings {
@@ -252,6 +276,7 @@ impl Default for InferenceSettings {
             breaker_after: 5,
             cache_bytes: 0,
             reload_interval: Duration::from_secs(5),
+            shadow: ShadowSettings::default(),
         }
     }
 }
@@ -764,6 +789,9 @@ impl Settings {
             .is_some_and(|t| t < Duration::from_millis(1))
         {
             return Err(invalid("batching.target_p99", "must be at least 1ms"));
+        }
+        if !(0.0..=1.0).contains(&self.inference.shadow.share) {
+            return Err(invalid("inference.shadow.share", "must be between 0 and 1"));
         }
         if self.limits.max_payload_bytes == 0 {
             return Err(invalid(

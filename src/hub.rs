@@ -35,6 +35,7 @@ use crate::shutdown::Shutdown;
 use crate::slo::{self, Choice};
 use crate::telemetry::{Health, metric};
 use crate::verdict::{self, Original, Scorer};
+use std::sync::Arc;
 
 mod breaker;
 mod watchdog;
@@ -127,7 +128,9 @@ pub struct Inputs {
 
 pub struct Hub<D: Deliver> {
     settings: Settings,
-    scorer: Scorer,
+    scorer: Arc<Scorer>,
+    /// The candidate model offered the live verdicts, if one is configured.
+    shadow: Option<crate::shadow::Shadow>,
     jobs: async_channel::Sender<InferenceJob>,
     outbox: D,
     /// Positions for the consumer thread to store.
@@ -205,7 +208,8 @@ impl<D: Deliver> Hub<D> {
         };
         Hub {
             settings,
-            scorer,
+            scorer: Arc::new(scorer),
+            shadow: None,
             jobs,
             outbox,
             positions_tx,
@@ -232,6 +236,12 @@ impl<D: Deliver> Hub<D> {
             slo,
             dispatch_capacity: workers * 2,
         }
+    }
+
+    /// Offer every (sampled) live verdict to this shadow model.
+    pub fn with_shadow(mut self, shadow: Option<crate::shadow::Shadow>) -> Self {
+        self.shadow = shadow;
+        self
     }
 
     /// Run until the input is closed and nothing is in flight; then wait for
@@ -576,12 +586,17 @@ impl<D: Deliver> Hub<D> {
         metrics::counter!(metric::TOKENS_REAL_TOTAL).increment(result.tokens.real);
         metrics::counter!(metric::TOKENS_PADDED_TOTAL).increment(result.tokens.padded);
         let mut scores = result.scores.into_iter();
+        // The shadow model needs the texts back (they went to the workers).
+        let mut texts = self.shadow.is_some().then(|| result.texts.into_iter());
         for segment in segments {
             let scored: Vec<Scored> = segment
                 .items
                 .into_iter()
                 .map(|mut p| {
                     p.scored_by = result.scorer.clone();
+                    if let Some(text) = texts.as_mut().and_then(Iterator::next) {
+                        p.event.text = text;
+                    }
                     let s = scores
                         .next()
                         .unwrap_or_else(|| Err("no score returned".to_string()));
@@ -617,11 +632,33 @@ impl<D: Deliver> Hub<D> {
     }
 
     /// The verdict record of a scored event, or its dead-letter record.
-    fn outcome(&self, pending: Pending, score: Result<Vec<f32>, String>) -> (OutRecord, Outcome) {
+    fn outcome(
+        &self,
+        mut pending: Pending,
+        score: Result<Vec<f32>, String>,
+    ) -> (OutRecord, Outcome) {
         match score {
             Ok(probabilities) => {
                 // The model that scored it (a reload may have switched it).
-                let scorer = pending.scored_by.as_deref().unwrap_or(&self.scorer);
+                let scorer = pending
+                    .scored_by
+                    .clone()
+                    .unwrap_or_else(|| self.scorer.clone());
+                if let Some(shadow) = &self.shadow
+                    && shadow.samples(&pending.event.event_id)
+                {
+                    shadow.offer(crate::shadow::ShadowJob {
+                        event_id: pending.event.event_id.clone(),
+                        text: std::mem::take(&mut pending.event.text),
+                        source: (
+                            pending.tp.topic.clone(),
+                            pending.tp.partition,
+                            pending.offset,
+                        ),
+                        live_probabilities: probabilities.clone(),
+                        live: scorer.clone(),
+                    });
+                }
                 let (out, label) = scorer.verdict_record(
                     &self.settings.output.topic,
                     &pending.tp,

@@ -22,6 +22,7 @@ pub mod producer;
 pub mod rebalance;
 pub mod reload;
 pub mod score_cache;
+pub mod shadow;
 pub mod shutdown;
 pub mod slo;
 pub mod telemetry;

@@ -140,6 +140,7 @@ pub async fn run_with_health(
         })
     };
 
+    let shadow = crate::shadow::Shadow::start(&settings);
     let hub = Hub::new(
         settings,
         scorer,
@@ -148,7 +149,8 @@ pub async fn run_with_health(
         channels.positions,
         health.clone(),
         &shutdown,
-    );
+    )
+    .with_shadow(shadow);
     let inputs = Inputs {
         records: channels.records,
         rebalances: channels.rebalances,

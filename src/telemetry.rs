@@ -79,6 +79,12 @@ pub mod metric {
     /// refused).
     pub const MODEL_RELOADS_TOTAL: &str = "modstream_model_reloads_total";
     pub const POLICY_RELOADS_TOTAL: &str = "modstream_policy_reloads_total";
+    /// Shadow scoring: live and shadow verdicts of the same events (labels:
+    /// live, shadow), events skipped because the shadow queue was full, and
+    /// failures (label: stage = load, score, deliver, thread).
+    pub const SHADOW_AGREEMENT_TOTAL: &str = "modstream_shadow_agreement_total";
+    pub const SHADOW_SKIPPED_TOTAL: &str = "modstream_shadow_skipped_total";
+    pub const SHADOW_FAILURES_TOTAL: &str = "modstream_shadow_failures_total";
     /// Records behind the end of the partition (librdkafka statistics).
     /// Labels: topic, partition.
     pub const CONSUMER_LAG: &str = "modstream_consumer_lag";
@@ -116,6 +122,9 @@ pub mod metric {
         LATENCY_TARGET_MISSED,
         MODEL_RELOADS_TOTAL,
         POLICY_RELOADS_TOTAL,
+        SHADOW_AGREEMENT_TOTAL,
+        SHADOW_SKIPPED_TOTAL,
+        SHADOW_FAILURES_TOTAL,
         CONSUMER_LAG,
     ];
 }
@@ -270,6 +279,21 @@ pub fn describe_metrics() {
         Unit::Count,
         "reloads of the policy on SIGHUP, by outcome (loaded, refused)"
     );
+    describe_counter!(
+        metric::SHADOW_AGREEMENT_TOTAL,
+        Unit::Count,
+        "live and shadow verdicts of the same events (the confusion matrix)"
+    );
+    describe_counter!(
+        metric::SHADOW_SKIPPED_TOTAL,
+        Unit::Count,
+        "events the shadow model skipped: its queue was full"
+    );
+    describe_counter!(
+        metric::SHADOW_FAILURES_TOTAL,
+        Unit::Count,
+        "shadow failures by stage (load, score, deliver, thread); the live path is never affected"
+    );
     describe_gauge!(
         metric::CONSUMER_LAG,
         Unit::Count,
@@ -342,6 +366,21 @@ pub fn register_zeroes(settings: &crate::config::Settings) {
         counter!(metric::MODEL_RELOADS_TOTAL, "outcome" => outcome).absolute(0);
         counter!(metric::POLICY_RELOADS_TOTAL, "outcome" => outcome).absolute(0);
     }
+    let verdicts = [
+        crate::verdict::ALLOW,
+        crate::verdict::REVIEW,
+        crate::verdict::BLOCK,
+    ];
+    for live in verdicts {
+        for shadow in verdicts {
+            counter!(metric::SHADOW_AGREEMENT_TOTAL, "live" => live, "shadow" => shadow)
+                .absolute(0);
+        }
+    }
+    for stage in ["load", "score", "deliver", "thread"] {
+        counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => stage).absolute(0);
+    }
+    counter!(metric::SHADOW_SKIPPED_TOTAL).absolute(0);
     for kind in ["client", "rebalance", "consume"] {
         counter!(metric::ERRORS_TOTAL, "kind" => kind).absolute(0);
     }

@@ -87,6 +87,14 @@ impl serde::Serialize for Scores<'_> {
     }
 }
 
+/// One model's judgement of an event (for shadow comparison records).
+#[derive(serde::Serialize)]
+pub struct Judgement<'a> {
+    model: ModelRef<'a>,
+    scores: Scores<'a>,
+    pub verdict: &'static str,
+}
+
 /// A policy that does not fit the model it would judge.
 #[derive(Debug, thiserror::Error)]
 #[error(
@@ -135,6 +143,22 @@ impl Scorer {
     }
 
     /// The most severe verdict over the judged labels.
+    /// The verdict, scores and model of `probabilities`, serializable.
+    pub fn judge<'a>(&'a self, probabilities: &'a [f32]) -> Judgement<'a> {
+        Judgement {
+            model: ModelRef {
+                name: &self.model_name,
+                version: &self.model_version,
+            },
+            scores: Scores {
+                labels: &self.labels,
+                sorted: &self.sorted_labels,
+                probabilities,
+            },
+            verdict: self.decide(probabilities),
+        }
+    }
+
     pub fn decide(&self, probabilities: &[f32]) -> &'static str {
         let severity = |v: &str| [ALLOW, REVIEW, BLOCK].iter().position(|s| *s == v);
         self.rules
