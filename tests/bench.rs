@@ -39,6 +39,8 @@ fn bench_binary(out: &std::path::Path) -> Report {
             "0,0.5",
             "--python",
             python.trim(),
+            "--shadow-model",
+            "models/profanity-check",
             "--out",
         ])
         .arg(out)
@@ -153,6 +155,9 @@ fn a_tiny_bench_writes_a_complete_report() {
     assert!(baseline.modstream_per_s > 0.0 && baseline.python_per_s > 0.0);
     assert!(baseline.modstream_peak_rss_bytes > 0 && baseline.python_peak_rss_bytes > 0);
 
+    let shadow = report.shadow.as_ref().expect("a shadow row");
+    assert!(shadow.off_per_s > 0.0 && shadow.on_per_s > 0.0);
+
     // Every chart, as SVG with its axis titles and as PNG.
     for name in ["latency", "throughput", "step", "cache"] {
         let svg = std::fs::read_to_string(out.path().join(format!("{name}.svg"))).unwrap();
@@ -233,6 +238,7 @@ fn tiny_options() -> BenchOptions {
         repeat_cache_bytes: 0,
         python: None,
         python_script: None,
+        shadow_model: None,
         out_dir: PathBuf::new(),
     }
 }

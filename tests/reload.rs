@@ -196,3 +196,109 @@ fn a_model_swapped_twice_under_load_one_of_them_broken() {
     let log = std::fs::read_to_string(dir.path().join("reload.log")).unwrap_or_default();
     assert!(log.contains("new model refused"), "the refusal is logged");
 }
+
+/// SIGHUP re-reads the policy: a valid one applies to the next verdicts, an
+/// invalid one is refused and the current one stays.
+#[test]
+fn sighup_reloads_the_policy_and_refuses_a_bad_one() {
+    let broker = Broker::start_memory();
+    let bootstrap = broker.bootstrap();
+    for (topic, partitions) in [(INPUT, 1), (VERDICTS, 1), (DLQ, 1)] {
+        broker.create_topic(topic, partitions);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = support::free_port();
+    let config = support::write_config(dir.path(), &bootstrap, "g-policy");
+    let base = std::fs::read_to_string(&config).unwrap().replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    );
+    let with_policy = |review_at: f64, block_at: f64| {
+        format!("{base}\n[policy]\nreview_at = {review_at}\nblock_at = {block_at}\n")
+    };
+    std::fs::write(&config, with_policy(0.5, 0.85)).unwrap();
+    let service = Modstream::start(&config, "policy", dir.path());
+
+    let first = support::produce(&bootstrap, &support::events("p1-", 0..100));
+    assert!(
+        support::verify(&bootstrap, &first, Duration::from_secs(60))
+            .lost
+            .is_empty()
+    );
+    // Everything scores ≥ 0: with review_at = 0 nothing is allowed any more.
+    std::fs::write(&config, with_policy(0.0, 0.999_999)).unwrap();
+    service.signal("-HUP");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sample(
+        &scrape(port),
+        "modstream_policy_reloads_total{outcome=\"loaded\"}",
+    ) < 1.0
+    {
+        assert!(Instant::now() < deadline, "the policy was never reloaded");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut acked = first.clone();
+    let second = support::produce(&bootstrap, &support::events("p2-", 0..100));
+    acked.extend(second.iter().cloned());
+    assert!(
+        support::verify(&bootstrap, &acked, Duration::from_secs(60))
+            .lost
+            .is_empty()
+    );
+    // review_at above block_at: refused, the policy above stays.
+    std::fs::write(&config, with_policy(0.9, 0.1)).unwrap();
+    service.signal("-HUP");
+    while sample(
+        &scrape(port),
+        "modstream_policy_reloads_total{outcome=\"refused\"}",
+    ) < 1.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the bad policy was never looked at"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let third = support::produce(&bootstrap, &support::events("p3-", 0..100));
+    acked.extend(third.iter().cloned());
+    assert!(
+        support::verify(&bootstrap, &acked, Duration::from_secs(60))
+            .lost
+            .is_empty()
+    );
+
+    let verdicts =
+        modstream::tools::read::TopicReader::from_beginning(&bootstrap, VERDICTS, Some(1))
+            .unwrap()
+            .read_to_end(Duration::from_secs(30))
+            .unwrap();
+    let mut allowed: HashMap<&str, usize> = HashMap::new();
+    for r in &verdicts {
+        let json = r.json().unwrap();
+        let id = json["event_id"].as_str().unwrap();
+        let prefix = if id.starts_with("p1-") {
+            "p1"
+        } else if id.starts_with("p2-") {
+            "p2"
+        } else {
+            "p3"
+        };
+        if json["verdict"] == "allow" {
+            *allowed.entry(prefix).or_default() += 1;
+        }
+    }
+    assert!(
+        allowed.get("p1").is_some_and(|n| *n > 0),
+        "the first policy allows some: {allowed:?}"
+    );
+    assert_eq!(
+        allowed.get("p2"),
+        None,
+        "review_at = 0 allows nothing: {allowed:?}"
+    );
+    assert_eq!(
+        allowed.get("p3"),
+        None,
+        "the refused policy did not apply: {allowed:?}"
+    );
+}

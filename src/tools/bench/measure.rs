@@ -98,6 +98,8 @@ impl Cell {
                 (DEMO_INPUT, PARTITIONS),
                 (DEMO_VERDICTS, PARTITIONS),
                 (DEMO_DLQ, 1),
+                // The shadow model's comparison records (`--shadow-model`).
+                ("moderation.shadow", 1),
             ])?;
             return Ok(Cell {
                 bootstrap: broker.bootstrap_servers().to_string(),
@@ -487,6 +489,10 @@ pub(super) fn inference_settings(opts: &BenchOptions) -> InferenceSettings {
         workers: crate::config::Workers::Count(opts.workers.max(1)),
         require_gpu: opts.require_gpu,
         cache_bytes: opts.cache_bytes,
+        shadow: crate::config::ShadowSettings {
+            model_dir: opts.shadow_model.clone(),
+            share: 1.0,
+        },
         ..Default::default()
     };
     if !opts.providers.is_empty() {

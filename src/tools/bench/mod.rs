@@ -27,7 +27,8 @@ pub use baseline::BaselineRow;
 pub use chart::replot;
 pub use measure::{Batching, peak_rss_bytes, peak_rss_of, raw_model_throughput};
 pub use report::{
-    ChoicePoint, LatencyRow, OverloadRow, RepeatRow, Report, SaturationRow, StepBin, StepTrace,
+    ChoicePoint, LatencyRow, OverloadRow, RepeatRow, Report, SaturationRow, ShadowRow, StepBin,
+    StepTrace,
 };
 
 /// What to measure; also the command line of `modstream bench`.
@@ -94,6 +95,10 @@ pub struct BenchOptions {
     /// The baseline script (default: bench/python_consumer.py).
     #[arg(long)]
     pub python_script: Option<PathBuf>,
+    /// A shadow model: the default cell (64 / 20 ms) at saturation with it
+    /// scoring every event and without (absent: skip).
+    #[arg(long)]
+    pub shadow_model: Option<PathBuf>,
     /// Where bench.json and the charts go.
     #[arg(long = "out", default_value = "target/bench")]
     pub out_dir: PathBuf,
@@ -268,6 +273,25 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         }
         _ => None,
     };
+    let shadow = match &opts.shadow_model {
+        Some(dir) => {
+            let cell = Batching::fixed(64, 20);
+            let off_opts = BenchOptions {
+                shadow_model: None,
+                ..opts.clone()
+            };
+            let (off, _, _) = measure::saturation(&off_opts, cell).await?;
+            let (on, _, _) = measure::saturation(&opts, cell).await?;
+            let row = ShadowRow {
+                shadow_model: dir.display().to_string(),
+                off_per_s: off,
+                on_per_s: on,
+            };
+            row.print();
+            Some(row)
+        }
+        None => None,
+    };
     let baseline = match &opts.python {
         Some(python) => {
             let row = baseline::run(&opts, python).await?;
@@ -296,6 +320,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         step,
         repeats,
         baseline,
+        shadow,
     };
     report.write(&opts.out_dir)?;
     Ok(report)

@@ -105,6 +105,29 @@ pub struct Report {
     /// The default configuration against a plain Python consumer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline: Option<super::baseline::BaselineRow>,
+    /// Live throughput with a shadow model scoring every event, and without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowRow>,
+}
+
+/// The default cell at saturation without and with a shadow model.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ShadowRow {
+    pub shadow_model: String,
+    pub off_per_s: f64,
+    pub on_per_s: f64,
+}
+
+impl ShadowRow {
+    pub fn print(&self) {
+        eprintln!(
+            "shadow model {}: live {:.0}/s without, {:.0}/s with ({:.2}×)",
+            self.shadow_model,
+            self.off_per_s,
+            self.on_per_s,
+            self.on_per_s / self.off_per_s
+        );
+    }
 }
 
 /// Paced load at `base_per_s`, then `factor` times that, then back, each for
