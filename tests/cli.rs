@@ -224,7 +224,6 @@ fn a_secret_never_shows_in_any_output() {
 /// runs, latency reported after the pipeline joined.
 #[test]
 fn the_paced_demo_serves_metrics_while_it_runs() {
-    use std::io::{Read, Write};
     let port = support::free_port();
     let child = modstream()
         .args(["demo", "--rate", "300", "--seconds", "6", "--listen"])
@@ -237,16 +236,10 @@ fn the_paced_demo_serves_metrics_while_it_runs() {
     let mut scraped = 0.0;
     while scraped == 0.0 && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(300));
-        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             continue;
-        };
-        write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut body = String::new();
-        let _ = stream.read_to_string(&mut body);
+        }
+        let body = support::http_get(port, "/metrics").1;
         scraped = body
             .lines()
             .filter(|l| l.starts_with("modstream_verdicts_total{"))

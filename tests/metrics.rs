@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,25 +12,8 @@ use std::time::{Duration, Instant};
 use modstream::tools::embedded::EmbeddedBroker;
 use support::{DLQ, INPUT, Modstream, VERDICTS};
 
-/// GET a path on 127.0.0.1:port: (status code, body).
 fn get(port: u16, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    support::http_get(port, path)
 }
 
 /// Sum of a metric's samples (all label sets), from the exposition text.

@@ -32,16 +32,11 @@ fn swap_link(link: &Path, target: &Path) {
 }
 
 fn scrape(port: u16) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).unwrap();
-    body
+    support::http_get(port, "/metrics").1
+}
+
+fn status(port: u16, path: &str) -> u16 {
+    support::http_get(port, path).0
 }
 
 fn sample(exposition: &str, series: &str) -> f64 {
@@ -120,6 +115,11 @@ fn a_model_swapped_twice_under_load_one_of_them_broken() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    assert_eq!(
+        status(port, "/readyz"),
+        200,
+        "a refused model leaves the service ready"
+    );
     let acked = load.join().unwrap();
     assert!(
         started.elapsed() > Duration::from_secs(8),
