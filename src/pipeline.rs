@@ -75,6 +75,9 @@ pub async fn run_with_health(
     shutdown: Shutdown,
     health: Arc<Health>,
 ) -> Result<RunSummary, PipelineError> {
+    // What the sessions are loaded from, taken first: a change while they
+    // load is seen by the hot reload (at worst one reload too many).
+    let loaded_model = crate::reload::fingerprint(&settings.inference.model_dir);
     let (results_tx, results) = mpsc::channel(settings.inference.worker_count() * 4);
     let pool = InferencePool::start(
         &settings.inference,
@@ -83,18 +86,6 @@ pub async fn run_with_health(
     )?;
     let scorer = Scorer::new(&pool.manifest, &settings.policy)?;
     tracing::info!(model = %pool.manifest.name, version = %pool.manifest.version, workers = settings.inference.worker_count(), "model loaded");
-    // Hot reload: a new model (or, on SIGHUP, policy) while running.
-    let reloader = tokio::spawn(
-        crate::reload::Reloader {
-            settings: settings.clone(),
-            max_batch: settings.batching.max_batch_size,
-            swaps: pool.swaps(),
-            loaded: crate::reload::fingerprint(&settings.inference.model_dir),
-            refused: None,
-            manifest: pool.manifest.clone(),
-        }
-        .run(shutdown.stop.clone()),
-    );
     health.model_loaded.store(true, Ordering::SeqCst);
 
     let sink = Sink::new(&settings.kafka, settings.limits.max_payload_bytes)?;
@@ -140,6 +131,19 @@ pub async fn run_with_health(
         })
     };
 
+    // Hot reload: a new model (or, on SIGHUP, policy) while running;
+    // started last so that an early return leaves no task behind.
+    let reloader = tokio::spawn(
+        crate::reload::Reloader {
+            settings: settings.clone(),
+            max_batch: settings.batching.max_batch_size,
+            swaps: pool.swaps(),
+            loaded: loaded_model,
+            refused: None,
+            manifest: pool.manifest.clone(),
+        }
+        .run(shutdown.stop.clone()),
+    );
     let shadow = crate::shadow::Shadow::start(&settings);
     let hub = Hub::new(
         settings,

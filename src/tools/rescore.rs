@@ -168,6 +168,18 @@ pub async fn run(opts: RescoreOptions) -> anyhow::Result<RescoreReport> {
             .collect();
         while !remaining.is_empty() {
             let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+                // Nothing more to fetch: a partition whose position reached
+                // its end is done even if its last offsets held no record
+                // (transaction markers, compaction).
+                if let Ok(positions) = consumer.position() {
+                    for e in positions.elements() {
+                        if let rdkafka::Offset::Offset(o) = e.offset()
+                            && remaining.get(&e.partition()).is_some_and(|end| o >= *end)
+                        {
+                            remaining.remove(&e.partition());
+                        }
+                    }
+                }
                 continue;
             };
             let m = message?;
