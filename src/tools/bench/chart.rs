@@ -20,6 +20,8 @@ use plotters::prelude::*;
 use super::report::Report;
 
 const SIZE: (u32, u32) = (960, 600);
+/// The second series of the bar charts.
+const GREY: RGBColor = RGBColor(150, 150, 150);
 /// The fixed configurations' lines (the adaptive one is red).
 const FIXED_COLORS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
@@ -183,7 +185,6 @@ fn latency_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -
 
 /// Pipeline against raw model at saturation, per cell.
 fn throughput_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Drawn<DB> {
-    root.fill(&WHITE)?;
     let labels: Vec<String> = r
         .saturation
         .iter()
@@ -192,16 +193,47 @@ fn throughput_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report
             None => format!("{}/{}ms", s.max_batch_size, s.max_batch_delay_ms),
         })
         .collect();
-    let y_max = r
-        .saturation
+    let pipeline: Vec<f64> = r.saturation.iter().map(|s| s.pipeline_per_s).collect();
+    let raw: Vec<f64> = r.saturation.iter().map(|s| s.raw_model_per_s).collect();
+    bar_chart(
+        root,
+        &title(r, "saturation: pipeline vs raw model"),
+        "max_batch_size / max_batch_delay (adaptive: latency target)",
+        &labels,
+        [
+            (
+                "pipeline: verdicts/s acknowledged".to_string(),
+                BLUE,
+                pipeline,
+            ),
+            (
+                "raw model alone, same batch size, 1 session".to_string(),
+                GREY,
+                raw,
+            ),
+        ],
+    )
+}
+
+/// Two bars per group: `series` are (legend, colour, one value per label);
+/// a value that is not finite draws no bar.
+fn bar_chart<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    caption: &str,
+    x_desc: &str,
+    labels: &[String],
+    series: [(String, RGBColor, Vec<f64>); 2],
+) -> Drawn<DB> {
+    root.fill(&WHITE)?;
+    let y_max = series
         .iter()
-        .flat_map(|s| [s.pipeline_per_s, s.raw_model_per_s])
+        .flat_map(|(_, _, values)| values.iter().copied())
         .filter(|v| v.is_finite())
         .fold(1.0, f64::max)
         * 1.15;
-    let n = r.saturation.len();
+    let n = labels.len();
     let mut chart = ChartBuilder::on(&root)
-        .caption(title(r, "saturation: pipeline vs raw model"), (FONT, 18))
+        .caption(caption, (FONT, 18))
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(72)
@@ -219,39 +251,27 @@ fn throughput_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report
             }
         })
         .y_label_formatter(&|v| format!("{v:.0}"))
-        .x_desc("max_batch_size / max_batch_delay (adaptive: latency target)")
+        .x_desc(x_desc)
         .y_desc("events per second")
         .label_style((FONT, 13))
         .axis_desc_style((FONT, 15))
         .draw()?;
-    let bar = |i: usize, offset: f64, v: f64, color: RGBColor| {
-        let x = i as f64 + offset;
-        Rectangle::new([(x - 0.18, 0.0), (x + 0.18, v)], color.filled())
-    };
-    chart
-        .draw_series(
-            r.saturation
-                .iter()
-                .enumerate()
-                .map(|(i, s)| bar(i, -0.19, s.pipeline_per_s, BLUE)),
-        )?
-        .label("pipeline: verdicts/s acknowledged")
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], BLUE.filled()));
-    chart
-        .draw_series(
-            r.saturation
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.raw_model_per_s.is_finite())
-                .map(|(i, s)| bar(i, 0.19, s.raw_model_per_s, RGBColor(150, 150, 150))),
-        )?
-        .label("raw model alone, same batch size, 1 session")
-        .legend(|(x, y)| {
-            Rectangle::new(
-                [(x, y - 5), (x + 14, y + 5)],
-                RGBColor(150, 150, 150).filled(),
-            )
-        });
+    for (k, (legend, color, values)) in series.into_iter().enumerate() {
+        let offset = if k == 0 { -0.19 } else { 0.19 };
+        chart
+            .draw_series(
+                values
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| v.is_finite())
+                    .map(|(i, v)| {
+                        let x = i as f64 + offset;
+                        Rectangle::new([(x - 0.18, 0.0), (x + 0.18, *v)], color.filled())
+                    }),
+            )?
+            .label(legend)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
+    }
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
@@ -351,76 +371,28 @@ fn step_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> D
 
 /// Score cache off and on, per share of repeated texts.
 fn cache_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Drawn<DB> {
-    root.fill(&WHITE)?;
-    let n = r.repeats.len();
-    let y_max = r
-        .repeats
-        .iter()
-        .flat_map(|x| [x.cache_off_per_s, x.cache_on_per_s])
-        .fold(1.0, f64::max)
-        * 1.2;
     let labels: Vec<String> = r
         .repeats
         .iter()
         .map(|x| format!("{:.0} % repeated", x.repeat_share * 100.0))
         .collect();
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            title(r, "score cache at saturation, batch 64 / 20 ms"),
-            (FONT, 18),
-        )
-        .margin(16)
-        .x_label_area_size(48)
-        .y_label_area_size(72)
-        .build_cartesian_2d(-0.5f64..n as f64 - 0.5, 0f64..y_max)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n.max(1))
-        .x_label_formatter(&|v| {
-            let i = v.round();
-            if (v - i).abs() < 0.01 && i >= 0.0 {
-                labels.get(i as usize).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .x_desc("share of posts whose text repeats an earlier post exactly")
-        .y_desc("verdicts per second")
-        .label_style((FONT, 14))
-        .axis_desc_style((FONT, 15))
-        .draw()?;
-    let bar = |i: usize, offset: f64, v: f64, color: RGBColor| {
-        let x = i as f64 + offset;
-        Rectangle::new([(x - 0.18, 0.0), (x + 0.18, v)], color.filled())
-    };
-    let grey = RGBColor(150, 150, 150);
-    chart
-        .draw_series(
-            r.repeats
-                .iter()
-                .enumerate()
-                .map(|(i, x)| bar(i, -0.19, x.cache_off_per_s, grey)),
-        )?
-        .label("cache off")
-        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], grey.filled()));
     let cache_mib = r.repeats.first().map_or(0, |x| x.cache_bytes >> 20);
-    chart
-        .draw_series(
-            r.repeats
-                .iter()
-                .enumerate()
-                .map(|(i, x)| bar(i, 0.19, x.cache_on_per_s, BLUE)),
-        )?
-        .label(format!("cache on ({cache_mib} MiB)"))
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], BLUE.filled()));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 13))
-        .draw()?;
-    root.present()
+    bar_chart(
+        root,
+        &title(r, "score cache at saturation, batch 64 / 20 ms"),
+        "share of posts whose text repeats an earlier post exactly",
+        &labels,
+        [
+            (
+                "cache off".to_string(),
+                GREY,
+                r.repeats.iter().map(|x| x.cache_off_per_s).collect(),
+            ),
+            (
+                format!("cache on ({cache_mib} MiB)"),
+                BLUE,
+                r.repeats.iter().map(|x| x.cache_on_per_s).collect(),
+            ),
+        ],
+    )
 }
