@@ -428,7 +428,21 @@ impl Sink {
                 if is_service_level(&error) {
                     service_failures.failed(&record.topic, &error);
                 }
-                tracing::warn!(topic = %record.topic, kind = record.kind, error = %error, retry_in_ms = backoff.as_millis() as u64, "delivery failed; retrying");
+                let code = error.rdkafka_error_code();
+                if code == Some(RDKafkaErrorCode::MessageTimedOut) {
+                    // librdkafka gave up on this record, but later records
+                    // of its input partition may still wait in its queue:
+                    // delivered when the leader returns, they would overtake
+                    // this one's re-send. Fail everything queued now, so that
+                    // it all joins the re-sends and goes out again in offset
+                    // order (records already sent to a broker are not touched).
+                    producer.purge(PurgeConfig::default().queue().non_blocking());
+                }
+                if code == Some(RDKafkaErrorCode::PurgeQueue) {
+                    tracing::debug!(topic = %record.topic, kind = record.kind, "taken back from the producer queue after a timeout; sending again in order");
+                } else {
+                    tracing::warn!(topic = %record.topic, kind = record.kind, error = %error, retry_in_ms = backoff.as_millis() as u64, "delivery failed; retrying");
+                }
                 // In line with the partition's other re-sends, by offset.
                 if place.is_none() {
                     place = Some(resends.join(&source));
