@@ -84,13 +84,18 @@ pub fn demo_config_for(
     )
 }
 
-pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
-    use anyhow::Context;
-    let broker = EmbeddedBroker::start(&[
+/// An embedded cluster with the demo topics.
+fn start_broker() -> Result<EmbeddedBroker, super::embedded::EmbeddedError> {
+    EmbeddedBroker::start(&[
         (DEMO_INPUT, PARTITIONS),
         (DEMO_VERDICTS, PARTITIONS),
         (DEMO_DLQ, 1),
-    ])?;
+    ])
+}
+
+pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let broker = start_broker()?;
     let bootstrap = broker.bootstrap_servers().to_string();
     println!("embedded Kafka at {bootstrap}   (watch: kcat -b {bootstrap} -C -t {DEMO_VERDICTS})");
     let mut settings = demo_settings(&bootstrap, "modstream-demo")?;
@@ -237,11 +242,7 @@ pub async fn run_paced(opts: PacedOptions) -> anyhow::Result<()> {
         opts.rate > 0.0 && opts.rate <= 1_000_000.0,
         "--rate must be above 0 and at most 1000000 events/s"
     );
-    let broker = EmbeddedBroker::start(&[
-        (DEMO_INPUT, PARTITIONS),
-        (DEMO_VERDICTS, PARTITIONS),
-        (DEMO_DLQ, 1),
-    ])?;
+    let broker = start_broker()?;
     let bootstrap = broker.bootstrap_servers().to_string();
     let metrics = crate::telemetry::install_recorder()?;
     let mut settings = demo_settings(&bootstrap, "modstream-demo")?;
