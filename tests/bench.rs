@@ -10,12 +10,8 @@ use modstream::tools::bench::{BenchOptions, Report, run};
 
 /// `modstream bench` as a user runs it (the overload run needs the binary).
 fn bench_binary(out: &std::path::Path) -> Report {
-    // The plain-Python baseline's venv (cached after the first run).
-    let python = std::process::Command::new("bench/python-baseline.sh")
-        .output()
-        .expect("bench/python-baseline.sh runs");
-    assert!(python.status.success(), "the baseline venv is made");
-    let python = String::from_utf8(python.stdout).unwrap();
+    // The plain-Python baseline's venv (scripts/test.sh makes it first).
+    let python = support::prepared_python("MODSTREAM_BASELINE_PYTHON", "py-baseline");
     let status = std::process::Command::new(env!("CARGO_BIN_EXE_modstream"))
         .args([
             "bench",
@@ -38,7 +34,7 @@ fn bench_binary(out: &std::path::Path) -> Report {
             "--repeat-shares",
             "0,0.5",
             "--python",
-            python.trim(),
+            python.to_str().unwrap(),
             "--shadow-model",
             "models/profanity-check",
             "--out",
@@ -201,7 +197,7 @@ async fn the_transformer_bench_reports_padding_and_the_unbucketed_baseline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bench_runs_against_an_external_broker() {
-    let broker = support::Broker::start_memory();
+    let broker = support::Broker::start();
     let report = tiny_bench(BenchOptions {
         bootstrap: Some(broker.bootstrap()),
         ..tiny_options()

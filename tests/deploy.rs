@@ -5,6 +5,8 @@
 
 use std::process::Command;
 
+mod support;
+
 use modstream::telemetry::metric;
 
 #[test]
@@ -144,12 +146,8 @@ fn render(overlay: &str) -> Vec<serde_json::Value> {
         "kubectl kustomize {overlay}: {}",
         String::from_utf8_lossy(&kustomize.stderr)
     );
-    let python = Command::new("scripts/k8s-validate-venv.sh")
-        .output()
-        .expect("scripts/k8s-validate-venv.sh runs");
-    assert!(python.status.success(), "the validation venv is made");
-    let python = String::from_utf8(python.stdout).unwrap();
-    let mut validate = Command::new(python.trim())
+    let python = support::prepared_python("MODSTREAM_K8S_PYTHON", "k8s-validate");
+    let mut validate = Command::new(python)
         .arg("deploy/k8s/validate.py")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -1,4 +1,4 @@
-//! Hot reload on a real broker (nisshi): under paced load the model
+//! Hot reload on Apache Kafka: under paced load the model
 //! directory (a symlink) is swapped to a new version, then to a broken one.
 //! Nothing is lost, nothing fails, the group does not rebalance, verdicts
 //! carry the version that scored them, and the broken model is refused.
@@ -48,7 +48,7 @@ fn sample(exposition: &str, series: &str) -> f64 {
 
 #[test]
 fn a_model_swapped_twice_under_load_one_of_them_broken() {
-    let broker = Broker::start_memory();
+    let broker = Broker::start();
     let bootstrap = broker.bootstrap();
     for (topic, partitions) in [(INPUT, 2), (VERDICTS, 2), (DLQ, 1)] {
         broker.create_topic(topic, partitions);
@@ -201,7 +201,7 @@ fn a_model_swapped_twice_under_load_one_of_them_broken() {
 /// invalid one is refused and the current one stays.
 #[test]
 fn sighup_reloads_the_policy_and_refuses_a_bad_one() {
-    let broker = Broker::start_memory();
+    let broker = Broker::start();
     let bootstrap = broker.bootstrap();
     for (topic, partitions) in [(INPUT, 1), (VERDICTS, 1), (DLQ, 1)] {
         broker.create_topic(topic, partitions);

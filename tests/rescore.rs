@@ -1,4 +1,4 @@
-//! `modstream rescore` on a real broker (nisshi): a time range of the input
+//! `modstream rescore` on Apache Kafka: a time range of the input
 //! topic is judged again into another topic, exactly the events in range,
 //! and the live group's committed offsets are not touched.
 
@@ -18,7 +18,7 @@ fn now_ms() -> i64 {
 
 #[test]
 fn rescoring_a_time_range_scores_exactly_it_and_leaves_the_live_group_alone() {
-    let broker = Broker::start_memory();
+    let broker = Broker::start();
     let bootstrap = broker.bootstrap();
     for (topic, partitions) in [(INPUT, 2), (VERDICTS, 2), (DLQ, 1), (RESCORED, 2)] {
         broker.create_topic(topic, partitions);

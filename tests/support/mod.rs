@@ -1,4 +1,4 @@
-//! Test support for real-broker tests: a `nisshi` broker process, `modstream
+//! Test support for real-broker tests: Apache Kafka (`kafka`), `modstream
 //! run` processes, and the verifier that computes lost and duplicate verdicts.
 //! Every process started here is killed when its handle drops, also when a
 //! test panics.
@@ -6,29 +6,23 @@
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use modstream::tools::read::TopicReader;
 
+mod kafka;
+#[allow(unused_imports)]
+pub use kafka::{Broker, Security, kafka_tool};
+
 pub const INPUT: &str = "posts";
 pub const VERDICTS: &str = "verdicts";
 pub const DLQ: &str = "dlq";
-
-/// Where scripts/test.sh installs the broker.
-pub fn nisshi_binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("NISSHI_BIN") {
-        return PathBuf::from(p);
-    }
-    modstream::inference::default_cache_dir().join("nisshi-0.8.1/bin/nisshi")
-}
 
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -38,157 +32,24 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A nisshi broker on 127.0.0.1, run from an empty directory.
-pub struct Broker {
-    child: Option<Child>,
-    extra_args: Vec<String>,
-    pub port: u16,
-    dir: tempfile::TempDir,
-    storage: String,
-}
-
-impl Broker {
-    /// `memory://` storage.
-    pub fn start_memory() -> Broker {
-        Self::start("memory://nisshi/".to_string(), None)
-    }
-
-    /// `sqlite://` storage in the broker's temp dir (nisshi resolves the path
-    /// against its working directory), so that a restart keeps the data.
-    pub fn start_sqlite() -> Broker {
-        Self::start("sqlite://nisshi.db".to_string(), None)
-    }
-
-    fn start(storage: String, dir: Option<tempfile::TempDir>) -> Broker {
-        // nisshi reads a .env file from its working directory: give it an empty one.
-        let bin = nisshi_binary();
-        assert!(
-            bin.is_file(),
-            "the nisshi broker is not installed at {} (scripts/test.sh installs it; or set NISSHI_BIN)",
-            bin.display()
-        );
-        let dir = dir.unwrap_or_else(|| tempfile::tempdir().unwrap());
-        let mut broker = Broker {
-            child: None,
-            extra_args: Vec::new(),
-            port: free_port(),
-            dir,
-            storage,
-        };
-        broker.spawn();
-        broker
-    }
-
-    fn spawn(&mut self) {
-        let url = format!("tcp://127.0.0.1:{}", self.port);
-        let log = std::fs::File::create(self.dir.path().join(format!(
-            "broker-{}.log",
-            Instant::now().elapsed().as_nanos()
-        )))
-        .unwrap();
-        let child = Command::new(nisshi_binary())
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-            ])
-            .args(["--storage-engine", &self.storage])
-            .args(["--group-initial-rebalance-delay", "100ms"])
-            .args(&self.extra_args)
-            .current_dir(self.dir.path())
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("nisshi starts");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "nisshi exited at start ({status}); log in {}",
-                    self.dir.path().display()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nisshi did not listen within 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Restart with client authentication required (SASL/SCRAM).
-    pub fn restart_with_authentication(&mut self) {
-        self.extra_args = vec!["--authentication".to_string()];
-        self.restart();
-    }
-
-    /// Create a SCRAM-SHA-512 user (through the broker, before authentication is on).
-    pub fn create_user(&self, name: &str, password: &str) {
-        let out = Command::new(nisshi_binary())
-            .args([
-                "user",
-                "create",
-                "--broker",
-                &format!("tcp://127.0.0.1:{}", self.port),
-                name,
-                password,
-            ])
-            .current_dir(self.dir.path())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "nisshi user create: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// Start again on the same port and storage.
-    pub fn restart(&mut self) {
-        self.stop();
-        self.spawn();
-    }
-
-    pub fn create_topic(&self, name: &str, partitions: i32) {
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .create()
-            .unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let results = rt
-            .block_on(admin.create_topics(
-                &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
-                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-            ))
-            .expect("CreateTopics answered");
-        for r in results {
-            r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
-        }
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.stop();
-    }
+/// The interpreter of a venv that scripts/test.sh made before `cargo test`
+/// (`var` names it; else the cache's `venv`): tests never make one, since
+/// two tests making the same venv at once break each other.
+pub fn prepared_python(var: &str, venv: &str) -> PathBuf {
+    let python = std::env::var_os(var).map_or_else(
+        || {
+            modstream::inference::default_cache_dir()
+                .join(venv)
+                .join("bin/python")
+        },
+        PathBuf::from,
+    );
+    assert!(
+        python.is_file(),
+        "{} is missing: run scripts/test.sh (it makes the venv first) or set {var}",
+        python.display()
+    );
+    python
 }
 
 /// A `modstream run` process configured by file.
@@ -224,7 +85,6 @@ group_id = "{group}"
 drain_timeout = "3s"
 commit_interval = "500ms"
 [kafka.consumer]
-"fetch.wait.max.ms" = 50
 "session.timeout.ms" = 6000
 "heartbeat.interval.ms" = 500
 "max.poll.interval.ms" = 20000
