@@ -628,6 +628,13 @@ const RESERVED_CONSUMER: &[(&str, &str)] = &[
         "modstream does not handle EOF events",
     ),
 ];
+/// Consumer properties of the classic group protocol only.
+const CLASSIC_ONLY: &[&str] = &[
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "partition.assignment.strategy",
+    "group.protocol.type",
+];
 const RESERVED_PRODUCER: &[(&str, &str)] = &[
     ("bootstrap.servers", "use kafka.bootstrap_servers"),
     ("transactional.id", "modstream does not use transactions"),
@@ -717,11 +724,29 @@ impl Settings {
                     "must be read_committed or read_uncommitted",
                 ));
             }
-            if key == "group.protocol" && value != "classic" {
+            if key == "group.protocol" && value != "classic" && value != "consumer" {
                 return Err(invalid(
                     "kafka.consumer.group.protocol",
-                    "only the classic protocol is supported",
+                    "must be classic or consumer (KIP-848, Kafka 4.0+)",
                 ));
+            }
+        }
+        if self
+            .kafka
+            .consumer
+            .get("group.protocol")
+            .map(String::as_str)
+            == Some("consumer")
+        {
+            // With KIP-848 the broker owns these (group.consumer.*); librdkafka
+            // refuses them.
+            for key in CLASSIC_ONLY {
+                if self.kafka.consumer.contains_key(*key) {
+                    return Err(invalid(
+                        &format!("kafka.consumer.{key}"),
+                        "cannot be set with group.protocol = consumer: the broker sets it (group.consumer.* broker configs)",
+                    ));
+                }
             }
         }
         for (key, value) in &self.kafka.producer {
@@ -976,6 +1001,26 @@ mod tests {
                 .and_then(|s| s.validate().map(|_| s)),
         );
         assert_eq!(key, "kafka.drain_timeout");
+    }
+
+    #[test]
+    fn the_consumer_group_protocol_is_allowed_without_classic_only_keys() {
+        let kip848 = "[kafka.consumer]\n\"group.protocol\" = \"consumer\"\n";
+        with(kip848).and_then(|s| s.validate().map(|_| s)).unwrap();
+        assert_eq!(
+            invalid_key(
+                with(&format!("{kip848}\"session.timeout.ms\" = 6000\n"))
+                    .and_then(|s| s.validate().map(|_| s))
+            ),
+            "kafka.consumer.session.timeout.ms"
+        );
+        assert_eq!(
+            invalid_key(
+                with("[kafka.consumer]\n\"group.protocol\" = \"streams\"\n")
+                    .and_then(|s| s.validate().map(|_| s))
+            ),
+            "kafka.consumer.group.protocol"
+        );
     }
 
     #[test]

@@ -252,7 +252,13 @@ impl Broker {
                 .set("bootstrap.servers", self.bootstrap())
                 .create()
                 .unwrap();
-            if let Ok(m) = consumer.fetch_metadata(None, Duration::from_secs(2))
+            let listening = self
+                .nodes
+                .iter()
+                .filter(|n| n.child.is_some())
+                .all(|n| std::net::TcpStream::connect(("127.0.0.1", n.port)).is_ok());
+            if listening
+                && let Ok(m) = consumer.fetch_metadata(None, Duration::from_secs(2))
                 && m.brokers().len() >= count
             {
                 return;

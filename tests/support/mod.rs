@@ -17,6 +17,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use modstream::tools::read::TopicReader;
 
 mod kafka;
+pub mod load;
 #[allow(unused_imports)]
 pub use kafka::{Broker, Security, kafka_tool};
 
@@ -383,9 +384,19 @@ pub fn committed_on(bootstrap: &str, group: &str, topic: &str, partitions: i32) 
     for p in 0..partitions {
         tpl.add_partition(topic, p);
     }
-    let c = consumer
-        .committed_offsets(tpl, Duration::from_secs(10))
-        .unwrap();
+    // Real Kafka creates its offsets topic at the first group request: the
+    // coordinator may answer "not coordinator" for a few seconds.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let c = loop {
+        match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+            Ok(c) => break c,
+            Err(e) if Instant::now() < deadline => {
+                println!("committed offsets of {group} not readable yet: {e}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => panic!("committed offsets of {group}: {e}"),
+        }
+    };
     (0..partitions)
         .map(|p| match c.find_partition(topic, p).unwrap().offset() {
             Offset::Offset(o) => o,

@@ -1,0 +1,203 @@
+//! modstream on a secured Apache Kafka: a SASL_SSL listener (TLS with a CA
+//! made here by openssl, PEM files; SCRAM-SHA-512 users created at format
+//! time) and ACLs (`StandardAuthorizer`, nothing allowed unless granted).
+//! The tests' own producer and verifier use the broker's PLAINTEXT listener,
+//! whose unauthenticated principal is a super user; modstream only ever
+//! talks to the secured one.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use support::{Broker, DLQ, INPUT, Modstream, Security, VERDICTS};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const USER: &str = "modstream";
+const PASSWORD: &str = "s3cret-pw";
+
+/// A secured broker with the three topics, `events` produced, and
+/// modstream's principal allowed its input, the DLQ, its group, and on the
+/// verdict topic `verdict_ops`.
+fn secured_broker(group: &str, verdict_ops: &[&str], events: usize) -> (Broker, Vec<String>) {
+    let broker = Broker::secured(Security {
+        users: vec![(USER.into(), PASSWORD.into())],
+    });
+    broker.create_topic(INPUT, 2);
+    broker.create_topic(VERDICTS, 2);
+    broker.create_topic(DLQ, 1);
+    let principal = format!("User:{USER}");
+    broker.allow(&principal, &["Read", "Describe"], &["--topic", INPUT]);
+    broker.allow(&principal, &["Read"], &["--group", group]);
+    broker.allow(&principal, &["Write", "Describe"], &["--topic", DLQ]);
+    broker.allow(&principal, verdict_ops, &["--topic", VERDICTS]);
+    let acked = support::produce(&broker.bootstrap(), &support::events("s-", 0..events));
+    (broker, acked)
+}
+
+/// The client properties a user sets for this broker (README "Security").
+fn client_props<'a>(password: &'a str, ca: &'a Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("security.protocol", "sasl_ssl".into()),
+        ("sasl.mechanisms", "SCRAM-SHA-512".into()),
+        ("sasl.username", USER.into()),
+        ("sasl.password", password.into()),
+        ("ssl.ca.location", ca.display().to_string()),
+    ]
+}
+
+fn config(
+    dir: &Path,
+    broker: &Broker,
+    group: &str,
+    props: &[(&str, String)],
+) -> std::path::PathBuf {
+    let props: Vec<(&str, &str)> = props.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    support::write_config_with(dir, &broker.secure_bootstrap(), group, &props)
+}
+
+/// `modstream run` that is expected to fail at start: (stderr, how long).
+fn failed_start(config: &Path) -> (String, Duration) {
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_modstream"))
+        .args(["run", "--config"])
+        .arg(config)
+        .env("MODSTREAM__KAFKA__STARTUP_TIMEOUT", "30s")
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert!(!out.status.success(), "the start must fail");
+    (String::from_utf8_lossy(&out.stderr).into_owned(), took)
+}
+
+#[test]
+fn tls_and_scram_with_acls_end_to_end() {
+    let _serial = serial();
+    let group = "g-secure";
+    let (broker, acked) = secured_broker(group, &["Write", "Describe"], 500);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = broker.tls.as_ref().unwrap().ca_pem.clone();
+    let config = config(dir.path(), &broker, group, &client_props(PASSWORD, &ca));
+    let mut service = Modstream::start(&config, "secure", dir.path());
+    let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(90));
+    v.report("TLS + SCRAM-SHA-512 + ACLs");
+    assert!(v.lost.is_empty(), "lost: {}", v.lost.len());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let total = || {
+        support::committed(&broker.bootstrap(), group, 2)
+            .iter()
+            .map(|c| (*c).max(0))
+            .sum::<i64>()
+    };
+    while total() < acked.len() as i64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(total(), acked.len() as i64, "committed to the end");
+    assert!(service.terminate(Duration::from_secs(20)));
+}
+
+#[test]
+fn a_wrong_password_fails_the_start_at_once() {
+    let _serial = serial();
+    let group = "g-wrong-password";
+    let (broker, _) = secured_broker(group, &["Write", "Describe"], 10);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = broker.tls.as_ref().unwrap().ca_pem.clone();
+    let config = config(dir.path(), &broker, group, &client_props("wrong-pw", &ca));
+    let (stderr, took) = failed_start(&config);
+    println!("wrong password: {} (after {took:?})", stderr.trim());
+    assert!(
+        stderr.contains("refused this client") && stderr.contains("uthentication"),
+        "names the cause: {stderr}"
+    );
+    assert!(!stderr.contains("wrong-pw"), "the password is never logged");
+    assert!(
+        took < Duration::from_secs(15),
+        "at once, not after the startup timeout: {took:?}"
+    );
+    assert_eq!(support::committed(&broker.bootstrap(), group, 2), [-1, -1]);
+}
+
+#[test]
+fn a_wrong_ca_fails_the_start_naming_certificate_verification() {
+    let _serial = serial();
+    let group = "g-wrong-ca";
+    let (broker, _) = secured_broker(group, &["Write", "Describe"], 10);
+    let dir = tempfile::tempdir().unwrap();
+    let other = broker.tls.as_ref().unwrap().other_ca_pem.clone();
+    let config = config(dir.path(), &broker, group, &client_props(PASSWORD, &other));
+    let (stderr, took) = failed_start(&config);
+    println!("wrong CA: {} (after {took:?})", stderr.trim());
+    assert!(
+        stderr.contains("TLS with Kafka failed") && stderr.contains("certificate verify failed"),
+        "names certificate verification: {stderr}"
+    );
+    assert!(!stderr.contains("cannot reach Kafka"), "{stderr}");
+    assert!(
+        took < Duration::from_secs(15),
+        "at once, not after the startup timeout: {took:?}"
+    );
+}
+
+/// modstream may read its input but not write the verdict topic: deliveries
+/// are refused for the whole service. /readyz says which topic and why,
+/// nothing is committed past an event without a verdict, and after
+/// `kafka.service_failure_timeout` the run stops non-zero with the reason.
+#[test]
+fn a_denied_write_to_the_verdict_topic_fails_readyz_and_commits_nothing() {
+    let _serial = serial();
+    let group = "g-denied";
+    let (broker, _) = secured_broker(group, &["Describe"], 200);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = broker.tls.as_ref().unwrap().ca_pem.clone();
+    let config = config(dir.path(), &broker, group, &client_props(PASSWORD, &ca));
+    let port = support::free_port();
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:{port}\""),
+        )
+        .replace(
+            "drain_timeout = \"3s\"",
+            "drain_timeout = \"3s\"\nshutdown_timeout = \"3s\"\nservice_failure_timeout = \"20s\"",
+        );
+    std::fs::write(&config, text).unwrap();
+    let mut service = Modstream::start(&config, "denied", dir.path());
+    let started = Instant::now();
+    let mut reason = None;
+    while started.elapsed() < Duration::from_secs(60) && service.is_running() {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            let (status, body) = support::http_get(port, "/readyz");
+            if status == 503 && body.contains(VERDICTS) {
+                reason = Some(body);
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let reason = reason.expect("/readyz failed naming the verdict topic");
+    println!("/readyz while the write is denied: {}", reason.trim());
+    assert!(reason.contains("uthoriz"), "says why: {reason}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while service.is_running() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(
+        !service.is_running(),
+        "stopped after kafka.service_failure_timeout"
+    );
+    assert_eq!(
+        support::committed(&broker.bootstrap(), group, 2),
+        [-1, -1],
+        "nothing committed without verdicts"
+    );
+    assert_eq!(support::verdict_count(&broker.bootstrap()), 0);
+}
