@@ -14,7 +14,7 @@
 //! with [`ProducerError::Fatal`] and the pipeline stops.
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -227,9 +227,12 @@ pub type Source = (Tp, i64);
 /// it has the lowest offset waiting in its partition, so that re-sends keep
 /// offset order, and a new record of a partition with re-sends waiting
 /// queues behind them instead of overtaking them.
+/// An offset may wait twice: a partition revoked and assigned back to this
+/// instance is consumed again while the first copies' re-sends still run,
+/// so each offset counts its places.
 #[derive(Default)]
 struct Resends {
-    waiting: std::sync::Mutex<HashMap<Tp, BTreeSet<i64>>>,
+    waiting: std::sync::Mutex<HashMap<Tp, BTreeMap<i64, usize>>>,
     turn: tokio::sync::Notify,
 }
 
@@ -242,7 +245,10 @@ impl Resends {
 
     fn join(self: &Arc<Self>, source: &Source) -> Place {
         if let Ok(mut w) = self.waiting.lock() {
-            w.entry(source.0.clone()).or_default().insert(source.1);
+            *w.entry(source.0.clone())
+                .or_default()
+                .entry(source.1)
+                .or_default() += 1;
         }
         Place {
             resends: self.clone(),
@@ -250,9 +256,12 @@ impl Resends {
         }
     }
 
+    /// No earlier offset of the partition waits.
     fn is_first(&self, (tp, offset): &Source) -> bool {
         self.waiting.lock().map_or(true, |w| {
-            w.get(tp).and_then(BTreeSet::first) == Some(offset)
+            w.get(tp)
+                .and_then(|waiting| waiting.keys().next())
+                .is_none_or(|first| first >= offset)
         })
     }
 }
@@ -283,9 +292,14 @@ impl Drop for Place {
     fn drop(&mut self) {
         if let Ok(mut w) = self.resends.waiting.lock() {
             let (tp, offset) = &self.source;
-            if let Some(set) = w.get_mut(tp) {
-                set.remove(offset);
-                if set.is_empty() {
+            if let Some(waiting) = w.get_mut(tp) {
+                if let Some(places) = waiting.get_mut(offset) {
+                    *places -= 1;
+                    if *places == 0 {
+                        waiting.remove(offset);
+                    }
+                }
+                if waiting.is_empty() {
                     w.remove(tp);
                 }
             }
@@ -648,6 +662,30 @@ mod resend_tests {
             .unwrap();
         drop(late);
         drop(elsewhere);
+        assert!(!resends.any_waiting(&source(0, 0).0));
+    }
+
+    /// The same offset twice (its partition came back and was consumed
+    /// again while the first copy's re-sends ran): when one copy goes, the
+    /// other is not left waiting for a turn that never comes (it was, and
+    /// its partition's commits stopped for good).
+    #[tokio::test]
+    async fn an_offset_waiting_twice_is_never_stuck() {
+        let resends = Arc::new(Resends::default());
+        let first_copy = resends.join(&source(0, 7));
+        let second_copy = resends.join(&source(0, 7));
+        let later = resends.join(&source(0, 8));
+        assert!(goes_now(&first_copy).await && goes_now(&second_copy).await);
+        assert!(
+            !goes_now(&later).await,
+            "offset 8 waits for both copies of 7"
+        );
+        drop(first_copy);
+        assert!(goes_now(&second_copy).await, "still its turn");
+        assert!(!goes_now(&later).await, "7 still waits once");
+        drop(second_copy);
+        assert!(goes_now(&later).await);
+        drop(later);
         assert!(!resends.any_waiting(&source(0, 0).0));
     }
 }

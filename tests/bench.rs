@@ -210,6 +210,10 @@ async fn the_bench_runs_against_an_external_broker() {
     assert!(runs > 0);
     assert_eq!(report.latency.len(), 1);
     assert!(report.latency[0].p50_ms <= report.latency[0].max_ms);
+    // The broker's own round trip at the same load, without modstream.
+    assert_eq!(report.broker_floor.len(), 1);
+    let floor = &report.broker_floor[0];
+    assert!(floor.events > 0 && floor.p50_ms > 0.0 && floor.p50_ms <= floor.max_ms);
 }
 
 /// One batch size, one delay, one latency point of 1 s, no overload run.

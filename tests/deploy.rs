@@ -376,3 +376,71 @@ fn the_lag_threshold_comes_from_the_shipped_bench_report() {
     assert!(plan["instances"].as_u64().unwrap() >= 1);
     assert!(plan["partitions"].as_u64().unwrap() >= plan["instances"].as_u64().unwrap());
 }
+
+/// docker-compose's Kafka and the tests' Kafka (tests/kafka/server.properties)
+/// are the same broker with the same settings: same version, and every
+/// broker setting compose gives (environment `KAFKA_A_B` = property `a.b`)
+/// has the same value in the tests' properties, host addresses aside.
+#[test]
+fn the_compose_broker_and_the_tests_broker_agree() {
+    let compose = std::fs::read_to_string("docker-compose.yml").unwrap();
+    let pom = std::fs::read_to_string("tests/kafka/pom.xml").unwrap();
+    let version = pom
+        .split("<kafka.version>")
+        .nth(1)
+        .and_then(|s| s.split('<').next())
+        .expect("kafka.version in the pom");
+    for image in compose
+        .lines()
+        .filter(|l| l.contains("image: apache/kafka"))
+    {
+        assert!(
+            image.trim().ends_with(&format!(":{version}")),
+            "compose runs the tests' Kafka {version}: {image}"
+        );
+    }
+    let properties: std::collections::HashMap<String, String> =
+        std::fs::read_to_string("tests/kafka/server.properties")
+            .unwrap()
+            .replace("@REPLICATION@", "1")
+            .replace("@MIN_ISR@", "1")
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    // Addresses and ids differ by nature (container names vs free ports);
+    // the tests' protocol map adds the secured listener.
+    let per_host = [
+        "node.id",
+        "listeners",
+        "advertised.listeners",
+        "controller.quorum.voters",
+        "listener.security.protocol.map",
+    ];
+    let mut compared = 0;
+    for line in compose.lines() {
+        let Some((key, value)) = line.trim().split_once(": ") else {
+            continue;
+        };
+        let Some(name) = key.strip_prefix("KAFKA_") else {
+            continue;
+        };
+        let property = name.to_lowercase().replace('_', ".");
+        if per_host.contains(&property.as_str()) {
+            continue;
+        }
+        let value = value.trim_matches('"');
+        assert_eq!(
+            properties.get(&property).map(String::as_str),
+            Some(value),
+            "{property}: docker-compose.yml says {value}"
+        );
+        compared += 1;
+    }
+    assert!(compared >= 5, "compared {compared} settings");
+    let map = properties["listener.security.protocol.map"].as_str();
+    for listener in ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"] {
+        assert!(map.contains(listener) && compose.contains(listener));
+    }
+}

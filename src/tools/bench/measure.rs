@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientConfig;
 
 use super::BenchOptions;
-use super::report::LatencyRow;
+use super::report::{FloorRow, LatencyRow};
 use crate::config::InferenceSettings;
 use crate::inference::Model;
 use crate::shutdown::Shutdown;
@@ -258,6 +258,35 @@ pub(super) async fn paced_run(
     b: Batching,
     phases: &[(f64, f64)],
 ) -> anyhow::Result<PacedRun> {
+    paced(opts, Some(b), phases).await
+}
+
+/// The broker's own floor under the same paced load, producer and reader,
+/// without modstream: the reader reads the input topic itself, so each
+/// sample is a produce → consume round trip.
+pub(super) async fn broker_round_trip(opts: &BenchOptions, rate: f64) -> anyhow::Result<FloorRow> {
+    let run = paced(opts, None, &[(opts.latency_seconds as f64, rate)]).await?;
+    let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    for &(intended, read, _) in &run.samples {
+        h.record(read.saturating_duration_since(intended).as_micros().max(1) as u64)?;
+    }
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    Ok(FloorRow {
+        offered_per_s: rate,
+        events: run.samples.len(),
+        p50_ms: ms(0.5),
+        p99_ms: ms(0.99),
+        max_ms: h.max() as f64 / 1000.0,
+    })
+}
+
+/// [`paced_run`] with the pipeline (`Some`) or without it (`None`: the
+/// input records themselves are read back).
+async fn paced(
+    opts: &BenchOptions,
+    pipeline: Option<Batching>,
+    phases: &[(f64, f64)],
+) -> anyhow::Result<PacedRun> {
     let cell = Cell::new(opts).await?;
     let bootstrap = cell.bootstrap.clone();
     let counts: Vec<usize> = phases
@@ -267,16 +296,23 @@ pub(super) async fn paced_run(
     let count: usize = counts.iter().sum();
     let events = generate(count, 0, "l-");
     let shutdown = Shutdown::new();
-    let run = tokio::spawn(crate::pipeline::run(
-        settings(opts, &cell, b)?,
-        shutdown.clone(),
-    ));
+    let run = match pipeline {
+        Some(b) => Some(tokio::spawn(crate::pipeline::run(
+            settings(opts, &cell, b)?,
+            shutdown.clone(),
+        ))),
+        None => None,
+    };
+    let read_topic = match pipeline {
+        Some(_) => cell.verdicts.clone(),
+        None => cell.input.clone(),
+    };
     // One reader for the whole run, started first: a new consumer needs about
     // half a second before its first record, which is not modstream's latency.
     // The clock starts once a warm-up event came back as a verdict, so the
     // group join is not counted either.
     let (warm_tx, warm_rx) = std::sync::mpsc::channel::<()>();
-    let (b, t) = (bootstrap.clone(), cell.verdicts.clone());
+    let (b, t) = (bootstrap.clone(), read_topic);
     let reader = tokio::task::spawn_blocking(move || {
         let mut read_at: HashMap<String, Instant> = HashMap::new();
         let r = read_verdicts(&b, &t, count + 1, Duration::from_secs(300), |id| {
@@ -317,7 +353,10 @@ pub(super) async fn paced_run(
     send::await_deliveries(pending).await?;
     let read_at = reader.await??;
     shutdown.stop.cancel();
-    let summary = run.await??;
+    let summary = match run {
+        Some(run) => run.await??,
+        None => crate::pipeline::RunSummary::default(),
+    };
     let samples = events
         .iter()
         .filter_map(|e| {

@@ -27,8 +27,8 @@ pub use baseline::BaselineRow;
 pub use chart::replot;
 pub use measure::{Batching, peak_rss_bytes, peak_rss_of, raw_model_throughput};
 pub use report::{
-    ChoicePoint, LatencyRow, OverloadRow, RepeatRow, Report, SaturationRow, ShadowRow, StepBin,
-    StepTrace,
+    ChoicePoint, FloorRow, LatencyRow, OverloadRow, RepeatRow, Report, SaturationRow, ShadowRow,
+    StepBin, StepTrace,
 };
 
 /// What to measure; also the command line of `modstream bench`.
@@ -206,6 +206,13 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
             latency_rows.push(row);
         }
     }
+    // The broker alone at the same rates: the floor of every latency above.
+    let mut broker_floor = Vec::new();
+    for &fraction in &opts.loads {
+        let row = measure::broker_round_trip(&opts, best_fixed * fraction).await?;
+        row.print();
+        broker_floor.push(row);
+    }
     let step = match adaptive {
         Some(b) if opts.step_seconds > 0 => {
             let trace = step_trace(&opts, b, best_fixed * 0.2, 4.0).await?;
@@ -320,6 +327,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         step,
         repeats,
         baseline,
+        broker_floor,
         shadow,
     };
     report.write(&opts.out_dir)?;

@@ -105,9 +105,33 @@ pub struct Report {
     /// The default configuration against a plain Python consumer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline: Option<super::baseline::BaselineRow>,
+    /// The broker's round trip without modstream at the adaptive cell's
+    /// offered rates: the floor its latency is judged against.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub broker_floor: Vec<FloorRow>,
     /// Live throughput with a shadow model scoring every event, and without.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<ShadowRow>,
+}
+
+/// The broker's own floor at one offered rate: a produce → consume round
+/// trip of the same paced load, producer and reader, without modstream.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct FloorRow {
+    pub offered_per_s: f64,
+    pub events: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl FloorRow {
+    pub fn print(&self) {
+        eprintln!(
+            "broker floor (produce → consume, no modstream) at {:.0}/s: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} events)",
+            self.offered_per_s, self.p50_ms, self.p99_ms, self.max_ms, self.events
+        );
+    }
 }
 
 /// The default cell at saturation without and with a shadow model.
