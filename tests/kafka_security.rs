@@ -63,18 +63,32 @@ fn config(
     support::write_config_with(dir, &broker.secure_bootstrap(), group, &props)
 }
 
-/// `modstream run` that is expected to fail at start: (stderr, how long).
-fn failed_start(config: &Path) -> (String, Duration) {
+/// `modstream run` with `password` and the CA file `ca` picks from the
+/// broker's certificates, expected to fail at start, at once (well before
+/// its 30 s startup timeout), without consuming: its stderr.
+fn failed_start(group: &str, password: &str, ca: fn(&support::Tls) -> &Path) -> String {
+    let (broker, _) = secured_broker(group, &["Write", "Describe"], 10);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ca(broker.tls.as_ref().unwrap()).to_path_buf();
+    let config = config(dir.path(), &broker, group, &client_props(password, &ca));
     let started = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_modstream"))
         .args(["run", "--config"])
-        .arg(config)
+        .arg(&config)
         .env("MODSTREAM__KAFKA__STARTUP_TIMEOUT", "30s")
         .output()
         .unwrap();
     let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    println!("{group}: {} (after {took:?})", stderr.trim());
     assert!(!out.status.success(), "the start must fail");
-    (String::from_utf8_lossy(&out.stderr).into_owned(), took)
+    assert!(!stderr.contains(password), "the password is never logged");
+    assert!(
+        took < Duration::from_secs(15),
+        "at once, not after the startup timeout: {took:?}"
+    );
+    assert_eq!(support::committed(&broker.bootstrap(), group, 2), [-1, -1]);
+    stderr
 }
 
 #[test]
@@ -106,44 +120,22 @@ fn tls_and_scram_with_acls_end_to_end() {
 #[test]
 fn a_wrong_password_fails_the_start_at_once() {
     let _serial = serial();
-    let group = "g-wrong-password";
-    let (broker, _) = secured_broker(group, &["Write", "Describe"], 10);
-    let dir = tempfile::tempdir().unwrap();
-    let ca = broker.tls.as_ref().unwrap().ca_pem.clone();
-    let config = config(dir.path(), &broker, group, &client_props("wrong-pw", &ca));
-    let (stderr, took) = failed_start(&config);
-    println!("wrong password: {} (after {took:?})", stderr.trim());
+    let stderr = failed_start("g-wrong-password", "wrong-pw", |tls| &tls.ca_pem);
     assert!(
         stderr.contains("refused this client") && stderr.contains("uthentication"),
         "names the cause: {stderr}"
     );
-    assert!(!stderr.contains("wrong-pw"), "the password is never logged");
-    assert!(
-        took < Duration::from_secs(15),
-        "at once, not after the startup timeout: {took:?}"
-    );
-    assert_eq!(support::committed(&broker.bootstrap(), group, 2), [-1, -1]);
 }
 
 #[test]
 fn a_wrong_ca_fails_the_start_naming_certificate_verification() {
     let _serial = serial();
-    let group = "g-wrong-ca";
-    let (broker, _) = secured_broker(group, &["Write", "Describe"], 10);
-    let dir = tempfile::tempdir().unwrap();
-    let other = broker.tls.as_ref().unwrap().other_ca_pem.clone();
-    let config = config(dir.path(), &broker, group, &client_props(PASSWORD, &other));
-    let (stderr, took) = failed_start(&config);
-    println!("wrong CA: {} (after {took:?})", stderr.trim());
+    let stderr = failed_start("g-wrong-ca", PASSWORD, |tls| &tls.other_ca_pem);
     assert!(
         stderr.contains("TLS with Kafka failed") && stderr.contains("certificate verify failed"),
         "names certificate verification: {stderr}"
     );
     assert!(!stderr.contains("cannot reach Kafka"), "{stderr}");
-    assert!(
-        took < Duration::from_secs(15),
-        "at once, not after the startup timeout: {took:?}"
-    );
 }
 
 /// modstream may read its input but not write the verdict topic: deliveries

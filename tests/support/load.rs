@@ -65,15 +65,14 @@ pub fn produce_steady(
             }
         }
         let _ = producer.flush(Duration::from_secs(200));
-        let ids = acked.lock().unwrap().clone();
-        ids
+        std::mem::take(&mut *acked.lock().unwrap())
     })
 }
 
 /// Reads the verdict topic from the beginning in a background thread and
-/// records when each verdict arrived, until `stop` is set.
+/// records when each verdict arrived, by input partition, until dropped.
 pub struct VerdictClock {
-    arrivals: Arc<Mutex<Vec<Instant>>>,
+    arrivals: Arc<Mutex<Vec<(i64, Instant)>>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -86,8 +85,12 @@ impl VerdictClock {
         let thread = std::thread::spawn(move || {
             let reader = TopicReader::from_beginning(&b, VERDICTS, None).unwrap();
             while !s.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Ok(Some(_)) = reader.poll(Duration::from_millis(50)) {
-                    a.lock().unwrap().push(Instant::now());
+                if let Ok(Some(record)) = reader.poll(Duration::from_millis(50)) {
+                    let partition = record
+                        .json()
+                        .and_then(|v| v["source"]["partition"].as_i64())
+                        .unwrap_or(-1);
+                    a.lock().unwrap().push((partition, Instant::now()));
                 }
             }
         });
@@ -98,17 +101,32 @@ impl VerdictClock {
         }
     }
 
-    /// The longest time without a verdict between `from` and `to`
-    /// (counting from `from` to the first verdict after it).
+    /// The longest time an input partition went without a verdict between
+    /// `from` and `to` (from `from` to its first verdict after it, between
+    /// verdicts, and from its last one to `to`), over every partition that
+    /// had verdicts before `from`.
     pub fn longest_gap(&self, from: Instant, to: Instant) -> Duration {
         let arrivals = self.arrivals.lock().unwrap();
-        let mut last = from;
+        let mut partitions: Vec<i64> = arrivals
+            .iter()
+            .filter(|(_, t)| *t <= from)
+            .map(|(p, _)| *p)
+            .collect();
+        partitions.sort_unstable();
+        partitions.dedup();
         let mut longest = Duration::ZERO;
-        for &t in arrivals.iter().filter(|t| **t > from && **t <= to) {
-            longest = longest.max(t - last);
-            last = t;
+        for partition in partitions {
+            let mut last = from;
+            for &(_, t) in arrivals
+                .iter()
+                .filter(|(p, t)| *p == partition && *t > from && *t <= to)
+            {
+                longest = longest.max(t - last);
+                last = t;
+            }
+            longest = longest.max(to.saturating_duration_since(last));
         }
-        longest.max(to.saturating_duration_since(last).min(to - from))
+        longest
     }
 
     pub fn count(&self) -> usize {

@@ -19,7 +19,7 @@ use modstream::tools::read::TopicReader;
 mod kafka;
 pub mod load;
 #[allow(unused_imports)]
-pub use kafka::{Broker, Security, kafka_tool};
+pub use kafka::{Broker, Security, Tls, kafka_tool};
 
 pub const INPUT: &str = "posts";
 pub const VERDICTS: &str = "verdicts";
