@@ -21,7 +21,12 @@ printf '%s\n' rootLogger.level=WARN rootLogger.appenderRef.stdout.ref=STDOUT \
   appender.stdout.type=Console appender.stdout.name=STDOUT \
   appender.stdout.layout.type=PatternLayout 'appender.stdout.layout.pattern=[%d] %p %m (%c)%n' \
   > "$dir/log4j2.properties"
-java_opts=(-Xms64m -Xmx512m -XX:+UseSerialGC "-Dlog4j2.configurationFile=$dir/log4j2.properties" -cp "$libs/*")
+# The JVM options of Kafka's own kafka-server-start.sh (1 GiB heap, G1 with
+# a 20 ms pause target): a broker as users run it, for benchmarks (the tests
+# use a small heap and the serial collector instead). GC log: $dir/gc.log.
+java_opts=(-Xms1g -Xmx1g -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35
+           -XX:+ExplicitGCInvokesConcurrent "-Xlog:gc:file=$dir/gc.log"
+           "-Dlog4j2.configurationFile=$dir/log4j2.properties" -cp "$libs/*")
 cluster_id=$(java "${java_opts[@]}" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
 java "${java_opts[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" >/dev/null
 java "${java_opts[@]}" kafka.Kafka "$dir/server.properties" &

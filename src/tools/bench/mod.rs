@@ -198,20 +198,20 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         }
     }
     // The adaptive cell at the same fractions of the best fixed cell's
-    // saturation (what this machine can do).
-    if let Some(b) = adaptive {
-        for &fraction in &opts.loads {
-            let row = measure::latency(&opts, b, fraction, best_fixed * fraction).await?;
+    // saturation (what this machine can do), each right after the broker
+    // alone at that rate: the floor of every latency here, measured with the
+    // broker in the same state (it slows as a run fills it).
+    let mut broker_floor = Vec::new();
+    for &fraction in &opts.loads {
+        let rate = best_fixed * fraction;
+        let floor = measure::broker_round_trip(&opts, rate).await?;
+        floor.print();
+        broker_floor.push(floor);
+        if let Some(b) = adaptive {
+            let row = measure::latency(&opts, b, fraction, rate).await?;
             row.print();
             latency_rows.push(row);
         }
-    }
-    // The broker alone at the same rates: the floor of every latency above.
-    let mut broker_floor = Vec::new();
-    for &fraction in &opts.loads {
-        let row = measure::broker_round_trip(&opts, best_fixed * fraction).await?;
-        row.print();
-        broker_floor.push(row);
     }
     let step = match adaptive {
         Some(b) if opts.step_seconds > 0 => {
