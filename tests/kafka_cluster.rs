@@ -28,17 +28,37 @@ const PARTITIONS: i32 = 4;
 const RATE: u32 = 200;
 
 /// A three-node cluster with the topics, and modstream's config naming
-/// every node (limits.stall_after 20 s: a stall is logged past it).
+/// every node (`limits.stall_after` 30 s, half the default: a partition
+/// whose oldest event waits that long, or that has a lag and gets no record
+/// that long, is logged as stalled or not fetched).
 fn cluster(dir: &std::path::Path, group: &str) -> (Broker, std::path::PathBuf) {
     let broker = Broker::cluster(3);
     broker.create_topic(INPUT, PARTITIONS);
     broker.create_topic(VERDICTS, PARTITIONS);
     broker.create_topic(DLQ, 1);
     let config = support::write_config(dir, &broker.all_bootstrap(), group);
-    let text = std::fs::read_to_string(&config).unwrap();
+    // librdkafka's default session timeout (45 s; heartbeat and poll
+    // interval defaults with it), not the tests' 6 s: with 6 s a broker's
+    // death made the member's session time out (no answer from the group
+    // coordinator during the failover; Kafka fences a dead broker after 9 s),
+    // so it revoked everything, waited for its drain and rejoined.
+    let text: String = std::fs::read_to_string(&config)
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            ![
+                "\"session.timeout.ms\"",
+                "\"heartbeat.interval.ms\"",
+                "\"max.poll.interval.ms\"",
+            ]
+            .iter()
+            .any(|key| l.starts_with(key))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
     std::fs::write(
         &config,
-        format!("{text}\n[limits]\nstall_after = \"20s\"\n"),
+        format!("{text}\n[limits]\nstall_after = \"30s\"\n"),
     )
     .unwrap();
     (broker, config)
@@ -157,8 +177,8 @@ fn killing_partition_leaders_one_at_a_time_loses_nothing_and_stalls_nothing() {
     assert!(service.terminate(Duration::from_secs(30)));
     let log = log_of(dir.path(), "leader-kill");
     assert!(
-        !log.contains("partition stalled"),
-        "a partition stalled past 20 s:\n{log}"
+        !log.contains("partition stalled") && !log.contains("partition not fetched"),
+        "a partition stalled past limits.stall_after (30 s):\n{log}"
     );
 }
 
