@@ -414,11 +414,6 @@ impl Broker {
         args.extend_from_slice(resource);
         kafka_tool("org.apache.kafka.tools.AclCommand", &args);
     }
-
-    /// The temp dir with every node's data, properties and log.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
 }
 
 impl Drop for Broker {
