@@ -104,6 +104,59 @@ fn reject(reason: RejectReason, message: impl Into<String>) -> Rejection {
 
 /// Decode and check one record payload.
 pub fn validate(payload: Option<&[u8]>, limits: &Limits) -> Result<Event, Rejection> {
+    let mut obj = decode_object(payload, limits)?;
+    let event_id = required_string(
+        &mut obj,
+        "event_id",
+        RejectReason::MissingEventId,
+        RejectReason::EmptyEventId,
+    )?;
+    let text = required_string(
+        &mut obj,
+        "text",
+        RejectReason::MissingText,
+        RejectReason::EmptyText,
+    )?;
+    if text.len() > limits.max_text_bytes {
+        return Err(reject(
+            RejectReason::TextTooLarge,
+            format!(
+                "text is {} bytes, limit {}",
+                text.len(),
+                limits.max_text_bytes
+            ),
+        ));
+    }
+    let user_id = optional_string(&mut obj, "user_id")?;
+    let lang = optional_string(&mut obj, "lang")?;
+    let created_at_ms = created_at(&mut obj)?;
+    let priority = priority(&mut obj)?;
+    let metadata = match obj.remove("metadata") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(m)) => Some(m),
+        Some(other) => return Err(wrong_type("metadata", "an object", &other)),
+    };
+    Ok(Event {
+        event_id,
+        text,
+        user_id,
+        lang,
+        created_at_ms,
+        priority,
+        metadata,
+    })
+}
+
+/// When the event happened, for latency: the input record's Kafka
+/// timestamp (ms) when it has one, else the event's `created_at`.
+pub fn event_time_ms(record_timestamp_ms: Option<i64>, event: &Event) -> Option<i64> {
+    record_timestamp_ms
+        .filter(|t| *t > 0)
+        .or(event.created_at_ms)
+}
+
+/// The payload as a JSON object, within the size limit.
+fn decode_object(payload: Option<&[u8]>, limits: &Limits) -> Result<Map<String, Value>, Rejection> {
     let bytes = match payload {
         Some(b) if !b.is_empty() => b,
         _ => return Err(reject(RejectReason::EmptyPayload, "record has no payload")),
@@ -132,46 +185,26 @@ pub fn validate(payload: Option<&[u8]>, limits: &Limits) -> Result<Event, Reject
             format!("payload is not JSON: {e}"),
         )
     })?;
-    let Value::Object(mut obj) = value else {
-        return Err(reject(
+    match value {
+        Value::Object(obj) => Ok(obj),
+        other => Err(reject(
             RejectReason::NotAnObject,
-            format!("payload is JSON {}, not an object", kind(&value)),
-        ));
-    };
-
-    let event_id = required_string(
-        &mut obj,
-        "event_id",
-        RejectReason::MissingEventId,
-        RejectReason::EmptyEventId,
-    )?;
-    let text = required_string(
-        &mut obj,
-        "text",
-        RejectReason::MissingText,
-        RejectReason::EmptyText,
-    )?;
-    if text.len() > limits.max_text_bytes {
-        return Err(reject(
-            RejectReason::TextTooLarge,
-            format!(
-                "text is {} bytes, limit {}",
-                text.len(),
-                limits.max_text_bytes
-            ),
-        ));
+            format!("payload is JSON {}, not an object", kind(&other)),
+        )),
     }
-    let user_id = optional_string(&mut obj, "user_id")?;
-    let lang = optional_string(&mut obj, "lang")?;
-    let created_at_ms = match obj.remove("created_at") {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => Some(n.as_i64().ok_or_else(|| {
+}
+
+/// `created_at`: RFC 3339 or whole epoch milliseconds, ms since the epoch.
+fn created_at(obj: &mut Map<String, Value>) -> Result<Option<i64>, Rejection> {
+    match obj.remove("created_at") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => Ok(Some(n.as_i64().ok_or_else(|| {
             reject(
                 RejectReason::InvalidField,
                 "created_at: epoch milliseconds must be a whole number",
             )
-        })?),
-        Some(Value::String(s)) => Some(
+        })?)),
+        Some(Value::String(s)) => Ok(Some(
             chrono::DateTime::parse_from_rfc3339(&s)
                 .map_err(|e| {
                     reject(
@@ -180,41 +213,26 @@ pub fn validate(payload: Option<&[u8]>, limits: &Limits) -> Result<Event, Reject
                     )
                 })?
                 .timestamp_millis(),
-        ),
-        Some(other) => {
-            return Err(wrong_type(
-                "created_at",
-                "an RFC 3339 string or epoch milliseconds",
-                &other,
-            ));
-        }
-    };
-    let priority = match obj.remove("priority") {
-        None | Some(Value::Null) => Priority::Normal,
-        Some(Value::String(s)) if s == "normal" => Priority::Normal,
-        Some(Value::String(s)) if s == "urgent" => Priority::Urgent,
-        Some(Value::String(s)) => {
-            return Err(reject(
-                RejectReason::InvalidField,
-                format!("priority: {s:?} is neither \"normal\" nor \"urgent\""),
-            ));
-        }
-        Some(other) => return Err(wrong_type("priority", "a string", &other)),
-    };
-    let metadata = match obj.remove("metadata") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(m)) => Some(m),
-        Some(other) => return Err(wrong_type("metadata", "an object", &other)),
-    };
-    Ok(Event {
-        event_id,
-        text,
-        user_id,
-        lang,
-        created_at_ms,
-        priority,
-        metadata,
-    })
+        )),
+        Some(other) => Err(wrong_type(
+            "created_at",
+            "an RFC 3339 string or epoch milliseconds",
+            &other,
+        )),
+    }
+}
+
+fn priority(obj: &mut Map<String, Value>) -> Result<Priority, Rejection> {
+    match obj.remove("priority") {
+        None | Some(Value::Null) => Ok(Priority::Normal),
+        Some(Value::String(s)) if s == "normal" => Ok(Priority::Normal),
+        Some(Value::String(s)) if s == "urgent" => Ok(Priority::Urgent),
+        Some(Value::String(s)) => Err(reject(
+            RejectReason::InvalidField,
+            format!("priority: {s:?} is neither \"normal\" nor \"urgent\""),
+        )),
+        Some(other) => Err(wrong_type("priority", "a string", &other)),
+    }
 }
 
 fn required_string(

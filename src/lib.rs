@@ -10,16 +10,19 @@
 //! the event generator, the embedded cluster.
 
 pub mod batcher;
+pub mod client;
 pub mod config;
 pub mod consumer;
 pub mod event;
 pub mod hub;
 pub mod inference;
+pub mod manifest;
 pub mod offsets;
 pub mod partition;
 pub mod pipeline;
 pub mod producer;
 pub mod rebalance;
+pub mod record;
 pub mod reload;
 pub mod score_cache;
 pub mod shadow;
@@ -28,4 +31,5 @@ pub mod slo;
 pub mod telemetry;
 pub mod tokens;
 pub mod tools;
+pub mod tp;
 pub mod verdict;

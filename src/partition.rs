@@ -15,10 +15,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::batcher::{Batcher, CloseReason, ClosedBatch};
-use crate::consumer::Tp;
 use crate::event;
 use crate::offsets::OffsetTracker;
-use crate::verdict::Original;
+use crate::record::Original;
+use crate::tp::Tp;
 
 /// A valid event waiting for its verdict.
 #[derive(Debug)]

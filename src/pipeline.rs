@@ -25,9 +25,11 @@ use crate::config::Settings;
 use crate::consumer::{self, ConsumerError};
 use crate::hub::{Deliver, Hub, Inputs};
 use crate::inference::{InferenceError, InferencePool};
-use crate::producer::{OutRecord, ProducerError, Sink, Source};
+use crate::producer::{ProducerError, Sink};
+use crate::record::OutRecord;
 use crate::shutdown::Shutdown;
 use crate::telemetry::Health;
+use crate::tp::Source;
 use crate::verdict::{PolicyError, Scorer};
 
 pub use crate::hub::RunSummary;
@@ -133,14 +135,17 @@ pub async fn run_with_health(
 
     // Hot reload: a new model (or, on SIGHUP, policy) while running;
     // started last so that an early return leaves no task behind.
+    let (scorers_tx, scorers) = mpsc::channel(4);
     let reloader = tokio::spawn(
         crate::reload::Reloader {
             settings: settings.clone(),
             max_batch: settings.batching.max_batch_size,
             swaps: pool.swaps(),
+            scorers: scorers_tx,
             loaded: loaded_model,
             refused: None,
             manifest: pool.manifest.clone(),
+            version: 0,
         }
         .run(shutdown.stop.clone()),
     );
@@ -159,6 +164,7 @@ pub async fn run_with_health(
         records: channels.records,
         rebalances: channels.rebalances,
         results,
+        scorers,
     };
     let (summary, producer_fatal) = hub.run(inputs).await;
     watchdog.abort();

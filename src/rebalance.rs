@@ -31,10 +31,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::consumer::Tp;
-
-/// Positions (next offset to read) of some partitions.
-pub type Positions = Vec<(Tp, i64)>;
+pub use crate::tp::Positions;
+use crate::tp::Tp;
 
 /// Sent by the consumer thread's rebalance callback to the hub.
 #[derive(Debug)]

@@ -5,11 +5,12 @@
 //! swapped to another version directory) and the size and modification time
 //! of its manifest, model and tokenizer files. When they changed it loads
 //! the model from the resolved directory in new sessions, one per worker,
-//! beside the running ones, and warms each up; only when all loaded and warmed
-//! up, and the policy accepts the new labels, does each worker switch, at its
-//! next job (a batch boundary). The verdicts then carry the new model's name
-//! and version. A model that fails to load or warm up is refused: the old one
-//! keeps serving, the error is logged and counted
+//! beside the running ones, and warms each up (the same rule as at start: a
+//! failed warm-up is a warning); only when all loaded, and the policy
+//! accepts the new labels, does the hub learn the new version's scorer and
+//! each worker switch, at its next job (a batch boundary). The verdicts then
+//! carry the new model's name and version. A model that fails to load is
+//! refused: the old one keeps serving, the error is logged and counted
 //! (`modstream_model_reloads_total{outcome="refused"}`), /readyz stays ready,
 //! and the same files are not tried again until they change.
 //!
@@ -24,10 +25,11 @@ use std::time::SystemTime;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{InferenceSettings, Policy, Settings};
-use crate::inference::{Model, Swap};
+use crate::inference::{self, Swap};
+use crate::manifest::Manifest;
 use crate::score_cache::ScoreCache;
-use crate::telemetry::metric;
-use crate::verdict::Scorer;
+use crate::telemetry::metric::{self, ReloadOutcome};
+use crate::verdict::{NewScorer, Scorer};
 
 /// What identifies the model files on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,10 +56,15 @@ pub struct Reloader {
     pub settings: Settings,
     pub max_batch: usize,
     pub swaps: Vec<Sender<Swap>>,
+    /// The hub learns each new version's scorer here, before any worker
+    /// can answer with it.
+    pub scorers: tokio::sync::mpsc::Sender<NewScorer>,
     /// What is loaded now (and what was last refused, not to retry it).
     pub loaded: Option<Fingerprint>,
     pub refused: Option<Fingerprint>,
-    pub manifest: crate::inference::Manifest,
+    pub manifest: Manifest,
+    /// The version last handed out (0: the model the pipeline started with).
+    pub version: u64,
 }
 
 impl Reloader {
@@ -91,7 +98,7 @@ impl Reloader {
             };
             if sighup {
                 tracing::info!("SIGHUP: reading the configuration and the model again");
-                self.reread_policy();
+                self.reread_policy().await;
             }
             self.check_model(sighup).await;
         }
@@ -99,7 +106,7 @@ impl Reloader {
 
     /// SIGHUP: the configuration file's `policy`, validated, for the
     /// current model.
-    fn reread_policy(&mut self) {
+    async fn reread_policy(&mut self) {
         let source = self.settings.source.clone();
         let policy = Settings::load(source.as_deref()).map(|s| s.policy);
         match policy.map_err(|e| e.to_string()).and_then(|p| {
@@ -109,24 +116,32 @@ impl Reloader {
         }) {
             Ok((policy, _)) if policy == self.settings.policy => {}
             Ok((policy, scorer)) => {
-                let scorer = Arc::new(scorer);
+                let version = self.announce(scorer).await;
                 for swap in &self.swaps {
                     let _ = swap.send(Swap {
                         model: None,
                         cache: None,
-                        scorer: scorer.clone(),
+                        version,
                     });
                 }
                 tracing::info!(?policy, "policy reloaded");
-                metrics::counter!(metric::POLICY_RELOADS_TOTAL, "outcome" => "loaded").increment(1);
+                metrics::counter!(metric::POLICY_RELOADS_TOTAL, "outcome" => ReloadOutcome::Loaded.as_str()).increment(1);
                 self.settings.policy = policy;
             }
             Err(error) => {
                 tracing::error!(%error, "new policy refused; the current one stays");
-                metrics::counter!(metric::POLICY_RELOADS_TOTAL, "outcome" => "refused")
+                metrics::counter!(metric::POLICY_RELOADS_TOTAL, "outcome" => ReloadOutcome::Refused.as_str())
                     .increment(1);
             }
         }
+    }
+
+    /// Tell the hub the next version's scorer; the workers are told after,
+    /// so the hub always knows a version before a result carries it.
+    async fn announce(&mut self, scorer: Scorer) -> u64 {
+        self.version += 1;
+        let _ = self.scorers.send((self.version, Arc::new(scorer))).await;
+        self.version
     }
 
     /// Load the model again if its files changed (or `force`).
@@ -157,12 +172,12 @@ impl Reloader {
                 let manifest = models[0].manifest.clone();
                 let cache = (inference.cache_bytes > 0)
                     .then(|| Arc::new(ScoreCache::new(inference.cache_bytes)));
-                let scorer = Arc::new(scorer);
+                let version = self.announce(scorer).await;
                 for (swap, model) in self.swaps.iter().zip(models) {
                     let _ = swap.send(Swap {
                         model: Some((model, inference.clone())),
                         cache: cache.clone(),
-                        scorer: scorer.clone(),
+                        version,
                     });
                 }
                 tracing::info!(
@@ -171,37 +186,33 @@ impl Reloader {
                     dir = %now.resolved.display(),
                     "model reloaded; the workers switch at their next batch"
                 );
-                metrics::counter!(metric::MODEL_RELOADS_TOTAL, "outcome" => "loaded").increment(1);
+                metrics::counter!(metric::MODEL_RELOADS_TOTAL, "outcome" => ReloadOutcome::Loaded.as_str()).increment(1);
                 self.manifest = manifest;
                 self.loaded = Some(now);
                 self.refused = None;
             }
             Err(error) => {
                 tracing::error!(dir = %now.resolved.display(), %error, "new model refused; the running one keeps serving");
-                metrics::counter!(metric::MODEL_RELOADS_TOTAL, "outcome" => "refused").increment(1);
+                metrics::counter!(metric::MODEL_RELOADS_TOTAL, "outcome" => ReloadOutcome::Refused.as_str()).increment(1);
                 self.refused = Some(now);
             }
         }
     }
 }
 
-/// `workers` sessions of the model, each warmed up, and its scorer; any
-/// failure refuses the whole reload.
+/// `workers` sessions of the model (loaded and warmed up by the same rule
+/// as at start: [`inference::load_sessions`]) and its scorer; any failure
+/// refuses the whole reload.
 fn load(
     settings: &InferenceSettings,
     policy: &Policy,
     workers: usize,
     max_batch: usize,
-) -> Result<(Vec<Model>, Scorer), String> {
-    let mut models = Vec::with_capacity(workers);
-    for _ in 0..workers {
-        let mut model = Model::load(settings).map_err(|e| e.to_string())?;
-        model
-            .warm_up(max_batch)
-            .map_err(|e| format!("warm-up failed: {e}"))?;
-        models.push(model);
-    }
-    let scorer = Scorer::new(&models[0].manifest, policy).map_err(|e| e.to_string())?;
+) -> Result<(Vec<inference::Model>, Scorer), String> {
+    let models =
+        inference::load_sessions(settings, workers, max_batch).map_err(|e| e.to_string())?;
+    let manifest = &models.first().ok_or("no worker to load for")?.manifest;
+    let scorer = Scorer::new(manifest, policy).map_err(|e| e.to_string())?;
     Ok((models, scorer))
 }
 

@@ -17,12 +17,12 @@
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 
-use rdkafka::ClientConfig;
 use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
 
+use crate::client::{self, ProducerRole};
 use crate::config::{InferenceSettings, Settings};
 use crate::inference::Model;
-use crate::telemetry::metric;
+use crate::telemetry::metric::{self, ShadowStage};
 use crate::verdict::Scorer;
 
 /// Events waiting for the shadow model at most.
@@ -66,22 +66,17 @@ impl Shadow {
             Ok(m) => m,
             Err(error) => {
                 tracing::error!(dir = %dir.display(), %error, "shadow model not loaded; running without a shadow");
-                metrics::counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => "load").increment(1);
+                metrics::counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => ShadowStage::Load.as_str()).increment(1);
                 return None;
             }
         };
         let producer = {
-            let mut cfg = ClientConfig::new();
-            cfg.set("bootstrap.servers", &settings.kafka.bootstrap_servers)
-                .set("linger.ms", "20");
-            for (k, v) in &settings.kafka.producer {
-                cfg.set(k, v);
-            }
+            let cfg = client::producer(&settings.kafka, ProducerRole::Shadow);
             match cfg.create_with_context::<_, ThreadedProducer<Counting>>(Counting) {
                 Ok(p) => p,
                 Err(error) => {
                     tracing::error!(%error, "shadow producer not created; running without a shadow");
-                    metrics::counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => "load")
+                    metrics::counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => ShadowStage::Load.as_str())
                         .increment(1);
                     return None;
                 }
@@ -121,7 +116,7 @@ impl Shadow {
                 metrics::counter!(metric::SHADOW_SKIPPED_TOTAL).increment(1);
             }
             Err(TrySendError::Disconnected(_)) => {
-                metrics::counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => "thread").increment(1);
+                metrics::counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => ShadowStage::Thread.as_str()).increment(1);
             }
         }
     }
@@ -136,7 +131,7 @@ impl ProducerContext for Counting {
     type DeliveryOpaque = ();
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         if result.is_err() {
-            metrics::counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => "deliver").increment(1);
+            metrics::counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => ShadowStage::Deliver.as_str()).increment(1);
         }
     }
 }
@@ -179,12 +174,12 @@ fn serve(
         let scores = model.score_isolating(&mut texts);
         for (job, score) in batch.iter().zip(scores) {
             let Ok(probabilities) = score else {
-                metrics::counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => "score").increment(1);
+                metrics::counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => ShadowStage::Score.as_str()).increment(1);
                 continue;
             };
             let live = job.live.judge(&job.live_probabilities);
             let shadow = scorer.judge(&probabilities);
-            metrics::counter!(metric::SHADOW_AGREEMENT_TOTAL, "live" => live.verdict, "shadow" => shadow.verdict)
+            metrics::counter!(metric::SHADOW_AGREEMENT_TOTAL, "live" => live.verdict.as_str(), "shadow" => shadow.verdict.as_str())
                 .increment(1);
             let record = Comparison {
                 agree: live.verdict == shadow.verdict,
@@ -206,7 +201,7 @@ fn serve(
                     .payload(&payload),
             );
             if sent.is_err() {
-                metrics::counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => "deliver").increment(1);
+                metrics::counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => ShadowStage::Deliver.as_str()).increment(1);
             }
         }
     }

@@ -1,4 +1,5 @@
-//! The output records: verdicts and dead-letter records.
+//! Verdicts: the policy applied to a model's probabilities, and the
+//! verdict record.
 //!
 //! Verdict (JSON, keyed like the input event):
 //! `{"event_id", "verdict": "allow"|"review"|"block", "scores": {label: p},
@@ -7,25 +8,46 @@
 //! `latency_ms` runs from the input record's Kafka timestamp (or the event's
 //! `created_at` when the record has none) to when the verdict was made.
 //!
-//! Dead-letter record: the original key, value (null stays null), headers
-//! and timestamp, untouched, followed by the headers `modstream.reason`
-//! (code), `modstream.message`, `modstream.source.topic`,
-//! `modstream.source.partition`, `modstream.source.offset` (a reader that
-//! finds a name twice takes the last one). A value too large for the broker
-//! is cut to fit (see [`crate::producer`]) and marked
-//! `modstream.truncated` / `modstream.original.size`.
-
-use std::borrow::Cow;
+//! Dead-letter records are in [`crate::record`].
 
 use crate::config::{Policy, Thresholds};
-use crate::consumer::Tp;
-use crate::event::{Event, Rejection};
-use crate::inference::Manifest;
-use crate::producer::OutRecord;
+use crate::event::{self, Event};
+use crate::manifest::Manifest;
+use crate::record::{OutRecord, RecordKind};
+use crate::tp::Tp;
 
-pub const ALLOW: &str = "allow";
-pub const REVIEW: &str = "review";
-pub const BLOCK: &str = "block";
+/// A new scorer for the hub (from a hot reload): the version the workers'
+/// results carry from their next job on, and the model identity and policy
+/// that judge them.
+pub type NewScorer = (u64, std::sync::Arc<Scorer>);
+
+/// A verdict, in order of severity (`Ord`: the most severe is the greatest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Allow,
+    Review,
+    Block,
+}
+
+impl Verdict {
+    pub const ALL: [Verdict; 3] = [Verdict::Allow, Verdict::Review, Verdict::Block];
+
+    /// As written in verdict records and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allow => "allow",
+            Verdict::Review => "review",
+            Verdict::Block => "block",
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Turns model probabilities into verdict records.
 #[derive(Debug)]
@@ -50,7 +72,7 @@ struct VerdictBody<'a> {
     processed_at: String,
     scores: Scores<'a>,
     source: SourceRef<'a>,
-    verdict: &'a str,
+    verdict: Verdict,
 }
 
 #[derive(serde::Serialize)]
@@ -92,7 +114,7 @@ impl serde::Serialize for Scores<'_> {
 pub struct Judgement<'a> {
     model: ModelRef<'a>,
     scores: Scores<'a>,
-    pub verdict: &'static str,
+    pub verdict: Verdict,
 }
 
 /// A policy that does not fit the model it would judge.
@@ -142,7 +164,6 @@ impl Scorer {
         })
     }
 
-    /// The most severe verdict over the judged labels.
     /// The verdict, scores and model of `probabilities`, serializable.
     pub fn judge<'a>(&'a self, probabilities: &'a [f32]) -> Judgement<'a> {
         Judgement {
@@ -159,13 +180,13 @@ impl Scorer {
         }
     }
 
-    pub fn decide(&self, probabilities: &[f32]) -> &'static str {
-        let severity = |v: &str| [ALLOW, REVIEW, BLOCK].iter().position(|s| *s == v);
+    /// The most severe verdict over the judged labels.
+    pub fn decide(&self, probabilities: &[f32]) -> Verdict {
         self.rules
             .iter()
             .map(|(i, t)| decide(t, probabilities.get(*i).copied().unwrap_or(0.0)))
-            .max_by_key(|v| severity(v))
-            .unwrap_or(ALLOW)
+            .max()
+            .unwrap_or(Verdict::Allow)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -178,10 +199,10 @@ impl Scorer {
         event: &Event,
         probabilities: &[f32],
         timestamp_ms: Option<i64>,
-    ) -> (OutRecord, &'static str) {
+    ) -> (OutRecord, Verdict) {
         let verdict = self.decide(probabilities);
         let now = chrono::Utc::now();
-        let started = timestamp_ms.filter(|t| *t > 0).or(event.created_at_ms);
+        let started = event::event_time_ms(timestamp_ms, event);
         let latency_ms = started.map(|t| (now.timestamp_millis() - t).max(0));
         let body = VerdictBody {
             event_id: &event.event_id,
@@ -211,79 +232,20 @@ impl Scorer {
             payload: Some(payload),
             headers: Vec::new(),
             timestamp_ms: None,
-            kind: "verdict",
+            kind: RecordKind::Verdict,
         };
         (record, verdict)
     }
 }
 
 /// `score >= block_at` blocks, `score >= review_at` goes to review.
-pub fn decide(t: &Thresholds, score: f32) -> &'static str {
+pub fn decide(t: &Thresholds, score: f32) -> Verdict {
     if score >= t.block_at {
-        BLOCK
+        Verdict::Block
     } else if score >= t.review_at {
-        REVIEW
+        Verdict::Review
     } else {
-        ALLOW
-    }
-}
-
-/// Header names of dead-letter records.
-pub mod header {
-    pub const REASON: &str = "modstream.reason";
-    pub const MESSAGE: &str = "modstream.message";
-    pub const SOURCE_TOPIC: &str = "modstream.source.topic";
-    pub const SOURCE_PARTITION: &str = "modstream.source.partition";
-    pub const SOURCE_OFFSET: &str = "modstream.source.offset";
-    /// Set on a dead-letter record whose value was cut to fit the broker.
-    pub const TRUNCATED: &str = "modstream.truncated";
-    /// The size in bytes of the value before it was cut.
-    pub const ORIGINAL_SIZE: &str = "modstream.original.size";
-}
-
-/// An input record's own parts, kept for its dead-letter copy.
-#[derive(Debug, Default)]
-pub struct Original {
-    pub key: Option<Vec<u8>>,
-    /// `None` for a null value (tombstone): the copy is null too.
-    pub payload: Option<Vec<u8>>,
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
-    /// The record's Kafka timestamp, ms since the epoch.
-    pub timestamp_ms: Option<i64>,
-}
-
-/// The dead-letter copy of an input record: its key, value, headers and
-/// timestamp as they were, then modstream's headers.
-pub fn dead_letter(
-    topic: &str,
-    source: &Tp,
-    offset: i64,
-    original: Original,
-    rejection: &Rejection,
-) -> OutRecord {
-    let own = [
-        (header::REASON, rejection.reason.code().to_string()),
-        (header::MESSAGE, rejection.message.clone()),
-        (header::SOURCE_TOPIC, source.topic.to_string()),
-        (header::SOURCE_PARTITION, source.partition.to_string()),
-        (header::SOURCE_OFFSET, offset.to_string()),
-    ];
-    let mut headers: Vec<(Cow<'static, str>, Option<Vec<u8>>)> = original
-        .headers
-        .into_iter()
-        .map(|(k, v)| (Cow::Owned(k), v))
-        .collect();
-    headers.extend(
-        own.into_iter()
-            .map(|(k, v)| (Cow::Borrowed(k), Some(v.into_bytes()))),
-    );
-    OutRecord {
-        topic: topic.to_string(),
-        key: original.key,
-        payload: original.payload,
-        headers,
-        timestamp_ms: original.timestamp_ms,
-        kind: "dlq",
+        Verdict::Allow
     }
 }
 
@@ -298,10 +260,10 @@ mod tests {
             review_at: 0.5,
             block_at: 0.9,
         };
-        assert_eq!(decide(&p, 0.1), ALLOW);
-        assert_eq!(decide(&p, 0.5), REVIEW);
-        assert_eq!(decide(&p, 0.89), REVIEW);
-        assert_eq!(decide(&p, 0.9), BLOCK);
+        assert_eq!(decide(&p, 0.1), Verdict::Allow);
+        assert_eq!(decide(&p, 0.5), Verdict::Review);
+        assert_eq!(decide(&p, 0.89), Verdict::Review);
+        assert_eq!(decide(&p, 0.9), Verdict::Block);
     }
 
     #[test]
@@ -320,13 +282,13 @@ mod tests {
         policy.labels.insert("toxic".into(), t(0.8, 0.95));
         policy.labels.insert("threat".into(), t(0.2, 0.5));
         let scorer = Scorer::new(&manifest, &policy).unwrap();
-        assert_eq!(scorer.decide(&[0.1, 0.1, 0.99]), ALLOW); // insult not judged
-        assert_eq!(scorer.decide(&[0.85, 0.1, 0.0]), REVIEW);
-        assert_eq!(scorer.decide(&[0.85, 0.6, 0.0]), BLOCK); // threat blocks
+        assert_eq!(scorer.decide(&[0.1, 0.1, 0.99]), Verdict::Allow); // insult not judged
+        assert_eq!(scorer.decide(&[0.85, 0.1, 0.0]), Verdict::Review);
+        assert_eq!(scorer.decide(&[0.85, 0.6, 0.0]), Verdict::Block); // threat blocks
         // Without per-label thresholds: score_label with the global ones.
         let scorer = Scorer::new(&manifest, &Policy::default()).unwrap();
-        assert_eq!(scorer.decide(&[0.9, 0.0, 0.0]), BLOCK);
-        assert_eq!(scorer.decide(&[0.1, 0.99, 0.99]), ALLOW);
+        assert_eq!(scorer.decide(&[0.9, 0.0, 0.0]), Verdict::Block);
+        assert_eq!(scorer.decide(&[0.1, 0.99, 0.99]), Verdict::Allow);
         // A label the model lacks is refused where the policy is built.
         policy.labels.insert("spam".into(), t(0.5, 0.9));
         let error = Scorer::new(&manifest, &policy).expect_err("refused");
@@ -342,10 +304,7 @@ mod tests {
         }))
         .unwrap();
         let scorer = Scorer::new(&manifest, &Policy::default()).unwrap();
-        let tp = Tp {
-            topic: std::sync::Arc::from("posts"),
-            partition: 3,
-        };
+        let tp = Tp::new("posts", 3);
         for (id, probabilities, timestamp) in [
             (
                 "e-1",

@@ -2,7 +2,8 @@ use super::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::inference::{Manifest, TokenStats};
+use crate::inference::TokenStats;
+use crate::manifest::Manifest;
 use crate::partition::tests::tp;
 
 /// Stands in for the producer: records what it was handed, in order,
@@ -21,7 +22,8 @@ impl Deliver for Outbox {
         _source: Source,
         _cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<(), ProducerError>> {
-        let refuse = record.kind == "dlq" && self.1.load(std::sync::atomic::Ordering::SeqCst);
+        let refuse = record.kind == crate::record::RecordKind::Dlq
+            && self.1.load(std::sync::atomic::Ordering::SeqCst);
         self.0.lock().unwrap().push(record);
         Box::pin(async move {
             if refuse {
@@ -40,7 +42,7 @@ impl Outbox {
             .lock()
             .unwrap()
             .iter()
-            .filter(|r| r.kind == "verdict")
+            .filter(|r| r.kind == crate::record::RecordKind::Verdict)
             .map(|r| {
                 let v: serde_json::Value =
                     serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
@@ -123,7 +125,7 @@ fn scored(job: &InferenceJob) -> InferenceResult {
         texts: job.texts.clone(),
         elapsed: Duration::from_millis(3),
         tokens: TokenStats::default(),
-        scorer: None,
+        version: 0,
     }
 }
 
@@ -336,7 +338,7 @@ fn failed(job: &InferenceJob) -> InferenceResult {
         texts: job.texts.clone(),
         elapsed: Duration::from_millis(3),
         tokens: TokenStats::default(),
-        scorer: None,
+        version: 0,
     }
 }
 

@@ -56,37 +56,17 @@ impl<D: Deliver> Hub<D> {
             let waited = oldest.map_or(0.0, |(_, w)| w.as_secs_f64());
             metrics::gauge!(metric::OLDEST_PENDING_SECONDS, "topic" => tp.topic.to_string(), "partition" => tp.partition.to_string())
                 .set(waited);
-            match oldest {
-                Some((offset, waited)) if waited >= stall_after => {
-                    let stall = Stall {
-                        topic: tp.topic.to_string(),
-                        partition: tp.partition,
-                        offset,
-                        waiting_s: waited.as_secs(),
-                        pending: partition.in_flight(),
-                    };
-                    if self.stalled.insert(tp.clone()) {
-                        tracing::error!(topic = %tp.topic, partition = tp.partition, offset, waiting_s = stall.waiting_s, pending = stall.pending, "partition stalled: its oldest event has no verdict delivered yet");
-                    }
-                    stalls.push(stall);
-                }
-                _ => {
-                    if self.stalled.remove(tp) {
-                        tracing::info!(topic = %tp.topic, partition = tp.partition, "partition making progress again");
-                    }
-                }
+            if let Some((offset, waited)) = oldest.filter(|(_, w)| *w >= stall_after) {
+                stalls.push(Stall {
+                    topic: tp.topic.to_string(),
+                    partition: tp.partition,
+                    offset,
+                    waiting_s: waited.as_secs(),
+                    pending: partition.in_flight(),
+                });
             }
         }
-        // Partitions no longer owned are not stalled here.
         let owned = &self.partitions;
-        self.stalled.retain(|tp| {
-            let keep = owned.contains_key(tp);
-            if !keep {
-                tracing::info!(topic = %tp.topic, partition = tp.partition, "stalled partition revoked; its next owner takes over");
-            }
-            keep
-        });
-        stalls.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
-        self.health.set_stalled(stalls);
+        self.stalls.report(stalls, |tp| owned.contains_key(tp));
     }
 }

@@ -186,7 +186,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
     for d in &dlq {
         let reason = d
             .headers
-            .get(crate::verdict::header::REASON)
+            .get(crate::record::header::REASON)
             .map(|r| String::from_utf8_lossy(r).into_owned())
             .unwrap_or_default();
         *dlq_reasons.entry(reason).or_default() += 1;

@@ -15,20 +15,20 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::FutureProducer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 
+use crate::client::{self, ConsumerRole};
 use crate::config::Settings;
-use crate::consumer::Tp;
 use crate::inference::{InferenceJob, InferencePool};
-use crate::verdict::Scorer;
+use crate::producer::{ProducerError, Sink};
+use crate::tp::Tp;
+use crate::verdict::{Scorer, Verdict};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RescoreOptions {
@@ -128,25 +128,12 @@ pub async fn run(opts: RescoreOptions) -> anyhow::Result<RescoreReport> {
     }
     let started = Instant::now();
     let (ranges, consumer) = open_range(&settings, &opts)?;
-    let total: i64 = ranges.values().map(|(a, b)| (b - a).max(0)).sum();
-
     let batch = settings.batching.max_batch_size;
-    let (results_tx, mut results) =
-        tokio::sync::mpsc::channel(settings.inference.worker_count() * 4);
+    let (results_tx, results) = tokio::sync::mpsc::channel(settings.inference.worker_count() * 4);
     let pool = InferencePool::start(&settings.inference, batch, results_tx)?;
-    let scorer = Arc::new(Scorer::new(&pool.manifest, &settings.policy)?);
-    let jobs = pool.jobs();
-    let producer: FutureProducer = {
-        let mut cfg = ClientConfig::new();
-        cfg.set("bootstrap.servers", &settings.kafka.bootstrap_servers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "5");
-        for (k, v) in &settings.kafka.producer {
-            cfg.set(k, v);
-        }
-        cfg.create()?
-    };
+    let scorer = Scorer::new(&pool.manifest, &settings.policy)?;
+    // The live verdict producer: the same client settings, retries and backoff.
+    let sink = Sink::new(&settings.kafka, settings.limits.max_payload_bytes)?;
     let mut report = RescoreReport {
         topic: opts.topic.clone(),
         output_topic: opts.output_topic.clone(),
@@ -154,159 +141,235 @@ pub async fn run(opts: RescoreOptions) -> anyhow::Result<RescoreReport> {
         ranges: ranges.clone(),
         ..Default::default()
     };
-
     // The reader: a blocking thread polls the range and hands records over.
-    let (records_tx, mut records) = tokio::sync::mpsc::channel::<Result<Item, ()>>(batch * 8);
-    let limits = settings.limits.clone();
-    let topic: Arc<str> = Arc::from(opts.topic.as_str());
-    let reader_ranges = ranges.clone();
-    let reader = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-        let mut remaining: HashMap<i32, i64> = reader_ranges
-            .iter()
-            .filter(|(_, (a, b))| b > a)
-            .map(|(p, (_, b))| (*p, *b))
-            .collect();
-        while !remaining.is_empty() {
-            let Some(message) = consumer.poll(Duration::from_millis(200)) else {
-                // Nothing more to fetch: a partition whose position reached
-                // its end is done even if its last offsets held no record
-                // (transaction markers, compaction).
-                if let Ok(positions) = consumer.position() {
-                    for e in positions.elements() {
-                        if let rdkafka::Offset::Offset(o) = e.offset()
-                            && remaining.get(&e.partition()).is_some_and(|end| o >= *end)
-                        {
-                            remaining.remove(&e.partition());
-                        }
-                    }
-                }
-                continue;
-            };
-            let m = message?;
-            let Some(&end) = remaining.get(&m.partition()) else {
-                continue;
-            };
-            if m.offset() >= end {
-                remaining.remove(&m.partition());
-                continue;
-            }
-            if m.offset() + 1 >= end {
-                remaining.remove(&m.partition());
-            }
-            let item = crate::event::validate(m.payload(), &limits)
-                .map(|event| Item {
-                    tp: Tp {
-                        topic: topic.clone(),
-                        partition: m.partition(),
-                    },
-                    offset: m.offset(),
-                    key: m.key().map(<[u8]>::to_vec),
-                    timestamp_ms: m.timestamp().to_millis(),
-                    event,
-                })
-                .map_err(|_| ());
-            if records_tx.blocking_send(item).is_err() {
-                break;
-            }
+    let (records_tx, records) = tokio::sync::mpsc::channel::<Result<Item, ()>>(batch * 8);
+    let reader = {
+        let (limits, topic, ranges) = (settings.limits.clone(), opts.topic.clone(), ranges.clone());
+        tokio::task::spawn_blocking(move || {
+            read_range(&consumer, &ranges, &topic, &limits, records_tx)
+        })
+    };
+    let mut scoring = Scoring {
+        jobs: pool.jobs(),
+        capacity: settings.inference.worker_count() * 2,
+        batch,
+        scorer,
+        sink,
+        output_topic: opts.output_topic.clone(),
+        keep_labels: opts.compare_topic.is_some(),
+        labels: HashMap::new(),
+        deliveries: Vec::new(),
+        cancel: CancellationToken::new(),
+        total: ranges.values().map(|(a, b)| (b - a).max(0)).sum(),
+        started,
+    };
+    scoring.run(records, results, &mut report).await?;
+    reader.await??;
+    // Retries are bounded: what is not acknowledged within
+    // kafka.shutdown_timeout after the last verdict fails the command.
+    let all = futures::future::try_join_all(std::mem::take(&mut scoring.deliveries));
+    let timeout = settings.kafka.shutdown_timeout;
+    match tokio::time::timeout(timeout, all).await {
+        Ok(delivered) => {
+            delivered.map_err(|e| anyhow::anyhow!("a verdict was not delivered: {e}"))?;
         }
-        Ok(())
-    });
-
-    let mut in_flight: HashMap<u64, Vec<Item>> = HashMap::new();
-    let mut deliveries = Vec::new();
-    let mut labels: HashMap<String, &'static str> = HashMap::new();
-    let mut next_id = 0u64;
-    let mut pending: Vec<Item> = Vec::new();
-    let mut input_open = true;
-    let mut shown = Instant::now();
-    let capacity = settings.inference.worker_count() * 2;
-    while input_open || !pending.is_empty() || !in_flight.is_empty() {
-        // Dispatch full batches (or the rest once the input is done).
-        while in_flight.len() < capacity
-            && (pending.len() >= batch || (!input_open && !pending.is_empty()))
-        {
-            let take = pending.len().min(batch);
-            let items: Vec<Item> = pending.drain(..take).collect();
-            let texts = items.iter().map(|i| i.event.text.clone()).collect();
-            jobs.send(InferenceJob { id: next_id, texts }).await?;
-            in_flight.insert(next_id, items);
-            next_id += 1;
-        }
-        tokio::select! {
-            Some(result) = results.recv(), if !in_flight.is_empty() => {
-                let items = in_flight.remove(&result.id).unwrap_or_default();
-                for (item, score) in items.into_iter().zip(result.scores) {
-                    match score {
-                        Ok(probabilities) => {
-                            let (out, label) = scorer.verdict_record(
-                                &opts.output_topic,
-                                &item.tp,
-                                item.offset,
-                                item.key,
-                                &item.event,
-                                &probabilities,
-                                item.timestamp_ms,
-                            );
-                            *report.verdicts.entry(label.to_string()).or_default() += 1;
-                            if opts.compare_topic.is_some() {
-                                labels.insert(item.event.event_id.clone(), label);
-                            }
-                            deliveries.push(
-                                producer.send_result(out.as_future_record())
-                                    .map_err(|(e, _)| anyhow::anyhow!("cannot enqueue a verdict: {e}"))?,
-                            );
-                        }
-                        Err(_) => report.failed += 1,
-                    }
-                }
-            }
-            record = records.recv(), if input_open && pending.len() < batch * 4 => match record {
-                Some(Ok(item)) => { report.events += 1; pending.push(item); }
-                Some(Err(())) => { report.events += 1; report.invalid += 1; }
-                None => input_open = false,
-            },
-        }
-        if shown.elapsed() >= Duration::from_secs(1) {
-            shown = Instant::now();
-            eprintln!(
-                "rescore: {}/{total} records read, {} verdicts, {:.0}/s",
-                report.events,
-                report.verdicts.values().sum::<u64>(),
-                report.events as f64 / started.elapsed().as_secs_f64()
+        Err(_) => {
+            scoring.cancel.cancel();
+            anyhow::bail!(
+                "verdicts not acknowledged within kafka.shutdown_timeout ({} s) after the range was scored",
+                timeout.as_secs()
             );
         }
     }
-    reader.await??;
-    for d in deliveries {
-        d.await
-            .map_err(|_| anyhow::anyhow!("a verdict delivery was cancelled"))?
-            .map_err(|(e, _)| anyhow::anyhow!("a verdict was not delivered: {e}"))?;
-    }
-    drop(jobs);
+    drop(scoring.jobs);
     pool.shutdown();
     report.seconds = started.elapsed().as_secs_f64();
     if let Some(compare) = &opts.compare_topic {
-        let earlier = crate::tools::read::TopicReader::from_beginning(
-            &settings.kafka.bootstrap_servers,
-            compare,
-            None,
-        )?
-        .read_to_end(Duration::from_secs(120))?;
-        let (mut compared, mut differing) = (0, 0);
-        for r in &earlier {
-            let Some(v) = r.json() else { continue };
-            let Some(now) = v["event_id"].as_str().and_then(|id| labels.get(id)) else {
-                continue;
-            };
-            compared += 1;
-            if v["verdict"].as_str() != Some(*now) {
-                differing += 1;
-            }
-        }
+        let (compared, differing) =
+            compare_with(&settings.kafka.bootstrap_servers, compare, &scoring.labels)?;
         report.compared = Some(compared);
         report.differing = Some(differing);
     }
     Ok(report)
+}
+
+/// Poll the range and hand each record over (valid events as items,
+/// invalid ones as `Err`), until every partition reached its end.
+fn read_range(
+    consumer: &BaseConsumer,
+    ranges: &Ranges,
+    topic: &str,
+    limits: &crate::config::Limits,
+    records_tx: tokio::sync::mpsc::Sender<Result<Item, ()>>,
+) -> anyhow::Result<()> {
+    let mut remaining: HashMap<i32, i64> = ranges
+        .iter()
+        .filter(|(_, (a, b))| b > a)
+        .map(|(p, (_, b))| (*p, *b))
+        .collect();
+    while !remaining.is_empty() {
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            // Nothing more to fetch: a partition whose position reached
+            // its end is done even if its last offsets held no record
+            // (transaction markers, compaction).
+            if let Ok(positions) = consumer.position() {
+                for e in positions.elements() {
+                    if let rdkafka::Offset::Offset(o) = e.offset()
+                        && remaining.get(&e.partition()).is_some_and(|end| o >= *end)
+                    {
+                        remaining.remove(&e.partition());
+                    }
+                }
+            }
+            continue;
+        };
+        let m = message?;
+        let Some(&end) = remaining.get(&m.partition()) else {
+            continue;
+        };
+        if m.offset() >= end {
+            remaining.remove(&m.partition());
+            continue;
+        }
+        if m.offset() + 1 >= end {
+            remaining.remove(&m.partition());
+        }
+        let item = crate::event::validate(m.payload(), limits)
+            .map(|event| Item {
+                tp: Tp::new(topic, m.partition()),
+                offset: m.offset(),
+                key: m.key().map(<[u8]>::to_vec),
+                timestamp_ms: m.timestamp().to_millis(),
+                event,
+            })
+            .map_err(|_| ());
+        if records_tx.blocking_send(item).is_err() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+type Delivery =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ProducerError>> + Send>>;
+
+/// The scoring loop: full batches to the workers, verdicts to the sink.
+struct Scoring {
+    jobs: async_channel::Sender<InferenceJob>,
+    capacity: usize,
+    batch: usize,
+    scorer: Scorer,
+    sink: Sink,
+    output_topic: String,
+    /// With `--compare-topic`: each event's new verdict.
+    keep_labels: bool,
+    labels: HashMap<String, Verdict>,
+    deliveries: Vec<Delivery>,
+    /// Ends the deliveries' retries (see [`run`]).
+    cancel: CancellationToken,
+    total: i64,
+    started: Instant,
+}
+
+impl Scoring {
+    async fn run(
+        &mut self,
+        mut records: tokio::sync::mpsc::Receiver<Result<Item, ()>>,
+        mut results: tokio::sync::mpsc::Receiver<crate::inference::InferenceResult>,
+        report: &mut RescoreReport,
+    ) -> anyhow::Result<()> {
+        let mut in_flight: HashMap<u64, Vec<Item>> = HashMap::new();
+        let mut next_id = 0u64;
+        let mut pending: Vec<Item> = Vec::new();
+        let mut input_open = true;
+        let mut shown = Instant::now();
+        while input_open || !pending.is_empty() || !in_flight.is_empty() {
+            // Dispatch full batches (or the rest once the input is done).
+            while in_flight.len() < self.capacity
+                && (pending.len() >= self.batch || (!input_open && !pending.is_empty()))
+            {
+                let take = pending.len().min(self.batch);
+                let items: Vec<Item> = pending.drain(..take).collect();
+                let texts = items.iter().map(|i| i.event.text.clone()).collect();
+                self.jobs.send(InferenceJob { id: next_id, texts }).await?;
+                in_flight.insert(next_id, items);
+                next_id += 1;
+            }
+            tokio::select! {
+                Some(result) = results.recv(), if !in_flight.is_empty() => {
+                    let items = in_flight.remove(&result.id).unwrap_or_default();
+                    for (item, score) in items.into_iter().zip(result.scores) {
+                        match score {
+                            Ok(probabilities) => self.verdict(item, &probabilities, report),
+                            Err(_) => report.failed += 1,
+                        }
+                    }
+                }
+                record = records.recv(), if input_open && pending.len() < self.batch * 4 => match record {
+                    Some(Ok(item)) => { report.events += 1; pending.push(item); }
+                    Some(Err(())) => { report.events += 1; report.invalid += 1; }
+                    None => input_open = false,
+                },
+            }
+            if shown.elapsed() >= Duration::from_secs(1) {
+                shown = Instant::now();
+                eprintln!(
+                    "rescore: {}/{} records read, {} verdicts, {:.0}/s",
+                    report.events,
+                    self.total,
+                    report.verdicts.values().sum::<u64>(),
+                    report.events as f64 / self.started.elapsed().as_secs_f64()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The verdict of a scored event, enqueued at once.
+    fn verdict(&mut self, item: Item, probabilities: &[f32], report: &mut RescoreReport) {
+        let (out, label) = self.scorer.verdict_record(
+            &self.output_topic,
+            &item.tp,
+            item.offset,
+            item.key,
+            &item.event,
+            probabilities,
+            item.timestamp_ms,
+        );
+        *report.verdicts.entry(label.to_string()).or_default() += 1;
+        if self.keep_labels {
+            self.labels.insert(item.event.event_id.clone(), label);
+        }
+        let source = (item.tp, item.offset);
+        self.deliveries.push(Box::pin(self.sink.deliver(
+            out,
+            source,
+            self.cancel.clone(),
+        )));
+    }
+}
+
+/// Against an earlier verdict topic: (events found there, those whose
+/// verdict differs).
+fn compare_with(
+    bootstrap: &str,
+    topic: &str,
+    labels: &HashMap<String, Verdict>,
+) -> anyhow::Result<(u64, u64)> {
+    let earlier = crate::tools::read::TopicReader::from_beginning(bootstrap, topic, None)?
+        .read_to_end(Duration::from_secs(120))?;
+    let (mut compared, mut differing) = (0, 0);
+    for r in &earlier {
+        let Some(v) = r.json() else { continue };
+        let Some(now) = v["event_id"].as_str().and_then(|id| labels.get(id)) else {
+            continue;
+        };
+        compared += 1;
+        if v["verdict"].as_str() != Some(now.as_str()) {
+            differing += 1;
+        }
+    }
+    Ok((compared, differing))
 }
 
 /// The consumer assigned to the range's start, and [start, end) per partition.
@@ -314,24 +377,14 @@ fn open_range(
     settings: &Settings,
     opts: &RescoreOptions,
 ) -> anyhow::Result<(Ranges, BaseConsumer)> {
-    let mut cfg = ClientConfig::new();
-    cfg.set("bootstrap.servers", &settings.kafka.bootstrap_servers)
-        // Its own group id, never committed: the live group is not touched.
-        .set(
-            "group.id",
-            format!(
-                "modstream-rescore-{}-{}",
-                std::process::id(),
-                chrono::Utc::now().timestamp_millis()
-            ),
-        )
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "false");
-    for (k, v) in &settings.kafka.consumer {
-        cfg.set(k, v);
-    }
-    let consumer: BaseConsumer = cfg.create()?;
+    // Its own group id, never committed: the live group is not touched.
+    let group = format!(
+        "modstream-rescore-{}-{}",
+        std::process::id(),
+        chrono::Utc::now().timestamp_millis()
+    );
+    let consumer: BaseConsumer =
+        client::consumer(&settings.kafka, ConsumerRole::RangeReader, &group).create()?;
     let timeout = Duration::from_secs(30);
     let metadata = consumer.fetch_metadata(Some(&opts.topic), timeout)?;
     let partitions: Vec<i32> = metadata

@@ -20,7 +20,8 @@ mod report;
 use std::path::PathBuf;
 
 use crate::config::{ExecutionProvider, InferenceSettings, PadTo};
-use crate::inference::{InputKind, Model};
+use crate::inference::Model;
+use crate::manifest::InputKind;
 use crate::tools::generator::{Mix, generate, generate_mix};
 
 pub use baseline::BaselineRow;

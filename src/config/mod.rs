@@ -1,0 +1,553 @@
+//! Settings: `config/modstream.toml` (or `--config PATH`) layered with
+//! environment variables `MODSTREAM__SECTION__KEY`.
+//!
+//! Guarantee: a `Settings` value that left [`Settings::load`] is valid. Every
+//! problem is reported with its key and the reason before any connection is
+//! made, and librdkafka properties that would break at-least-once delivery are
+//! refused here rather than discovered in production.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+mod properties;
+#[cfg(test)]
+mod tests;
+mod validate;
+
+pub use properties::{Properties, REDACTED, is_secret};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration")]
+    Load(#[from] config::ConfigError),
+    #[error("invalid configuration: {key}: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+/// A value that does not fit its key (wrong type, unknown variant) names
+/// the key, like the checks in [`Settings::validate`]; the index of a list
+/// element is left out. Other errors (an unknown or missing key) stay as
+/// the configuration library words them.
+fn with_key(e: config::ConfigError) -> ConfigError {
+    let key_of = |key: &str| match key.find('[') {
+        Some(i) => key[..i].to_string(),
+        None => key.to_string(),
+    };
+    let about_value = |e: &config::ConfigError| match e {
+        config::ConfigError::Type { .. } => true,
+        config::ConfigError::Message(m) => m.starts_with(UNKNOWN_VALUE),
+        _ => false,
+    };
+    match e {
+        config::ConfigError::At {
+            error,
+            key: Some(key),
+            ..
+        } if about_value(&error) => invalid(&key_of(&key), error.to_string()),
+        config::ConfigError::Type {
+            key: Some(ref key), ..
+        } => invalid(&key_of(key), e.to_string()),
+        other => ConfigError::Load(other),
+    }
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        reason: reason.into(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub kafka: KafkaSettings,
+    pub input: InputSettings,
+    #[serde(default)]
+    pub output: OutputSettings,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub batching: BatchingSettings,
+    #[serde(default)]
+    pub inference: InferenceSettings,
+    #[serde(default)]
+    pub policy: Policy,
+    #[serde(default)]
+    pub telemetry: TelemetrySettings,
+    /// The file these settings were read from (SIGHUP reads it again).
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    pub bootstrap_servers: String,
+    #[serde(default = "default_group_id")]
+    pub group_id: String,
+    /// How long a revoke may wait for in-flight work before giving up on it.
+    #[serde(default = "default_drain_timeout", with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// How often stored offsets are committed.
+    #[serde(default = "default_commit_interval", with = "humantime_serde")]
+    pub commit_interval: Duration,
+    /// At start, how long to wait for the cluster to answer before failing.
+    #[serde(default = "default_startup_timeout", with = "humantime_serde")]
+    pub startup_timeout: Duration,
+    /// After SIGTERM, how long to wait for in-flight events to be delivered
+    /// before giving up on them (they stay uncommitted) and exiting non-zero.
+    #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    /// How long deliveries may keep failing for a reason that concerns the
+    /// whole service (not authorized, topic missing) before modstream stops
+    /// with that reason, exit non-zero (/readyz fails meanwhile).
+    #[serde(default = "default_service_failure_timeout", with = "humantime_serde")]
+    pub service_failure_timeout: Duration,
+    /// Extra librdkafka consumer properties, passed through.
+    #[serde(default)]
+    pub consumer: Properties,
+    /// Extra librdkafka producer properties, passed through.
+    #[serde(default)]
+    pub producer: Properties,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSettings {
+    #[serde(deserialize_with = "one_or_many")]
+    pub topics: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputSettings {
+    pub topic: String,
+    pub dlq_topic: String,
+    /// Comparison records of the shadow model (`inference.shadow`).
+    pub shadow_topic: String,
+}
+
+impl Default for OutputSettings {
+    fn default() -> Self {
+        OutputSettings {
+            topic: "moderation.verdicts".to_string(),
+            dlq_topic: "moderation.dlq".to_string(),
+            shadow_topic: "moderation.shadow".to_string(),
+        }
+    }
+}
+
+/// A candidate model scoring a sample of the live events on spare capacity
+/// (see [`crate::shadow`]).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShadowSettings {
+    /// Its directory; unset: no shadow.
+    pub model_dir: Option<PathBuf>,
+    /// Share of the events it scores, 0 to 1 (by a hash of the event id).
+    pub share: f64,
+}
+
+impl Default for ShadowSettings {
+    fn default() -> Self {
+        ShadowSettings {
+            model_dir: None,
+            share: 1.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    pub max_payload_bytes: usize,
+    pub max_text_bytes: usize,
+    /// Events consumed but not yet delivered; past this the partitions pause.
+    pub max_in_flight: usize,
+    /// Bytes (key, value, headers) of the records consumed and not yet
+    /// delivered; past this the partitions pause. A record larger than this
+    /// still goes through, alone.
+    pub max_in_flight_bytes: usize,
+    /// A partition whose oldest undelivered event waited this long is
+    /// stalled: metrics, one error log, /readyz fails until it moves.
+    #[serde(with = "humantime_serde")]
+    pub stall_after: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_payload_bytes: 256 * 1024,
+            max_text_bytes: 64 * 1024,
+            max_in_flight: 10_000,
+            max_in_flight_bytes: 128 * 1024 * 1024,
+            stall_after: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchingSettings {
+    pub max_batch_size: usize,
+    #[serde(with = "humantime_serde")]
+    pub max_batch_delay: Duration,
+    /// The latency target: when set, batch size and deadline are chosen
+    /// continuously (see [`crate::slo`]) with `max_batch_size` and
+    /// `max_batch_delay` as their upper bounds.
+    #[serde(with = "humantime_serde")]
+    pub target_p99: Option<Duration>,
+}
+
+impl Default for BatchingSettings {
+    fn default() -> Self {
+        BatchingSettings {
+            max_batch_size: 64,
+            max_batch_delay: Duration::from_millis(20),
+            target_p99: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InferenceSettings {
+    pub model_dir: PathBuf,
+    /// Inference sessions, each on its own thread: "auto" (the default) or a
+    /// number. See [`InferenceSettings::worker_count`].
+    pub workers: Workers,
+    pub intra_threads: usize,
+    /// Path of libonnxruntime.so; `ORT_DYLIB_PATH` wins over it.
+    pub runtime_library: Option<PathBuf>,
+    /// Execution providers in order of preference: "cuda", "tensorrt", "cpu".
+    pub execution_providers: Vec<ExecutionProvider>,
+    /// GPU for the cuda / tensorrt providers.
+    pub device_id: i32,
+    /// Half precision where the provider supports it (TensorRT).
+    pub fp16: bool,
+    /// Fail at start when no GPU provider can be registered, instead of
+    /// falling back to CPU with a warning.
+    pub require_gpu: bool,
+    /// Token models: how a batch is split by token length into forward
+    /// passes so that short posts are not padded to a long one.
+    /// "longest": sorted by length, cut where padding costs more than
+    /// `pass_overhead_tokens` per extra pass, each pass padded to its
+    /// longest text. "bucket": one pass per `length_buckets` bucket, padded
+    /// to the bucket bound (fixed shapes, e.g. for TensorRT).
+    pub pad_to: PadTo,
+    /// Token models, pad_to = "longest": a pass's fixed cost in tokens.
+    pub pass_overhead_tokens: usize,
+    /// Token models: bucket bounds for pad_to = "bucket" (lengths above the
+    /// last go to the model's max_length); also the lengths warmed up.
+    pub length_buckets: Vec<usize>,
+    /// Run each padded shape once at start so that the first real batch does
+    /// not pay for allocations and kernel selection.
+    pub warm_up: bool,
+    /// The circuit breaker: after this many model runs in a row in which
+    /// every event failed, the model is taken as broken: events wait instead
+    /// of going to the DLQ, consumption pauses, /readyz fails, and a probe
+    /// retries the model with backoff (1 s doubling to 30 s) until it works.
+    /// 0: never.
+    pub breaker_after: u32,
+    /// Bytes of the score cache (texts seen again are scored once per
+    /// loaded model); 0 turns it off.
+    pub cache_bytes: u64,
+    /// How often `modstream run` looks for a new model in `model_dir` (a
+    /// changed manifest or model file, or a symlink swapped to another
+    /// version directory) and loads it without stopping; SIGHUP looks at
+    /// once and also re-reads `policy`. 0: only on SIGHUP.
+    #[serde(with = "humantime_serde")]
+    pub reload_interval: Duration,
+    pub shadow: ShadowSettings,
+}
+
+impl Default for InferenceSettings {
+    fn default() -> Self {
+        InferenceSettings {
+            model_dir: PathBuf::from("models/profanity-check"),
+            workers: Workers::Auto,
+            intra_threads: 1,
+            runtime_library: None,
+            execution_providers: vec![ExecutionProvider::Cpu],
+            device_id: 0,
+            fp16: false,
+            require_gpu: false,
+            pad_to: PadTo::Longest,
+            pass_overhead_tokens: 24,
+            length_buckets: vec![16, 32, 64, 128],
+            warm_up: true,
+            breaker_after: 5,
+            cache_bytes: 0,
+            reload_interval: Duration::from_secs(5),
+            shadow: ShadowSettings::default(),
+        }
+    }
+}
+
+/// A setting that takes one of a fixed set of strings: an unknown one is
+/// refused with the allowed ones (serde's own enum errors, as the config
+/// library words them, do not list them).
+macro_rules! choice {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "&'static str")]
+        pub enum $name {
+            $($(#[$vmeta])* $variant),+
+        }
+
+        impl $name {
+            /// The values the setting takes.
+            pub const ALL: &[&'static str] = &[$($text),+];
+
+            /// The value as written in the configuration.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+        }
+
+        impl From<$name> for &'static str {
+            fn from(value: $name) -> Self {
+                value.name()
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = String;
+            fn try_from(value: String) -> Result<Self, String> {
+                match value.as_str() {
+                    $($text => Ok($name::$variant),)+
+                    other => Err(format!(
+                        "{UNKNOWN_VALUE} {other:?}; use one of: {}",
+                        Self::ALL.join(", ")
+                    )),
+                }
+            }
+        }
+    };
+}
+
+/// How [`choice`] errors start (to tell them from other errors).
+const UNKNOWN_VALUE: &str = "unknown value";
+
+choice! {
+    /// An ONNX Runtime execution provider.
+    #[derive(clap::ValueEnum)]
+    ExecutionProvider { Cpu = "cpu", Cuda = "cuda", Tensorrt = "tensorrt" }
+}
+
+/// How many inference sessions run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workers {
+    /// As many as serve the hardware (see [`InferenceSettings::worker_count`]).
+    Auto,
+    Count(usize),
+}
+
+impl Serialize for Workers {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Workers::Auto => s.serialize_str("auto"),
+            Workers::Count(n) => s.serialize_u64(*n as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Workers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Count(usize),
+            Text(String),
+        }
+        match Repr::deserialize(d)? {
+            Repr::Count(n) => Ok(Workers::Count(n)),
+            Repr::Text(t) if t.trim() == "auto" => Ok(Workers::Auto),
+            // Environment variables arrive as text.
+            Repr::Text(t) => t.trim().parse().map(Workers::Count).map_err(|_| {
+                serde::de::Error::custom(format!("{UNKNOWN_VALUE} {t:?}; use \"auto\" or a number"))
+            }),
+        }
+    }
+}
+
+impl InferenceSettings {
+    /// The number of sessions. "auto": on CPU, the cores this process may
+    /// use (affinity and cgroup quota, as the standard library reads them)
+    /// divided by `intra_threads`, 1 to 64; on a GPU provider, 1 per device
+    /// (not measured yet: scripts/gpu-check.sh is the way to find better).
+    ///
+    /// `"auto"` reads the cgroup files on every call: resolve it once.
+    pub fn worker_count(&self) -> usize {
+        match self.workers {
+            Workers::Count(n) => n,
+            Workers::Auto => {
+                let gpu = self
+                    .execution_providers
+                    .first()
+                    .is_some_and(|p| *p != ExecutionProvider::Cpu);
+                if gpu {
+                    return 1;
+                }
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                (cores / self.intra_threads.max(1)).clamp(1, 64)
+            }
+        }
+    }
+}
+
+choice! {
+    /// Token models: how a batch is split into padded forward passes.
+    PadTo { Longest = "longest", Bucket = "bucket" }
+}
+
+choice! {
+    LogFormat { Text = "text", Json = "json" }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    pub review_at: f32,
+    pub block_at: f32,
+    /// Per-label thresholds (`[policy.labels.toxic] review_at = .., block_at = ..`).
+    /// When set, every listed label is judged and the most severe verdict
+    /// wins; when empty, the manifest's `score_label` with the thresholds above.
+    pub labels: std::collections::BTreeMap<String, Thresholds>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Thresholds {
+    pub review_at: f32,
+    pub block_at: f32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            review_at: 0.5,
+            block_at: 0.85,
+            labels: Default::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetrySettings {
+    /// Address of the /metrics, /healthz, /readyz listener.
+    pub listen: std::net::SocketAddr,
+    /// "text" or "json".
+    pub log_format: LogFormat,
+    /// Used when RUST_LOG is not set.
+    pub log_level: String,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        TelemetrySettings {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 9464)),
+            log_format: LogFormat::Text,
+            log_level: "info".to_string(),
+        }
+    }
+}
+
+fn default_group_id() -> String {
+    "modstream".to_string()
+}
+fn default_drain_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_startup_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_shutdown_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_service_failure_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+fn default_commit_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
+/// A list, or one string (from an env var) holding comma-separated names.
+fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    let names = match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => s.split(',').map(str::to_string).collect(),
+        OneOrMany::Many(v) => v,
+    };
+    Ok(names
+        .into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect())
+}
+
+impl Settings {
+    /// Load from an optional file, then `MODSTREAM__*` env vars, then validate.
+    pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
+        let mut builder = config::Config::builder();
+        let source = match path {
+            Some(p) => {
+                builder = builder.add_source(config::File::from(p).required(true));
+                Some(p.to_path_buf())
+            }
+            None => {
+                builder =
+                    builder.add_source(config::File::with_name("config/modstream").required(false));
+                Some(PathBuf::from("config/modstream.toml")).filter(|p| p.exists())
+            }
+        };
+        let built = builder
+            .add_source(
+                config::Environment::with_prefix("MODSTREAM")
+                    .prefix_separator("__")
+                    .separator("__"),
+            )
+            .build()?;
+        let mut settings: Settings = built.try_deserialize().map_err(with_key)?;
+        settings.validate()?;
+        settings.source = source;
+        Ok(settings)
+    }
+
+    /// Parse TOML text (tests and embedded defaults), then validate.
+    pub fn from_toml(text: &str) -> Result<Settings, ConfigError> {
+        let built = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()?;
+        let settings: Settings = built.try_deserialize().map_err(with_key)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// The effective configuration as pretty JSON, secrets redacted.
+    pub fn redacted_dump(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("cannot render config: {e}"))
+    }
+
+    /// Every setting checked against the others; the first problem names
+    /// its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate::kafka(&self.kafka)?;
+        validate::topics(&self.input, &self.output)?;
+        validate::batching_and_limits(&self.batching, &self.limits)?;
+        validate::inference(&self.inference)?;
+        validate::policy(&self.policy)
+    }
+}

@@ -1,0 +1,274 @@
+//! The consumer's context: what librdkafka calls back on the consumer
+//! thread. Rebalances are handed to the hub ([`crate::rebalance`]) and
+//! waited for; statistics feed the lag gauge and the fetch watchdog.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
+};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+
+use super::{commit, is_fatal, store};
+use crate::rebalance::{self, RebalanceEvent};
+use crate::telemetry::metric::{self, CommitOutcome, ErrorKind, RebalanceKind};
+use crate::tp::{Positions, Tp};
+
+/// The consumer's context: librdkafka's callbacks (statistics, errors,
+/// rebalances, commits) run here, on the consumer thread, inside a poll.
+pub struct ModstreamContext {
+    /// The first fatal client error, if any: the pipeline stops on it.
+    pub(super) fatal: OnceLock<String>,
+    /// The first TLS failure (handshake, certificate verification): at start
+    /// it is the reason the cluster cannot be reached, and says so.
+    pub(super) tls_failure: OnceLock<String>,
+    pub(super) generation: AtomicU64,
+    pub(super) rebalanced: AtomicBool,
+    /// A revoke happened since the last assignment: ask the hub where the
+    /// partitions it drained were delivered up to.
+    pub(super) revoked: AtomicBool,
+    pub(super) rebalance_tx: mpsc::Sender<RebalanceEvent>,
+    pub(super) positions_rx: async_channel::Receiver<Positions>,
+    pub(super) drain_timeout: Duration,
+    /// Records not yet polled, per partition, from each statistics report.
+    pub(super) lags_tx: std::sync::mpsc::Sender<Vec<(Tp, i64)>>,
+}
+
+impl ClientContext for ModstreamContext {
+    /// librdkafka statistics (every `statistics.interval.ms`): consumer lag
+    /// per assigned partition.
+    fn stats(&self, stats: rdkafka::Statistics) {
+        let mut lags = Vec::new();
+        for (topic, t) in &stats.topics {
+            for (partition, p) in &t.partitions {
+                if *partition >= 0 && p.consumer_lag >= 0 {
+                    metrics::gauge!(metric::CONSUMER_LAG, "topic" => topic.clone(), "partition" => partition.to_string())
+                        .set(p.consumer_lag as f64);
+                }
+                if *partition >= 0 && p.hi_offset >= 0 {
+                    // Records not yet handed to modstream (the committed lag
+                    // also counts records consumed and not yet delivered, and
+                    // is unknown before a first commit).
+                    let from = if p.app_offset >= 0 {
+                        p.app_offset
+                    } else if p.committed_offset >= 0 {
+                        p.committed_offset
+                    } else {
+                        p.lo_offset.max(0)
+                    };
+                    let tp = Tp::new(topic, *partition);
+                    lags.push((tp, (p.hi_offset - from).max(0)));
+                }
+            }
+        }
+        // For the poll loop's fetch watchdog (served on the same thread).
+        let _ = self.lags_tx.send(lags);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::SSL) {
+            let _ = self.tls_failure.set(reason.to_string());
+        }
+        if is_fatal(&error) {
+            tracing::error!(error = %error, reason, "fatal Kafka client error");
+            self.set_fatal(format!("{error}: {reason}"));
+        } else {
+            metrics::counter!(metric::ERRORS_TOTAL, "kind" => ErrorKind::Client.as_str())
+                .increment(1);
+            tracing::warn!(error = %error, reason, "kafka client error");
+        }
+    }
+}
+
+impl ModstreamContext {
+    pub(super) fn fatal_error(&self) -> Option<String> {
+        self.fatal.get().cloned()
+    }
+
+    pub(super) fn set_fatal(&self, message: String) {
+        let _ = self.fatal.set(message);
+    }
+
+    /// Store the positions the hub sent so far (each batch in order).
+    pub(super) fn store_sent_positions(&self, consumer: &BaseConsumer<Self>) {
+        while let Ok(positions) = self.positions_rx.try_recv() {
+            store(consumer, &positions);
+        }
+    }
+
+    /// Start the assigned partitions that the hub drained in the last revoke
+    /// at their delivered positions where those are ahead of the committed
+    /// offsets. Returns the positions applied.
+    fn resume_where_delivered(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        tpl: &mut TopicPartitionList,
+    ) -> Positions {
+        if !self.revoked.swap(false, Ordering::SeqCst) {
+            return Vec::new();
+        }
+        let candidates =
+            rebalance::request_resume(&self.rebalance_tx, partitions_of(tpl), self.drain_timeout);
+        if candidates.is_empty() {
+            return Vec::new();
+        }
+        // Never behind the group's committed offsets (another member may
+        // have gone further): if they cannot be read, keep librdkafka's default.
+        let Ok(committed) = consumer.committed_offsets(tpl.clone(), Duration::from_secs(5)) else {
+            return Vec::new();
+        };
+        let mut resumed = Vec::new();
+        for (tp, position) in candidates {
+            let ahead = match committed
+                .find_partition(&tp.topic, tp.partition)
+                .map(|e| e.offset())
+            {
+                Some(Offset::Offset(c)) => position > c,
+                Some(Offset::Invalid) | None => true,
+                Some(_) => false,
+            };
+            if ahead
+                && tpl
+                    .set_partition_offset(&tp.topic, tp.partition, Offset::Offset(position))
+                    .is_ok()
+            {
+                tracing::debug!(topic = %tp.topic, partition = tp.partition, position, "resuming at the delivered position");
+                resumed.push((tp, position));
+            }
+        }
+        resumed
+    }
+}
+
+pub(super) fn partitions_of(tpl: &TopicPartitionList) -> Vec<Tp> {
+    tpl.elements()
+        .iter()
+        .map(|e| Tp::new(e.topic(), e.partition()))
+        .collect()
+}
+
+impl ConsumerContext for ModstreamContext {
+    /// rdkafka's default rebalance (pre_rebalance, assign or unassign,
+    /// post_rebalance), with [`ModstreamContext::resume_where_delivered`]
+    /// applied to an assignment before it takes effect.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let assign = err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
+        let resumed = if assign {
+            self.resume_where_delivered(consumer, tpl)
+        } else {
+            Vec::new()
+        };
+        let tpl: &TopicPartitionList = tpl;
+        let rebalance = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(tpl),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(tpl),
+            other => Rebalance::Error(KafkaError::Rebalance(other.into())),
+        };
+        self.pre_rebalance(consumer, &rebalance);
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        let result = match (assign, cooperative) {
+            (true, true) => consumer.incremental_assign(tpl),
+            (true, false) => consumer.assign(tpl),
+            (false, true) => consumer.incremental_unassign(tpl),
+            (false, false) => consumer.unassign(),
+        };
+        match result {
+            // Stored again so that the next commit carries them even if no
+            // new record arrives (the refused commit is made good); the hub
+            // answers them again at the next revoke.
+            Ok(()) if !resumed.is_empty() => {
+                if store(consumer, &resumed) {
+                    let _ = self
+                        .rebalance_tx
+                        .blocking_send(RebalanceEvent::Resumed { positions: resumed });
+                }
+            }
+            Ok(()) => {}
+            Err(e) => {
+                metrics::counter!(metric::ERRORS_TOTAL, "kind" => ErrorKind::Rebalance.as_str())
+                    .increment(1);
+                tracing::error!(error = %e, assign, "applying the rebalance failed");
+            }
+        }
+        self.post_rebalance(consumer, &rebalance);
+    }
+
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(tpl) => {
+                metrics::counter!(metric::REBALANCES_TOTAL, "kind" => RebalanceKind::Revoke.as_str()).increment(1);
+                let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+                self.rebalanced.store(true, Ordering::SeqCst);
+                let partitions = partitions_of(tpl);
+                tracing::info!(
+                    partitions = partitions.len(),
+                    "partitions revoked; draining"
+                );
+                // The hub is gone at the very end of a shutdown; nothing to drain then.
+                let drained = rebalance::request_drain(
+                    &self.rebalance_tx,
+                    partitions,
+                    generation,
+                    self.drain_timeout,
+                );
+                // Positions the hub sent before answering come first.
+                self.store_sent_positions(consumer);
+                if let Some(positions) = drained {
+                    store(consumer, &positions);
+                }
+                commit(consumer, CommitMode::Sync);
+                // Also for lost partitions (eviction): the assignment checks
+                // the positions against the group's committed offsets.
+                self.revoked.store(true, Ordering::SeqCst);
+            }
+            Rebalance::Assign(_) => {}
+            Rebalance::Error(e) => {
+                metrics::counter!(metric::ERRORS_TOTAL, "kind" => ErrorKind::Rebalance.as_str())
+                    .increment(1);
+                tracing::error!(error = %e, "rebalance error");
+            }
+        }
+    }
+
+    fn commit_callback(
+        &self,
+        result: rdkafka::error::KafkaResult<()>,
+        offsets: &TopicPartitionList,
+    ) {
+        match result {
+            Ok(()) => {
+                metrics::counter!(metric::COMMITS_TOTAL, "outcome" => CommitOutcome::Ok.as_str())
+                    .increment(1);
+                tracing::debug!(partitions = offsets.count(), "offsets committed");
+            }
+            Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+            Err(e) => {
+                metrics::counter!(metric::COMMITS_TOTAL, "outcome" => CommitOutcome::Error.as_str()).increment(1);
+                tracing::warn!(error = %e, "offset commit failed; the next commit carries the offsets again");
+            }
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            metrics::counter!(metric::REBALANCES_TOTAL, "kind" => RebalanceKind::Assign.as_str())
+                .increment(1);
+            self.generation.fetch_add(1, Ordering::SeqCst);
+            self.rebalanced.store(true, Ordering::SeqCst);
+            tracing::info!(partitions = tpl.count(), "partitions assigned");
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! The Kafka consumer: one dedicated thread creates it, owns it and is the
+//! only one to poll it.
+//!
+//! Guarantee: records are forwarded in poll order, stamped with the rebalance
+//! generation they were polled in; the pipeline is never handed more than its
+//! bounded channel holds: when it is full, the assigned partitions are paused
+//! (polling goes on, so the group membership stays alive) and resumed once the
+//! backlog is forwarded. Offsets are only ever *stored* as positions the hub
+//! sends (after delivery, see [`crate::rebalance`] for revokes); this thread
+//! commits what is stored.
+//!
+//! What this thread owns: the consumer handle, the pause state, and the
+//! rebalance generation. It learns positions only by message.
+//!
+//! [`context`] holds librdkafka's callbacks, [`poll`] the poll loop,
+//! [`budget`] the records and their byte budget, [`fetch_watchdog`] the
+//! check that every lagging partition is fetched.
+
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{self, ConsumerRole};
+use crate::config::Settings;
+use crate::rebalance::RebalanceEvent;
+use crate::telemetry::Health;
+use crate::tp::{Positions, Tp};
+
+mod budget;
+mod context;
+mod fetch_watchdog;
+mod poll;
+
+pub use budget::{ByteBudget, Ingested};
+pub use context::ModstreamContext;
+
+use context::partitions_of;
+use fetch_watchdog::FetchWatchdog;
+use poll::PollLoop;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumerError {
+    #[error("cannot create the Kafka consumer")]
+    Create(#[source] KafkaError),
+    #[error("cannot subscribe to {topics:?}")]
+    Subscribe {
+        topics: Vec<String>,
+        #[source]
+        source: KafkaError,
+    },
+    #[error("cannot start the consumer thread")]
+    Thread(#[source] std::io::Error),
+    #[error("the consumer thread stopped before it was ready")]
+    ThreadGone,
+    #[error("the consumer thread panicked")]
+    Panicked,
+    #[error("Kafka refused this client: {0} (check sasl.username / sasl.password / ACLs)")]
+    Refused(String),
+    #[error("cannot reach Kafka at {bootstrap} within {waited_s} s")]
+    Unreachable { bootstrap: String, waited_s: u64 },
+    #[error(
+        "TLS with Kafka failed: {0} (check ssl.ca.location: the CA that signed the brokers' certificates, and that their names match bootstrap_servers)"
+    )]
+    Tls(String),
+}
+
+/// Errors that retrying cannot fix: wrong credentials, missing ACLs, or a
+/// client that librdkafka declared unusable.
+pub fn is_fatal(e: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::Authentication
+                | C::SaslAuthenticationFailed
+                | C::TopicAuthorizationFailed
+                | C::GroupAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::Fatal
+        )
+    )
+}
+
+/// What the consumer thread hands the hub: records, rebalance requests, and
+/// a sender for the positions to store.
+pub struct ConsumerChannels {
+    pub records: mpsc::Receiver<Ingested>,
+    pub rebalances: mpsc::Receiver<RebalanceEvent>,
+    pub positions: async_channel::Sender<Positions>,
+}
+
+/// The running consumer thread. Joining it returns the fatal client error
+/// that stopped it, if any.
+pub struct ConsumerThread {
+    thread: std::thread::JoinHandle<Option<String>>,
+}
+
+impl ConsumerThread {
+    /// Wait for the thread to commit, leave the group and close (blocking);
+    /// the fatal client error that stopped it, if any.
+    pub fn join(self) -> Result<(), ConsumerError> {
+        match self.thread.join() {
+            Ok(None) => Ok(()),
+            Ok(Some(fatal)) => Err(ConsumerError::Refused(fatal)),
+            Err(_) => Err(ConsumerError::Panicked),
+        }
+    }
+}
+
+/// Commit the stored offsets; the outcome (also of a synchronous commit)
+/// reaches `commit_callback`.
+fn commit(consumer: &KafkaConsumer, mode: CommitMode) {
+    if let Err(e) = consumer.commit_consumer_state(mode) {
+        tracing::debug!(error = %e, "commit not made");
+    }
+}
+
+/// Store positions (next offset to read) for the next commit; false if
+/// librdkafka refused them.
+fn store(consumer: &KafkaConsumer, positions: &Positions) -> bool {
+    let mut tpl = TopicPartitionList::new();
+    for (tp, position) in positions {
+        if tpl
+            .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*position))
+            .is_err()
+        {
+            return false;
+        }
+    }
+    match consumer.store_offsets(&tpl) {
+        Ok(()) => true,
+        // Happens for a partition revoked meanwhile: its new owner takes over.
+        Err(e) => {
+            tracing::debug!(partitions = positions.len(), error = %e, "offsets not stored");
+            false
+        }
+    }
+}
+
+type KafkaConsumer = BaseConsumer<ModstreamContext>;
+
+/// Build the consumer (not yet subscribed). Configuration problems surface
+/// here, connection problems in [`check_connection`].
+fn create(
+    settings: &Settings,
+    rebalance_tx: mpsc::Sender<RebalanceEvent>,
+    positions_rx: async_channel::Receiver<Positions>,
+    lags_tx: std::sync::mpsc::Sender<Vec<(Tp, i64)>>,
+) -> Result<KafkaConsumer, ConsumerError> {
+    let kafka = &settings.kafka;
+    let cfg = client::consumer(kafka, ConsumerRole::Group, &kafka.group_id);
+    let context = ModstreamContext {
+        fatal: OnceLock::new(),
+        tls_failure: OnceLock::new(),
+        generation: AtomicU64::new(0),
+        rebalanced: AtomicBool::new(false),
+        revoked: AtomicBool::new(false),
+        rebalance_tx,
+        positions_rx,
+        drain_timeout: settings.kafka.drain_timeout,
+        lags_tx,
+    };
+    cfg.create_with_context(context)
+        .map_err(ConsumerError::Create)
+}
+
+/// Join the consumer group on the input topics.
+fn subscribe(consumer: &KafkaConsumer, topics: &[String]) -> Result<(), ConsumerError> {
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    consumer
+        .subscribe(&names)
+        .map_err(|source| ConsumerError::Subscribe {
+            topics: topics.to_vec(),
+            source,
+        })
+}
+
+/// Before subscribing: wait until the cluster answers a metadata request, so
+/// that wrong credentials or a wrong address fail the start instead of a
+/// silent wait. Polling here serves error events; without a subscription it
+/// cannot hand out a record.
+fn check_connection(
+    consumer: &KafkaConsumer,
+    bootstrap: &str,
+    timeout: Duration,
+) -> Result<(), ConsumerError> {
+    let started = Instant::now();
+    loop {
+        let _ = consumer.poll(Duration::from_millis(50));
+        if let Some(e) = consumer.context().fatal_error() {
+            return Err(ConsumerError::Refused(e));
+        }
+        match consumer.fetch_metadata(None, Duration::from_millis(500)) {
+            Ok(_) => return Ok(()),
+            Err(e) if is_fatal(&e) => return Err(ConsumerError::Refused(e.to_string())),
+            // A certificate that does not verify will not start to: say so now.
+            Err(_) if consumer.context().tls_failure.get().is_some() => {
+                let reason = consumer.context().tls_failure.get().cloned();
+                return Err(ConsumerError::Tls(reason.unwrap_or_default()));
+            }
+            Err(_) if started.elapsed() < timeout => std::thread::sleep(Duration::from_millis(100)),
+            Err(_) => {
+                return Err(ConsumerError::Unreachable {
+                    bootstrap: bootstrap.to_string(),
+                    waited_s: timeout.as_secs(),
+                });
+            }
+        }
+    }
+}
+
+/// Start the consumer thread: it creates the consumer, checks that the
+/// cluster answers, subscribes (returning here once it has, or with the
+/// reason it could not), then forwards records until `stop_fetching` fires,
+/// keeps serving callbacks and storing positions until `pipeline_done`
+/// fires, commits synchronously and closes the consumer.
+pub async fn start(
+    settings: &Settings,
+    health: Arc<Health>,
+    stop_fetching: CancellationToken,
+    pipeline_done: CancellationToken,
+) -> Result<(ConsumerThread, ConsumerChannels), ConsumerError> {
+    let (records_tx, records) = mpsc::channel(1024);
+    let (rebalance_tx, rebalances) = mpsc::channel(16);
+    // One batch at a time: the hub coalesces positions until it is taken.
+    let (positions, positions_rx) = async_channel::bounded(1);
+    let (ready_tx, ready) = oneshot::channel();
+    let settings = settings.clone();
+    let thread = std::thread::Builder::new()
+        .name("kafka-consumer".into())
+        .spawn(move || {
+            let kafka = &settings.kafka;
+            let (lags_tx, lags_rx) = std::sync::mpsc::channel();
+            let consumer = match create(&settings, rebalance_tx, positions_rx, lags_tx)
+                .and_then(|c| {
+                    check_connection(&c, &kafka.bootstrap_servers, kafka.startup_timeout)?;
+                    Ok(c)
+                })
+                .and_then(|c| {
+                    subscribe(&c, &settings.input.topics)?;
+                    Ok(c)
+                }) {
+                Ok(consumer) => consumer,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return None;
+                }
+            };
+            if ready_tx.send(Ok(())).is_err() {
+                return None;
+            }
+            let budget = ByteBudget::new(settings.limits.max_in_flight_bytes);
+            let mut watchdog = FetchWatchdog::new(lags_rx, health, settings.limits.stall_after);
+            PollLoop::new(
+                &consumer,
+                &budget,
+                &mut watchdog,
+                records_tx,
+                kafka.commit_interval,
+            )
+            .run(&stop_fetching);
+            // Input is closed: the hub drains, then we commit what it stored.
+            while !pipeline_done.is_cancelled() {
+                let _ = consumer.poll(Duration::from_millis(50));
+                consumer.context().store_sent_positions(&consumer);
+            }
+            consumer.context().store_sent_positions(&consumer);
+            commit(&consumer, CommitMode::Sync);
+            let fatal = consumer.context().fatal_error();
+            // Dropping the consumer closes it and leaves the group.
+            drop(consumer);
+            tracing::info!("consumer closed");
+            fatal
+        })
+        .map_err(ConsumerError::Thread)?;
+    ready.await.map_err(|_| ConsumerError::ThreadGone)??;
+    Ok((
+        ConsumerThread { thread },
+        ConsumerChannels {
+            records,
+            rebalances,
+            positions,
+        },
+    ))
+}

@@ -1,0 +1,126 @@
+//! The hub's intake: a polled record is tracked, validated, and joins its
+//! partition's batch (or becomes a dead-letter record at once); closed
+//! batches join the dispatch queue.
+
+use super::{Deliver, Hub, Outcome};
+use crate::consumer::Ingested;
+use crate::event::{self, Priority};
+use crate::partition::{Partition, Pending, ReadyBatch};
+use crate::record::{self, Original};
+use crate::telemetry::metric;
+use crate::tp::Tp;
+use tokio::time::Instant;
+
+impl<D: Deliver> Hub<D> {
+    pub(super) fn on_record(&mut self, record: Ingested) {
+        self.summary.consumed += 1;
+        if self.revokes.is_stale(&record.tp, record.generation) {
+            self.summary.stale += 1;
+            metrics::counter!(metric::STALE_RECORDS_TOTAL).increment(1);
+            return;
+        }
+        // A revoke whose drain the consumer gave up on ends here, before the
+        // partition's new assignment starts.
+        if let Some(old) = self.partitions.get(&record.tp)
+            && self.revokes.is_stale(&record.tp, old.generation())
+        {
+            self.finish_revokes(true);
+        }
+        let batch = self.batch;
+        let partition = self.partitions.entry(record.tp.clone()).or_insert_with(|| {
+            Partition::new(
+                record.tp.clone(),
+                record.generation,
+                batch.size,
+                batch.delay,
+            )
+        });
+        partition.track(record.offset);
+        self.in_flight += 1;
+        metrics::gauge!(metric::IN_FLIGHT_EVENTS).set(self.in_flight as f64);
+
+        // Acknowledgements are matched against this partition state's own
+        // generation, not the (newer) one a later rebalance stamps on records.
+        let generation = partition.generation();
+        let original = Original {
+            key: record.key,
+            payload: record.payload,
+            headers: record.headers,
+            timestamp_ms: record.timestamp_ms,
+        };
+        match event::validate(original.payload.as_deref(), &self.settings.limits) {
+            Ok(event) => {
+                let urgent = event.priority == Priority::Urgent;
+                if let Some(controller) = self.slo.as_mut() {
+                    controller.arrived(1);
+                }
+                let pending = Pending {
+                    tp: record.tp,
+                    generation,
+                    offset: record.offset,
+                    original,
+                    event,
+                    received_at: record.received_at,
+                    bytes: record.bytes,
+                    scored_by: None,
+                };
+                if let Some(batch) = partition.push(pending, urgent, record.received_at) {
+                    self.enqueue(batch);
+                }
+            }
+            Err(rejection) => {
+                let out = record::dead_letter(
+                    &self.settings.output.dlq_topic,
+                    &record.tp,
+                    record.offset,
+                    original,
+                    &rejection,
+                );
+                self.deliver(
+                    (record.tp, generation, record.offset),
+                    out,
+                    Outcome::Dlq(rejection.reason),
+                    (record.received_at, record.bytes),
+                );
+            }
+        }
+    }
+
+    /// A closed batch joins the dispatch queue; urgent ones go first.
+    pub(super) fn enqueue(&mut self, batch: ReadyBatch) {
+        let waited = batch.waited.as_secs_f64();
+        metrics::histogram!(metric::BATCH_WAIT_SECONDS).record(waited);
+        self.summary.batch_wait_seconds += waited;
+        self.summary.closed_batches += 1;
+        if batch.urgent {
+            self.ready.push_front(batch);
+        } else {
+            self.ready.push_back(batch);
+        }
+    }
+
+    pub(super) fn close_expired(&mut self) {
+        let now = Instant::now();
+        let expired: Vec<ReadyBatch> = self
+            .partitions
+            .values_mut()
+            .filter_map(|p| p.close_expired(now))
+            .collect();
+        for batch in expired {
+            self.enqueue(batch);
+        }
+    }
+
+    pub(super) fn flush_all(&mut self) {
+        let tps: Vec<Tp> = self.partitions.keys().cloned().collect();
+        self.flush(&tps);
+    }
+
+    pub(super) fn flush(&mut self, tps: &[Tp]) {
+        for tp in tps {
+            if let Some(batch) = self.partitions.get_mut(tp).and_then(Partition::flush) {
+                self.enqueue(batch);
+            }
+        }
+    }
+}

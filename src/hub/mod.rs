@@ -1,0 +1,362 @@
+//! The hub: the one task that owns all per-partition state, so nothing here
+//! needs a lock. Its loop handles, in priority order: rebalances, delivery
+//! acknowledgements, inference results, batch deadlines, then new input, and
+//! new input only while fewer than `limits.max_in_flight` events are
+//! undelivered (beyond that the bounded input channel fills and the consumer
+//! pauses its partitions).
+//!
+//! Guarantees: every consumed record ends as exactly one verdict or one DLQ
+//! record (or, for a partition revoked meanwhile, is left uncommitted for its
+//! next owner); verdicts of a partition are produced in offset order; a
+//! position is sent to the consumer for storing only once every earlier
+//! offset of its partition was acknowledged by the broker.
+//!
+//! What it owns: the partitions' state ([`Partition`]), the dispatch queue,
+//! the jobs in inference, the in-flight count, the positions of the owned
+//! partitions (the consumer thread learns them by message) and the revokes
+//! in progress ([`Revokes`]).
+
+use std::collections::{HashMap, VecDeque};
+
+use futures::future::BoxFuture;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Settings;
+use crate::consumer::Ingested;
+use crate::event::RejectReason;
+use crate::inference::{InferenceJob, InferenceResult};
+use crate::partition::{Partition, ReadyBatch};
+use crate::producer::ProducerError;
+use crate::rebalance::{Positions, RebalanceEvent, Revokes};
+use crate::record::{OutRecord, RecordKind};
+use crate::shutdown::Shutdown;
+use crate::slo::{self, Choice};
+use crate::telemetry::{Health, StallKind, StallReporter, metric};
+use crate::tp::{Source, Tp};
+use crate::verdict::{NewScorer, Scorer, Verdict};
+use std::sync::Arc;
+
+mod batching;
+mod breaker;
+mod delivery;
+mod dispatch;
+mod intake;
+mod revoke;
+mod watchdog;
+
+use breaker::Breaker;
+use watchdog::STALL_CHECK;
+
+/// How soon the hub tries again to hand positions to the consumer thread
+/// when it has not taken the previous batch yet.
+const POSITIONS_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Counts of one run, for the demo and the tests.
+#[derive(Debug, Default, Clone)]
+pub struct RunSummary {
+    pub consumed: u64,
+    pub verdicts: u64,
+    pub dlq: u64,
+    pub stale: u64,
+    /// Deliveries given up at shutdown (their offsets stay uncommitted).
+    pub abandoned: u64,
+    /// Records the broker refused for good (committed past, counted, logged).
+    pub undeliverable: u64,
+    /// Model runs, and the time spent in them.
+    pub batches: u64,
+    pub inference_seconds: f64,
+    /// Token models: tokens fed, real and padded (padding efficiency = real ÷ padded).
+    pub real_tokens: u64,
+    pub padded_tokens: u64,
+    /// Model runs by size: `run_sizes[n]` runs of n events.
+    pub run_sizes: Vec<u64>,
+    /// Where an event's time goes: waiting for its batch to close (summed
+    /// over closed batches), and from enqueueing its verdict to the broker's
+    /// acknowledgement (summed over records).
+    pub batch_wait_seconds: f64,
+    pub closed_batches: u64,
+    pub produce_seconds: f64,
+    /// With `batching.target_p99`: the batch sizes and deadlines chosen, and
+    /// when (a change of size, or of the deadline by more than a tenth; the
+    /// first [`MAX_BATCH_CHOICES`]).
+    pub batch_choices: Vec<(std::time::Instant, Choice)>,
+}
+
+/// How many batch choices a [`RunSummary`] keeps.
+pub const MAX_BATCH_CHOICES: usize = 100_000;
+
+/// Hands a record to the broker; resolves once it is acknowledged (see
+/// [`crate::producer::Sink`]). A trait so that tests can stand in for Kafka.
+pub trait Deliver: Send + 'static {
+    /// `source`: the input partition and offset the record answers.
+    fn deliver(
+        &self,
+        record: OutRecord,
+        source: Source,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'static, Result<(), ProducerError>>;
+
+    /// A delivery failure concerning the whole service that lasts now:
+    /// (topic, for how long, last error).
+    fn service_failure(&self) -> Option<(String, std::time::Duration, String)> {
+        None
+    }
+}
+
+/// What the delivery tasks report back.
+pub struct Ack {
+    tp: Tp,
+    generation: u64,
+    offset: i64,
+    outcome: Result<Outcome, ProducerError>,
+    kind: RecordKind,
+    /// Enqueue to acknowledgement.
+    took: std::time::Duration,
+    /// When the consumer thread polled the input record.
+    received_at: Instant,
+}
+
+enum Outcome {
+    /// The verdict, and when the event happened (ms; see
+    /// [`crate::event::event_time_ms`]).
+    Verdict(Verdict, Option<i64>),
+    Dlq(RejectReason),
+}
+
+/// The hub's inputs.
+pub struct Inputs {
+    pub records: mpsc::Receiver<Ingested>,
+    pub rebalances: mpsc::Receiver<RebalanceEvent>,
+    pub results: mpsc::Receiver<InferenceResult>,
+    /// New scorers from the hot reload, each before any result carries its
+    /// version.
+    pub scorers: mpsc::Receiver<NewScorer>,
+}
+
+pub struct Hub<D: Deliver> {
+    settings: Settings,
+    /// The scorer of the model the pipeline started with (version 0), and
+    /// of each version a hot reload added since.
+    scorer: Arc<Scorer>,
+    reloaded: HashMap<u64, Arc<Scorer>>,
+    /// The candidate model offered the live verdicts, if one is configured.
+    shadow: Option<crate::shadow::Shadow>,
+    jobs: async_channel::Sender<InferenceJob>,
+    outbox: D,
+    /// Positions for the consumer thread to store.
+    positions_tx: async_channel::Sender<Positions>,
+    abort: CancellationToken,
+    stop: CancellationToken,
+    /// A fatal producer error: nothing more can be delivered; the run stops.
+    producer_fatal: Option<ProducerError>,
+    partitions: HashMap<Tp, Partition>,
+    revokes: Revokes,
+    /// The last position stored for each owned partition, and those not yet
+    /// handed to the consumer thread (its channel was full).
+    positions: HashMap<Tp, i64>,
+    unsent_positions: HashMap<Tp, i64>,
+    ready: VecDeque<ReadyBatch>,
+    in_inference: HashMap<u64, Vec<ReadyBatch>>,
+    next_job_id: u64,
+    /// Events accepted and not yet acknowledged (or abandoned).
+    in_flight: usize,
+    acks_tx: mpsc::Sender<Ack>,
+    acks_rx: Option<mpsc::Receiver<Ack>>,
+    deliveries: TaskTracker,
+    summary: RunSummary,
+    breaker: Breaker,
+    /// The watchdog: partitions stalled now, and when it looks next.
+    health: std::sync::Arc<Health>,
+    stalls: StallReporter,
+    next_stall_check: Instant,
+    /// The batch size and deadline now: fixed, or chosen by the latency
+    /// target's controller when `batching.target_p99` is set.
+    batch: Choice,
+    slo: Option<slo::Controller>,
+    /// Model runs dispatched at most at once (two per worker). Resolved
+    /// once: `workers = "auto"` reads the cgroup's CPU limit from files.
+    dispatch_capacity: usize,
+}
+
+impl<D: Deliver> Hub<D> {
+    pub fn new(
+        settings: Settings,
+        scorer: Scorer,
+        jobs: async_channel::Sender<InferenceJob>,
+        outbox: D,
+        positions_tx: async_channel::Sender<Positions>,
+        health: std::sync::Arc<Health>,
+        shutdown: &Shutdown,
+    ) -> Self {
+        let (acks_tx, acks_rx) = mpsc::channel(settings.limits.max_in_flight);
+        let b = &settings.batching;
+        let workers = settings.inference.worker_count();
+        let slo = b.target_p99.map(|target| {
+            slo::Controller::new(
+                target,
+                b.max_batch_size,
+                b.max_batch_delay,
+                workers,
+                Instant::now(),
+            )
+        });
+        let batch = slo.as_ref().map_or(
+            Choice {
+                size: b.max_batch_size,
+                delay: b.max_batch_delay,
+            },
+            slo::Controller::choice,
+        );
+        batching::export_choice(batch);
+        metrics::gauge!(metric::LATENCY_TARGET_MISSED).set(0.0);
+        let summary = RunSummary {
+            batch_choices: slo
+                .as_ref()
+                .map(|_| vec![(std::time::Instant::now(), batch)])
+                .unwrap_or_default(),
+            ..Default::default()
+        };
+        Hub {
+            settings,
+            scorer: Arc::new(scorer),
+            reloaded: HashMap::new(),
+            shadow: None,
+            jobs,
+            outbox,
+            positions_tx,
+            abort: shutdown.abort.clone(),
+            stop: shutdown.stop.clone(),
+            producer_fatal: None,
+            partitions: HashMap::new(),
+            revokes: Revokes::default(),
+            positions: HashMap::new(),
+            unsent_positions: HashMap::new(),
+            ready: VecDeque::new(),
+            in_inference: HashMap::new(),
+            next_job_id: 0,
+            in_flight: 0,
+            acks_tx,
+            acks_rx: Some(acks_rx),
+            deliveries: TaskTracker::new(),
+            summary,
+            stalls: StallReporter::new(StallKind::Undelivered, health.clone()),
+            health,
+            breaker: Breaker::default(),
+            next_stall_check: Instant::now() + STALL_CHECK,
+            batch,
+            slo,
+            dispatch_capacity: workers * 2,
+        }
+    }
+
+    /// Offer every (sampled) live verdict to this shadow model.
+    pub fn with_shadow(mut self, shadow: Option<crate::shadow::Shadow>) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
+    /// Run until the input is closed and nothing is in flight; then wait for
+    /// the delivery tasks and hand the last positions to the consumer.
+    /// Returns the counts and the producer error that stopped it, if one did.
+    pub async fn run(mut self, mut inputs: Inputs) -> (RunSummary, Option<ProducerError>) {
+        let Some(mut acks_rx) = self.acks_rx.take() else {
+            return (self.summary, None);
+        };
+        let mut input_open = true;
+        let abort = self.abort.clone();
+        loop {
+            let wake_at = self.next_wake();
+            let accepting = input_open
+                && self.in_flight < self.settings.limits.max_in_flight
+                && !self.breaker.open;
+            let holding = self.breaker.open && !self.ready.is_empty();
+            tokio::select! {
+                biased;
+                Some(event) = inputs.rebalances.recv() => self.on_rebalance(event),
+                Some((version, scorer)) = inputs.scorers.recv() => {
+                    self.reloaded.insert(version, scorer);
+                }
+                Some(ack) = acks_rx.recv() => self.on_ack(ack),
+                Some(result) = inputs.results.recv() => self.on_inference_result(result),
+                _ = abort.cancelled(), if holding => self.give_up_held(),
+                _ = sleep_until(wake_at) => {}
+                record = inputs.records.recv(), if accepting => match record {
+                    Some(record) => self.on_record(record),
+                    None => {
+                        input_open = false;
+                        self.flush_all();
+                    }
+                },
+            }
+            self.after_event();
+            if !input_open && self.in_flight == 0 {
+                break;
+            }
+        }
+        self.finish_revokes(true);
+        self.deliveries.close();
+        self.deliveries.wait().await;
+        let last: Positions = self.unsent_positions.drain().collect();
+        if !last.is_empty() {
+            let _ = self.positions_tx.send(last).await;
+        }
+        (self.summary, self.producer_fatal)
+    }
+
+    /// The work every event of the loop may have made possible.
+    fn after_event(&mut self) {
+        self.close_expired();
+        self.dispatch();
+        self.finish_revokes(false);
+        self.send_positions();
+        if Instant::now() >= self.next_stall_check {
+            self.check_stalls();
+        }
+        if self
+            .slo
+            .as_ref()
+            .is_some_and(|c| Instant::now() >= c.next_tick())
+        {
+            self.adjust_batching();
+        }
+    }
+
+    fn next_wake(&self) -> Option<Instant> {
+        let batch = self
+            .partitions
+            .values()
+            .filter_map(Partition::deadline)
+            .min();
+        let watchdog =
+            (self.in_flight > 0 || !self.stalls.is_empty()).then_some(self.next_stall_check);
+        let slo = self.slo.as_ref().map(slo::Controller::next_tick);
+        let probe = self
+            .breaker
+            .next_probe
+            .filter(|_| self.breaker.probe.is_none());
+        // Positions waiting for the consumer thread to take the last batch.
+        let positions =
+            (!self.unsent_positions.is_empty()).then(|| Instant::now() + POSITIONS_RETRY);
+        batch
+            .into_iter()
+            .chain(self.revokes.next_deadline())
+            .chain(positions)
+            .chain(watchdog)
+            .chain(probe)
+            .chain(slo)
+            .min()
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests;

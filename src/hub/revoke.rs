@@ -1,0 +1,73 @@
+//! The hub's side of a rebalance: drain revoked partitions, answer with
+//! their positions, and tell an assignment where the last revoke ended.
+
+use std::collections::HashSet;
+
+use super::{Deliver, Hub};
+use crate::partition::Partition;
+use crate::rebalance::{Positions, RebalanceEvent};
+use crate::telemetry::metric;
+use crate::tp::Tp;
+
+impl<D: Deliver> Hub<D> {
+    pub(super) fn on_rebalance(&mut self, event: RebalanceEvent) {
+        match event {
+            RebalanceEvent::Revoke {
+                partitions,
+                generation,
+                done,
+            } => {
+                self.flush(&partitions);
+                self.revokes.start(
+                    partitions,
+                    generation,
+                    self.settings.kafka.drain_timeout,
+                    done,
+                );
+            }
+            RebalanceEvent::Assign { partitions, reply } => {
+                tracing::debug!(partitions = partitions.len(), "assignment received");
+                let _ = reply.send(self.revokes.take_resume(&partitions));
+            }
+            RebalanceEvent::Resumed { positions } => self.positions.extend(positions),
+        }
+    }
+
+    /// Answer revokes whose partitions are drained (or whose time is up):
+    /// their state goes, their positions go to the consumer thread with
+    /// the answer, and their queued batches will not be scored.
+    pub(super) fn finish_revokes(&mut self, force: bool) {
+        let partitions = &self.partitions;
+        let ready = self.revokes.ready(force, |tp| {
+            partitions.get(tp).map_or(0, Partition::in_flight)
+        });
+        for (revoked, done) in ready {
+            let mut answer = Positions::new();
+            for tp in &revoked {
+                if let Some(mut partition) = self.partitions.remove(tp) {
+                    if let Some(position) = partition.final_position() {
+                        self.positions.insert(tp.clone(), position);
+                    }
+                    self.release(partition.held_back());
+                    metrics::gauge!(metric::OLDEST_PENDING_SECONDS, "topic" => tp.topic.to_string(), "partition" => tp.partition.to_string())
+                        .set(0.0);
+                }
+                self.unsent_positions.remove(tp);
+                if let Some(position) = self.positions.remove(tp) {
+                    answer.push((tp.clone(), position));
+                }
+            }
+            let revoked: HashSet<&Tp> = revoked.iter().collect();
+            let mut dropped = 0;
+            self.ready.retain(|b| {
+                let keep = !revoked.contains(&b.tp);
+                if !keep {
+                    dropped += b.items.len();
+                }
+                keep
+            });
+            self.release(dropped);
+            self.revokes.answer(answer, done);
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! Delivery of verdicts and dead-letter records.
+//!
+//! Guarantee: [`Sink::deliver`] hands a record to librdkafka at once (so the
+//! produce order is the call order), then resolves only when the broker has
+//! acknowledged it (`acks=all`, idempotent producer). A transient failure is
+//! retried with backoff until it succeeds or the caller gives up through the
+//! cancellation token (which also ends a wait for librdkafka); the caller
+//! marks an offset delivered only on `Ok`. A record the broker can never
+//! take (too large, malformed) is not retried as it is: a dead-letter record
+//! is sent again with its value cut to a budget, then without value and
+//! input headers; past that, and for a verdict, the delivery ends with
+//! [`ProducerError::Rejected`] so that its partition is not pinned. A fatal
+//! client error (idempotence broken) is not retried: it ends the delivery
+//! with [`ProducerError::Fatal`] and the pipeline stops.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, Producer, PurgeConfig};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::util::Timeout;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{self, ProducerRole};
+use crate::config::KafkaSettings;
+use crate::record::OutRecord;
+use crate::telemetry::metric;
+use crate::tp::Source;
+
+mod resends;
+
+use resends::{Place, Resends};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerError {
+    #[error("cannot create the Kafka producer")]
+    Create(#[source] KafkaError),
+    #[error("delivery abandoned at shutdown")]
+    Abandoned,
+    /// The broker refuses this record whatever is retried (and, for a
+    /// dead-letter record, also its cut-down forms).
+    #[error("the broker refuses this record: {0}")]
+    Rejected(String),
+    /// The idempotent producer hit a fatal error (e.g. a broken sequence):
+    /// librdkafka will not deliver anything more from this client.
+    #[error("fatal producer error: {0}")]
+    Fatal(String),
+    /// Deliveries to a topic failed for the whole service (not authorized,
+    /// topic missing) for `kafka.service_failure_timeout`.
+    #[error(
+        "deliveries to {topic} failed for {lasted_s} s (kafka.service_failure_timeout): {error}"
+    )]
+    Service {
+        topic: String,
+        lasted_s: u64,
+        error: String,
+    },
+}
+
+/// Errors that sending the same record again cannot fix: it is too large or
+/// malformed for the broker.
+pub fn is_permanent_for_record(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::MessageBatchTooLarge
+                | C::InvalidMessage
+                | C::InvalidRecord
+        )
+    )
+}
+
+/// Errors that concern every record to a topic, not one record: the client
+/// is not authorized, or the topic does not exist. Retried, but if they
+/// last `kafka.service_failure_timeout` the service stops with the reason.
+pub fn is_service_level(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::UnknownTopicOrPartition
+                | C::UnknownTopic
+                | C::InvalidTopic
+        )
+    )
+}
+
+/// Service-level delivery failures now, by topic: since when, and the last
+/// error. Written by the delivery tasks, read by the hub's watchdog.
+#[derive(Default)]
+struct ServiceFailures(std::sync::Mutex<HashMap<String, (std::time::Instant, String)>>);
+
+impl ServiceFailures {
+    fn failed(&self, topic: &str, error: &KafkaError) {
+        if let Ok(mut f) = self.0.lock() {
+            let entry = f
+                .entry(topic.to_string())
+                .or_insert_with(|| (std::time::Instant::now(), String::new()));
+            entry.1 = error.to_string();
+        }
+    }
+
+    fn delivered(&self, topic: &str) {
+        if let Ok(mut f) = self.0.lock()
+            && !f.is_empty()
+        {
+            f.remove(topic);
+        }
+    }
+
+    /// The longest-lasting one: (topic, how long, last error).
+    fn oldest(&self) -> Option<(String, std::time::Duration, String)> {
+        let f = self.0.lock().ok()?;
+        f.iter()
+            .min_by_key(|(_, (since, _))| *since)
+            .map(|(t, (since, e))| (t.clone(), since.elapsed(), e.clone()))
+    }
+}
+
+#[derive(Clone)]
+pub struct Sink {
+    producer: FutureProducer,
+    resends: Arc<Resends>,
+    service_failures: Arc<ServiceFailures>,
+    /// How many bytes of a refused dead-letter value are sent again.
+    dlq_value_budget: usize,
+}
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Room left for key and headers when a dead-letter value is cut to fit
+/// the producer's `message.max.bytes`.
+const HEADROOM_BYTES: usize = 64 * 1024;
+
+impl Sink {
+    /// `dlq_value_budget`: at most this many bytes of a refused dead-letter
+    /// value are sent again (less if `message.max.bytes` requires).
+    pub fn new(kafka: &KafkaSettings, dlq_value_budget: usize) -> Result<Sink, ProducerError> {
+        let message_max = kafka
+            .producer
+            .get("message.max.bytes")
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(1_000_000);
+        let producer = client::producer(kafka, ProducerRole::Verdicts)
+            .create()
+            .map_err(ProducerError::Create)?;
+        Ok(Sink {
+            producer,
+            resends: Arc::default(),
+            service_failures: Arc::default(),
+            dlq_value_budget: dlq_value_budget
+                .min(message_max.saturating_sub(HEADROOM_BYTES))
+                .max(1),
+        })
+    }
+
+    /// Enqueue now (unless earlier records of the same input partition wait
+    /// to be sent again: then after them); the future resolves once the
+    /// broker acknowledged the record. `source` is the input partition and
+    /// offset it answers: re-sends go out in that order.
+    pub fn deliver(
+        &self,
+        record: OutRecord,
+        source: Source,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = Result<(), ProducerError>> + Send + 'static {
+        let resends = self.resends.clone();
+        // A partition with re-sends waiting: this record queues behind them.
+        let mut place = resends
+            .any_waiting(&source.0)
+            .then(|| resends.join(&source));
+        let attempt = match place {
+            Some(_) => None,
+            None => Some(self.enqueue(&record)),
+        };
+        if let Some(Err(_)) = &attempt {
+            // Not even queued (queue full): later records must not overtake it.
+            place = Some(resends.join(&source));
+        }
+        let delivery = Delivery {
+            sink: self.clone(),
+            source,
+            place,
+            backoff: FIRST_BACKOFF,
+        };
+        delivery.run(record, attempt, cancel)
+    }
+
+    fn enqueue(&self, record: &OutRecord) -> Result<DeliveryFuture, KafkaError> {
+        self.producer
+            .send_result(record.as_future_record())
+            .map_err(|(e, _)| e)
+    }
+
+    /// The delivery failure concerning the whole service that has lasted
+    /// longest, if one lasts now: (topic, for how long, last error).
+    pub fn service_failure(&self) -> Option<(String, Duration, String)> {
+        self.service_failures.oldest()
+    }
+
+    /// Whether the cluster answers this producer's metadata request (blocking).
+    pub fn reachable(&self, timeout: Duration) -> bool {
+        self.producer.client().fetch_metadata(None, timeout).is_ok()
+    }
+
+    /// Wait for everything queued to be delivered (shutdown).
+    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.producer.flush(Timeout::After(timeout))
+    }
+
+    /// Drop what librdkafka still holds, queued or in flight (shutdown after
+    /// `kafka.shutdown_timeout`): nothing more is sent.
+    pub fn purge(&self) {
+        self.producer
+            .purge(PurgeConfig::default().queue().inflight().non_blocking());
+    }
+}
+
+/// One record on its way: its place among its partition's re-sends (when
+/// it has one) and the backoff before the next try.
+struct Delivery {
+    sink: Sink,
+    source: Source,
+    place: Option<Place>,
+    backoff: Duration,
+}
+
+/// What a failed attempt leads to.
+enum Next {
+    /// Wait the backoff, then send the same record again.
+    Retry,
+    /// Send this smaller form at once.
+    CutDown(OutRecord),
+    /// The delivery ends with this error.
+    Stop(ProducerError),
+}
+
+impl Delivery {
+    /// Send until acknowledged, cut down, given up or cancelled.
+    async fn run(
+        mut self,
+        mut record: OutRecord,
+        mut attempt: Option<Result<DeliveryFuture, KafkaError>>,
+        cancel: CancellationToken,
+    ) -> Result<(), ProducerError> {
+        loop {
+            let error = match attempt.take() {
+                None => {
+                    if let Some(p) = &self.place {
+                        tokio::select! {
+                            _ = p.turn() => {}
+                            _ = cancel.cancelled() => return Err(ProducerError::Abandoned),
+                        }
+                    }
+                    let sent = self.sink.enqueue(&record);
+                    if sent.is_ok() {
+                        // Handed over in order: the next one may go.
+                        self.place = None;
+                    }
+                    attempt = Some(sent);
+                    continue;
+                }
+                Some(Ok(delivery)) => {
+                    let outcome = tokio::select! {
+                        outcome = delivery => outcome,
+                        _ = cancel.cancelled() => return Err(ProducerError::Abandoned),
+                    };
+                    match outcome {
+                        Ok(Ok(_)) => {
+                            metrics::counter!(metric::PRODUCED_TOTAL, "kind" => record.kind.as_str())
+                                .increment(1);
+                            self.sink.service_failures.delivered(&record.topic);
+                            return Ok(());
+                        }
+                        Ok(Err((e, _))) => e,
+                        Err(_canceled) => KafkaError::Canceled,
+                    }
+                }
+                Some(Err(e)) => e,
+            };
+            match self.after_failure(&record, &error) {
+                Next::Stop(e) => return Err(e),
+                Next::CutDown(cut) => record = cut,
+                Next::Retry => {
+                    tokio::select! {
+                        _ = cancel.cancelled() => return Err(ProducerError::Abandoned),
+                        _ = tokio::time::sleep(self.backoff) => {}
+                    }
+                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
+    /// Classify a failed attempt: fatal, refused for this record, or worth
+    /// a retry (in line with the partition's other re-sends).
+    fn after_failure(&mut self, record: &OutRecord, error: &KafkaError) -> Next {
+        let kind = record.kind.as_str();
+        metrics::counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => kind).increment(1);
+        let producer = &self.sink.producer;
+        if let Some((code, reason)) = producer.client().fatal_error() {
+            // The pipeline logs the stop once; every in-flight record ends here.
+            tracing::debug!(topic = %record.topic, error = %error, "fatal producer error; not retrying");
+            return Next::Stop(ProducerError::Fatal(format!("{code:?}: {reason}")));
+        }
+        if is_permanent_for_record(error) {
+            return match record.cut_down(self.sink.dlq_value_budget) {
+                Some(cut) => {
+                    tracing::warn!(topic = %record.topic, kind, error = %error, "the broker refuses this record; sending it cut down");
+                    Next::CutDown(cut)
+                }
+                None => Next::Stop(ProducerError::Rejected(error.to_string())),
+            };
+        }
+        if is_service_level(error) {
+            self.sink.service_failures.failed(&record.topic, error);
+        }
+        let code = error.rdkafka_error_code();
+        if code == Some(RDKafkaErrorCode::MessageTimedOut) {
+            // librdkafka gave up on this record, but later records of its
+            // input partition may still wait in its queue: delivered when
+            // the leader returns, they would overtake this one's re-send.
+            // Fail everything queued now, so that it all joins the re-sends
+            // and goes out again in offset order (records already sent to a
+            // broker are not touched).
+            producer.purge(PurgeConfig::default().queue().non_blocking());
+        }
+        if code == Some(RDKafkaErrorCode::PurgeQueue) {
+            tracing::debug!(topic = %record.topic, kind, "taken back from the producer queue after a timeout; sending again in order");
+        } else {
+            tracing::warn!(topic = %record.topic, kind, error = %error, retry_in_ms = self.backoff.as_millis() as u64, "delivery failed; retrying");
+        }
+        if self.place.is_none() {
+            self.place = Some(self.sink.resends.join(&self.source));
+        }
+        Next::Retry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(offset: i64) -> Source {
+        (crate::tp::Tp::new("in", 0), offset)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fatal_producer_error_ends_the_delivery_instead_of_retrying_forever() {
+        let broker = crate::tools::embedded::EmbeddedBroker::start(&[("out", 1)]).unwrap();
+        let kafka = crate::config::Settings::from_toml(&format!(
+            "[kafka]\nbootstrap_servers = \"{}\"\n[input]\ntopics = [\"in\"]\n[output]\ntopic = \"out\"\ndlq_topic = \"dlq\"",
+            broker.bootstrap_servers()
+        ))
+        .unwrap()
+        .kafka;
+        let sink = Sink::new(&kafka, 1024).unwrap();
+        let record = OutRecord {
+            topic: "out".into(),
+            key: None,
+            payload: Some(b"v".to_vec()),
+            headers: Vec::new(),
+            timestamp_ms: None,
+            kind: crate::record::RecordKind::Verdict,
+        };
+        sink.deliver(record.clone(), source(0), CancellationToken::new())
+            .await
+            .expect("delivered before the fault");
+        // librdkafka's own hook for testing fatal errors.
+        let code = unsafe {
+            rdkafka::bindings::rd_kafka_test_fatal_error(
+                sink.producer.client().native_ptr(),
+                rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                c"injected by the test".as_ptr(),
+            )
+        };
+        assert_eq!(
+            code,
+            rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+        );
+        let result = tokio::time::timeout(
+            Duration::from_secs(10),
+            sink.deliver(record, source(1), CancellationToken::new()),
+        )
+        .await
+        .expect("a fatal error ends the delivery, no endless retry");
+        match result {
+            Err(ProducerError::Fatal(message)) => {
+                assert!(message.contains("injected"), "{message}")
+            }
+            other => panic!("expected a fatal error, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! What /readyz reports ([`Health`]), the one way stalls are reported
+//! ([`StallReporter`]), and the HTTP server for /metrics, /healthz, /readyz.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::{TelemetryError, metric};
+use crate::tp::Tp;
+
+/// What /readyz reports: ready once the model is loaded, the consumer has
+/// joined (partitions assigned or waiting for an assignment) and the
+/// producer reached the cluster, and while no partition is stalled.
+#[derive(Debug, Default)]
+pub struct Health {
+    pub model_loaded: AtomicBool,
+    pub consumer_ready: AtomicBool,
+    pub producer_connected: AtomicBool,
+    /// The model fails every event: the circuit breaker is open.
+    pub model_failing: AtomicBool,
+    /// Written by the hub's watchdog ([`StallKind::Undelivered`]), read by
+    /// /readyz. A lock, not a channel: /readyz reads the latest state
+    /// whenever it is asked, and writers hold it only to swap a vector.
+    stalled: std::sync::Mutex<Vec<Stall>>,
+    /// Written by the consumer thread ([`StallKind::Unfetched`]): assigned
+    /// partitions that lag yet are not fetched.
+    unfetched: std::sync::Mutex<Vec<Stall>>,
+    /// Deliveries failing for the whole service, and why.
+    delivery_failing: std::sync::Mutex<Option<String>>,
+}
+
+/// A partition whose oldest undelivered event has waited too long.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Stall {
+    pub topic: String,
+    pub partition: i32,
+    /// The oldest undelivered offset: the committed position stays there.
+    pub offset: i64,
+    pub waiting_s: u64,
+    /// Undelivered events of the partition.
+    pub pending: usize,
+}
+
+impl Health {
+    pub fn ready(&self) -> bool {
+        self.model_loaded.load(Ordering::SeqCst)
+            && self.consumer_ready.load(Ordering::SeqCst)
+            && self.producer_connected.load(Ordering::SeqCst)
+            && !self.model_failing.load(Ordering::SeqCst)
+            && self.stalled().is_empty()
+            && self.unfetched().is_empty()
+            && self.delivery_failing().is_none()
+    }
+
+    pub fn stalled(&self) -> Vec<Stall> {
+        self.stalled.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub fn delivery_failing(&self) -> Option<String> {
+        self.delivery_failing.lock().ok().and_then(|d| d.clone())
+    }
+
+    pub fn set_delivery_failing(&self, why: Option<String>) {
+        if let Ok(mut d) = self.delivery_failing.lock() {
+            *d = why;
+        }
+    }
+
+    fn set(&self, kind: StallKind, stalls: Vec<Stall>) {
+        let slot = match kind {
+            StallKind::Undelivered => &self.stalled,
+            StallKind::Unfetched => &self.unfetched,
+        };
+        if let Ok(mut s) = slot.lock() {
+            *s = stalls;
+        }
+        self.count_stalls();
+    }
+
+    pub fn unfetched(&self) -> Vec<Stall> {
+        self.unfetched.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    fn count_stalls(&self) {
+        let n = self.stalled().len() + self.unfetched().len();
+        metrics::gauge!(metric::STALLED_PARTITIONS).set(n as f64);
+    }
+
+    fn report(&self) -> String {
+        serde_json::json!({
+            "ready": self.ready(),
+            "model_loaded": self.model_loaded.load(Ordering::SeqCst),
+            "consumer_ready": self.consumer_ready.load(Ordering::SeqCst),
+            "producer_connected": self.producer_connected.load(Ordering::SeqCst),
+            "model_failing": self.model_failing.load(Ordering::SeqCst),
+            "delivery_failing": self.delivery_failing(),
+            "stalled": self.stalled(),
+            "unfetched": self.unfetched(),
+        })
+        .to_string()
+    }
+}
+
+/// Which stall a [`StallReporter`] watches for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StallKind {
+    /// A partition's oldest undelivered event waited `limits.stall_after`
+    /// (the hub's watchdog): its committed offset cannot move.
+    Undelivered,
+    /// An assigned partition lags behind its end yet gave no record for
+    /// `limits.stall_after` (the consumer's fetch watchdog).
+    Unfetched,
+}
+
+/// Reports stalls the one way: an error log once when a partition's stall
+/// starts, an info log once when it ends, `modstream_stalled_partitions`,
+/// and /readyz failing while any lasts.
+pub struct StallReporter {
+    kind: StallKind,
+    health: Arc<Health>,
+    reported: HashSet<Tp>,
+}
+
+impl StallReporter {
+    pub fn new(kind: StallKind, health: Arc<Health>) -> StallReporter {
+        StallReporter {
+            kind,
+            health,
+            reported: HashSet::new(),
+        }
+    }
+
+    /// Nothing stalled now.
+    pub fn is_empty(&self) -> bool {
+        self.reported.is_empty()
+    }
+
+    /// The stalls now; `owned` tells whether a partition that is no longer
+    /// stalled is still this member's (it moves again) or not (revoked).
+    pub fn report(&mut self, mut stalls: Vec<Stall>, owned: impl Fn(&Tp) -> bool) {
+        stalls.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        let now: HashSet<Tp> = stalls
+            .iter()
+            .map(|s| Tp::new(&s.topic, s.partition))
+            .collect();
+        for stall in &stalls {
+            if self.reported.insert(Tp::new(&stall.topic, stall.partition)) {
+                let (topic, partition, offset) = (&stall.topic, stall.partition, stall.offset);
+                let (waiting_s, pending) = (stall.waiting_s, stall.pending);
+                match self.kind {
+                    StallKind::Undelivered => {
+                        tracing::error!(%topic, partition, offset, waiting_s, pending, "partition stalled: its oldest event has no verdict delivered yet")
+                    }
+                    StallKind::Unfetched => {
+                        tracing::error!(%topic, partition, lag = pending, waiting_s, "partition not fetched: it lags behind its end, yet no record came")
+                    }
+                }
+            }
+        }
+        self.reported.retain(|tp| {
+            let still = now.contains(tp);
+            if !still {
+                let (topic, partition) = (&tp.topic, tp.partition);
+                match (self.kind, owned(tp)) {
+                    (StallKind::Undelivered, true) => tracing::info!(%topic, partition, "partition making progress again"),
+                    (StallKind::Unfetched, true) => tracing::info!(%topic, partition, "partition fetched again"),
+                    (_, false) => tracing::info!(%topic, partition, "stalled partition no longer assigned; its next owner takes over"),
+                }
+            }
+            still
+        });
+        self.health.set(self.kind, stalls);
+    }
+}
+
+/// Serve /metrics, /healthz and /readyz on `addr` until `stop` fires. Binds
+/// before returning, so a taken port fails the start.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: PrometheusHandle,
+    health: Arc<Health>,
+    stop: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, TelemetryError> {
+    use axum::http::{StatusCode, header};
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| TelemetryError::Listen { addr, source })?;
+    let ready_health = health.clone();
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let body = metrics.render();
+                async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body) }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let h = ready_health.clone();
+                async move {
+                    let status = if h.ready() {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    };
+                    (
+                        status,
+                        [(header::CONTENT_TYPE, "application/json")],
+                        h.report(),
+                    )
+                }
+            }),
+        );
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stall(partition: i32) -> Stall {
+        Stall {
+            topic: "posts".into(),
+            partition,
+            offset: 7,
+            waiting_s: 61,
+            pending: 3,
+        }
+    }
+
+    #[test]
+    fn a_stall_fails_readiness_until_it_ends_and_each_kind_has_its_own_list() {
+        let health = Arc::new(Health::default());
+        for flag in [
+            &health.model_loaded,
+            &health.consumer_ready,
+            &health.producer_connected,
+        ] {
+            flag.store(true, Ordering::SeqCst);
+        }
+        assert!(health.ready());
+        let mut hub = StallReporter::new(StallKind::Undelivered, health.clone());
+        let mut fetch = StallReporter::new(StallKind::Unfetched, health.clone());
+        hub.report(vec![stall(2), stall(1)], |_| true);
+        assert!(!health.ready());
+        assert_eq!(
+            health
+                .stalled()
+                .iter()
+                .map(|s| s.partition)
+                .collect::<Vec<_>>(),
+            [1, 2]
+        );
+        assert!(health.unfetched().is_empty() && !hub.is_empty());
+        fetch.report(vec![stall(4)], |_| true);
+        hub.report(Vec::new(), |_| false);
+        assert!(hub.is_empty() && health.stalled().is_empty());
+        assert!(!health.ready(), "the fetch watchdog's stall still counts");
+        fetch.report(Vec::new(), |_| true);
+        assert!(health.ready());
+    }
+}

@@ -1,0 +1,176 @@
+//! Every metric the service exports, in one table: name, type, unit and
+//! help written once each; and the label values that are known in advance,
+//! as enums.
+//!
+//! Names follow Prometheus conventions: `_total` counters, `_seconds`
+//! histograms, labels of low cardinality only (topic, partition, verdict,
+//! reason, kind); never event ids or text.
+
+/// A metric's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Type {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: Type,
+    pub unit: metrics::Unit,
+    pub help: &'static str,
+}
+
+/// Declares each metric's name constant and its row in [`TABLE`] (and its
+/// name in [`ALL`]) from one line.
+macro_rules! metric_table {
+    ($($(#[doc = $doc:expr])* $ident:ident = $name:literal, $kind:ident, $unit:ident, $help:literal;)*) => {
+        $( $(#[doc = $doc])* pub const $ident: &str = $name; )*
+        /// Every metric, with its type, unit and help.
+        pub const TABLE: &[Metric] = &[
+            $( Metric { name: $name, kind: Type::$kind, unit: metrics::Unit::$unit, help: $help }, )*
+        ];
+        /// Every metric name the service exports.
+        pub const ALL: &[&str] = &[ $( $name, )* ];
+    };
+}
+
+metric_table! {
+    /// Records consumed from the input topics. Labels: topic.
+    CONSUMED_TOTAL = "modstream_events_consumed_total", Counter, Count, "records consumed from the input topics";
+    /// Verdicts acknowledged by the broker. Labels: verdict.
+    VERDICTS_TOTAL = "modstream_verdicts_total", Counter, Count, "verdicts acknowledged by the broker";
+    /// Dead-letter records acknowledged by the broker. Labels: reason.
+    DLQ_TOTAL = "modstream_dlq_total", Counter, Count, "dead-letter records acknowledged by the broker";
+    /// Records acknowledged by the broker. Labels: kind (verdict, dlq).
+    PRODUCED_TOTAL = "modstream_records_produced_total", Counter, Count, "records acknowledged by the broker";
+    /// Failed delivery attempts (each is retried). Labels: kind.
+    DELIVERY_FAILURES_TOTAL = "modstream_delivery_failures_total", Counter, Count, "failed delivery attempts, each retried";
+    /// Records the broker refused for good (also cut down): their offsets
+    /// are committed so that the partition goes on. Labels: kind.
+    UNDELIVERABLE_TOTAL = "modstream_undeliverable_total", Counter, Count, "records the broker refused for good, also cut down; their offsets are committed";
+    /// Events per model run.
+    BATCH_SIZE = "modstream_batch_size", Histogram, Count, "events per model run";
+    /// From a batch's first event to its close, seconds.
+    BATCH_WAIT_SECONDS = "modstream_batch_wait_seconds", Histogram, Seconds, "first event to batch close";
+    /// One model run, seconds.
+    INFERENCE_SECONDS = "modstream_inference_seconds", Histogram, Seconds, "duration of one model run";
+    /// Failed model runs.
+    INFERENCE_FAILURES_TOTAL = "modstream_inference_failures_total", Counter, Count, "failed model runs";
+    /// Consumed and not yet delivered events.
+    IN_FLIGHT_EVENTS = "modstream_in_flight_events", Gauge, Count, "consumed, not yet delivered events";
+    /// Their bytes (key, value, headers), against `limits.max_in_flight_bytes`.
+    IN_FLIGHT_BYTES = "modstream_in_flight_bytes", Gauge, Bytes, "bytes of consumed, not yet delivered records";
+    /// Partitions paused for backpressure.
+    PAUSED_PARTITIONS = "modstream_paused_partitions", Gauge, Count, "partitions paused for backpressure";
+    /// Texts whose scores came from the score cache, and those it lacked.
+    CACHE_HITS_TOTAL = "modstream_cache_hits_total", Counter, Count, "texts scored from the score cache";
+    CACHE_MISSES_TOTAL = "modstream_cache_misses_total", Counter, Count, "texts the score cache lacked (scored by the model)";
+    /// 1 while the circuit breaker on the model is open.
+    INFERENCE_BREAKER_OPEN = "modstream_inference_breaker_open", Gauge, Count, "1 while the model fails every event and the circuit breaker holds events back";
+    /// Partitions whose oldest undelivered event waited `limits.stall_after`.
+    STALLED_PARTITIONS = "modstream_stalled_partitions", Gauge, Count, "partitions whose oldest undelivered event waited limits.stall_after or longer";
+    /// Age of a partition's oldest undelivered event (0: none). Labels:
+    /// topic, partition.
+    OLDEST_PENDING_SECONDS = "modstream_oldest_pending_seconds", Gauge, Seconds, "age of the partition's oldest undelivered event, 0 when none";
+    /// Offset commits. Labels: outcome (ok, error).
+    COMMITS_TOTAL = "modstream_commits_total", Counter, Count, "offset commits by outcome";
+    /// Rebalance events. Labels: kind (assign, revoke).
+    REBALANCES_TOTAL = "modstream_rebalances_total", Counter, Count, "rebalance events by kind";
+    /// Records from a partition this member no longer owns, left for the new owner.
+    STALE_RECORDS_TOTAL = "modstream_stale_records_total", Counter, Count, "records of revoked partitions left for their new owner";
+    /// Consumer errors. Labels: kind.
+    ERRORS_TOTAL = "modstream_errors_total", Counter, Count, "consumer errors by kind";
+    /// Input record timestamp to verdict acknowledgement, seconds.
+    END_TO_END_SECONDS = "modstream_end_to_end_latency_seconds", Histogram, Seconds, "input record timestamp to verdict acknowledgement";
+    /// Tokens fed to a token model (real ones, not padding).
+    TOKENS_REAL_TOTAL = "modstream_tokens_real_total", Counter, Count, "tokens fed to a token model, padding excluded";
+    /// Tokens fed to a token model including padding; real ÷ padded is the
+    /// padding efficiency.
+    TOKENS_PADDED_TOTAL = "modstream_tokens_padded_total", Counter, Count, "tokens fed to a token model, padding included";
+    /// The batch size and deadline in use (fixed, or chosen for
+    /// `batching.target_p99`).
+    BATCH_TARGET_SIZE = "modstream_batch_target_size", Gauge, Count, "batch size in use (fixed, or chosen for batching.target_p99)";
+    BATCH_TARGET_DELAY_SECONDS = "modstream_batch_target_delay_seconds", Gauge, Seconds, "batch deadline in use (fixed, or chosen for batching.target_p99)";
+    /// 1 while batching for throughput because the latency target cannot be
+    /// held at the incoming rate (saturation).
+    BATCHING_SATURATED = "modstream_batching_saturated", Gauge, Count, "1 while batching for throughput: the latency target cannot be held at the incoming rate";
+    /// 1 while at saturation and the measured p99 is above `batching.target_p99`.
+    LATENCY_TARGET_MISSED = "modstream_latency_target_missed", Gauge, Count, "1 while at saturation with the measured p99 above batching.target_p99";
+    /// Hot reloads of the model and of the policy. Labels: outcome (loaded,
+    /// refused).
+    MODEL_RELOADS_TOTAL = "modstream_model_reloads_total", Counter, Count, "hot reloads of the model, by outcome (loaded, refused)";
+    POLICY_RELOADS_TOTAL = "modstream_policy_reloads_total", Counter, Count, "reloads of the policy on SIGHUP, by outcome (loaded, refused)";
+    /// Shadow scoring: live and shadow verdicts of the same events (labels:
+    /// live, shadow), events skipped because the shadow queue was full, and
+    /// failures (label: stage = load, score, deliver, thread).
+    SHADOW_AGREEMENT_TOTAL = "modstream_shadow_agreement_total", Counter, Count, "live and shadow verdicts of the same events (the confusion matrix)";
+    SHADOW_SKIPPED_TOTAL = "modstream_shadow_skipped_total", Counter, Count, "events the shadow model skipped: its queue was full";
+    SHADOW_FAILURES_TOTAL = "modstream_shadow_failures_total", Counter, Count, "shadow failures by stage (load, score, deliver, thread); the live path is never affected";
+    /// Records behind the end of the partition (librdkafka statistics).
+    /// Labels: topic, partition.
+    CONSUMER_LAG = "modstream_consumer_lag", Gauge, Count, "records behind the partition end, per input partition";
+}
+
+/// Declares an enum of label values with `as_str()` and `ALL` (every value,
+/// for [`super::register_zeroes`]).
+macro_rules! label_values {
+    ($(#[doc = $doc:expr])* $name:ident { $($variant:ident => $s:literal),* $(,)? }) => {
+        $(#[doc = $doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name { $($variant),* }
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),*];
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $s),* }
+            }
+        }
+    };
+}
+
+label_values! {
+    /// `modstream_errors_total{kind}`: where a consumer-side error happened.
+    ErrorKind { Client => "client", Rebalance => "rebalance", Consume => "consume" }
+}
+label_values! {
+    /// `modstream_rebalances_total{kind}`.
+    RebalanceKind { Assign => "assign", Revoke => "revoke" }
+}
+label_values! {
+    /// `modstream_commits_total{outcome}`.
+    CommitOutcome { Ok => "ok", Error => "error" }
+}
+label_values! {
+    /// `modstream_model_reloads_total{outcome}`, `modstream_policy_reloads_total{outcome}`.
+    ReloadOutcome { Loaded => "loaded", Refused => "refused" }
+}
+label_values! {
+    /// `modstream_shadow_failures_total{stage}`: where the shadow path failed.
+    ShadowStage { Load => "load", Score => "score", Deliver => "deliver", Thread => "thread" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_in_the_table_once_with_a_unit_that_fits_its_name() {
+        let mut names: Vec<&str> = TABLE.iter().map(|m| m.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), TABLE.len(), "a name twice");
+        assert_eq!(ALL.len(), TABLE.len());
+        for m in TABLE {
+            assert!(m.name.starts_with("modstream_"), "{}", m.name);
+            if m.name.ends_with("_total") {
+                assert_eq!(m.kind, Type::Counter, "{}", m.name);
+            }
+            if m.name.ends_with("_seconds") {
+                assert_eq!(m.unit, metrics::Unit::Seconds, "{}", m.name);
+            }
+            assert!(!m.help.is_empty(), "{}", m.name);
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! The shared vocabulary of partitions and positions: a topic-partition,
+//! where a record comes from, and the positions the hub hands the consumer
+//! thread. A leaf: it imports nothing of the crate.
+
+use std::sync::Arc;
+
+/// A topic-partition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tp {
+    pub topic: Arc<str>,
+    pub partition: i32,
+}
+
+impl Tp {
+    pub fn new(topic: &str, partition: i32) -> Tp {
+        Tp {
+            topic: Arc::from(topic),
+            partition,
+        }
+    }
+}
+
+/// Where a record comes from: its input partition and offset.
+pub type Source = (Tp, i64);
+
+/// Positions (next offset to read) of some partitions.
+pub type Positions = Vec<(Tp, i64)>;
