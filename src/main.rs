@@ -85,9 +85,13 @@ enum Command {
     Bench {
         #[command(flatten)]
         options: Box<bench::BenchOptions>,
-        /// Only redraw the charts from this saved bench.json.
+        /// Only redraw the charts and bench.md from this saved bench.json.
         #[arg(long)]
         replot: Option<PathBuf>,
+        /// Only rewrite the generated table blocks of this markdown file
+        /// (docs/benchmarks.md) from the bench.json files they name.
+        #[arg(long, conflicts_with = "replot")]
+        update_docs: Option<PathBuf>,
     },
     /// Judge a range of an input topic again into another topic (its own
     /// consumer; the live group's offsets are not touched).
@@ -123,6 +127,7 @@ enum Command {
     },
 }
 
+// Long: one match arm per subcommand, each only hands its arguments on.
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -173,9 +178,10 @@ fn main() -> ExitCode {
             ..
         } => bench::replot(&report).map(|svg| println!("{}", svg.display())),
         Command::Bench {
-            options,
-            replot: None,
-        } => bench(*options),
+            update_docs: Some(doc),
+            ..
+        } => bench::update_docs(&doc),
+        Command::Bench { options, .. } => bench(*options),
         Command::Plan { options } => modstream::tools::plan::run(&options),
         Command::Rescore { options } => rescore(options),
         Command::Demo {
@@ -222,7 +228,7 @@ fn run(config: Option<PathBuf>, print_config: bool) -> anyhow::Result<()> {
     }
     modstream::telemetry::init_logging(&settings.telemetry);
     let metrics = modstream::telemetry::install_recorder()?;
-    modstream::telemetry::register_zeroes(&settings);
+    modstream::pipeline::register_zeroes(&settings);
     runtime()?.block_on(async {
         let health = Arc::new(Health::default());
         let stop_listener = CancellationToken::new();

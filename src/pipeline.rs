@@ -23,14 +23,19 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::consumer::{self, ConsumerError};
+use crate::event::RejectReason;
 use crate::hub::{Deliver, Hub, Inputs};
 use crate::inference::{InferenceError, InferencePool};
 use crate::producer::{ProducerError, Sink};
 use crate::record::OutRecord;
+use crate::record::RecordKind;
 use crate::shutdown::Shutdown;
 use crate::telemetry::Health;
+use crate::telemetry::metric::{
+    self, CommitOutcome, ErrorKind, RebalanceKind, ReloadOutcome, ShadowStage,
+};
 use crate::tp::Source;
-use crate::verdict::{PolicyError, Scorer};
+use crate::verdict::{PolicyError, Scorer, Verdict};
 
 pub use crate::hub::RunSummary;
 
@@ -100,55 +105,13 @@ pub async fn run_with_health(
     )
     .await?;
     health.consumer_ready.store(true, Ordering::SeqCst);
-    // The consumer reached the cluster; check the producer does too (same
-    // brokers, its own credentials).
-    {
-        let (sink, timeout) = (sink.clone(), settings.kafka.startup_timeout);
-        let reachable = tokio::task::spawn_blocking(move || sink.reachable(timeout))
-            .await
-            .unwrap_or(false);
-        health.producer_connected.store(reachable, Ordering::SeqCst);
-        if !reachable {
-            tracing::warn!("the producer cannot reach the cluster yet; deliveries will retry");
-        }
-    }
+    check_producer(&sink, settings.kafka.startup_timeout, &health).await;
     tracing::info!(topics = ?settings.input.topics, group = %settings.kafka.group_id, "consuming");
 
-    // A drain that cannot finish (deliveries failing) ends after
-    // kafka.shutdown_timeout: the rest stays uncommitted for the restart.
-    let watchdog = {
-        let (stop, abort, timeout) = (
-            shutdown.stop.clone(),
-            shutdown.abort.clone(),
-            settings.kafka.shutdown_timeout,
-        );
-        tokio::spawn(async move {
-            stop.cancelled().await;
-            tokio::time::sleep(timeout).await;
-            tracing::warn!(
-                timeout_s = timeout.as_secs(),
-                "shutdown timeout; abandoning undelivered events"
-            );
-            abort.cancel();
-        })
-    };
-
+    let watchdog = shutdown_watchdog(&shutdown, settings.kafka.shutdown_timeout);
     // Hot reload: a new model (or, on SIGHUP, policy) while running;
     // started last so that an early return leaves no task behind.
-    let (scorers_tx, scorers) = mpsc::channel(4);
-    let reloader = tokio::spawn(
-        crate::reload::Reloader {
-            settings: settings.clone(),
-            max_batch: settings.batching.max_batch_size,
-            swaps: pool.swaps(),
-            scorers: scorers_tx,
-            loaded: loaded_model,
-            refused: None,
-            manifest: pool.manifest.clone(),
-            version: 0,
-        }
-        .run(shutdown.stop.clone()),
-    );
+    let (reloader, scorers) = spawn_reloader(&settings, &pool, loaded_model, &shutdown);
     let shadow = crate::shadow::Shadow::start(&settings);
     let hub = Hub::new(
         settings,
@@ -170,23 +133,14 @@ pub async fn run_with_health(
     watchdog.abort();
     reloader.abort();
     health.consumer_ready.store(false, Ordering::SeqCst);
-
-    let aborted = shutdown.abort.is_cancelled();
-    let _ = tokio::task::spawn_blocking(move || {
-        if aborted {
-            // kafka.shutdown_timeout is a bound: nothing more is sent.
-            sink.purge();
-        } else {
-            let _ = sink.flush(std::time::Duration::from_secs(5));
-        }
-        pool.shutdown();
-    })
-    .await;
-    consumer_done.cancel();
-    let consumer_result = tokio::task::spawn_blocking(move || consumer.join())
-        .await
-        .unwrap_or(Err(ConsumerError::Panicked));
-    tracing::debug!("consumer thread joined");
+    let stopped = Stopped {
+        aborted: shutdown.abort.is_cancelled(),
+        sink,
+        pool,
+        consumer,
+        consumer_done,
+    };
+    stopped.close().await?;
     tracing::info!(
         consumed = summary.consumed,
         verdicts = summary.verdicts,
@@ -194,7 +148,6 @@ pub async fn run_with_health(
         abandoned = summary.abandoned,
         "pipeline stopped"
     );
-    consumer_result?;
     if let Some(error) = producer_fatal {
         return Err(error.into());
     }
@@ -202,4 +155,176 @@ pub async fn run_with_health(
         return Err(PipelineError::Abandoned(summary.abandoned));
     }
     Ok(summary)
+}
+
+/// The hot reload task, and where the hub learns each new scorer.
+fn spawn_reloader(
+    settings: &Settings,
+    pool: &InferencePool,
+    loaded: Option<crate::reload::Fingerprint>,
+    shutdown: &Shutdown,
+) -> (
+    tokio::task::JoinHandle<()>,
+    mpsc::Receiver<crate::verdict::NewScorer>,
+) {
+    // Reloads are rare and the hub takes each at once (first in its loop).
+    let (scorers_tx, scorers) = mpsc::channel(4);
+    let reloader = crate::reload::Reloader {
+        settings: settings.clone(),
+        max_batch: settings.batching.max_batch_size,
+        swaps: pool.swaps(),
+        scorers: scorers_tx,
+        loaded,
+        refused: None,
+        manifest: pool.manifest.clone(),
+        version: 0,
+    };
+    (tokio::spawn(reloader.run(shutdown.stop.clone())), scorers)
+}
+
+/// The consumer reached the cluster; check the producer does too (same
+/// brokers, its own credentials). Not reaching it is a warning: deliveries
+/// retry, and /readyz says so meanwhile.
+async fn check_producer(sink: &Sink, timeout: std::time::Duration, health: &Health) {
+    let sink = sink.clone();
+    let reachable = tokio::task::spawn_blocking(move || sink.reachable(timeout))
+        .await
+        .unwrap_or(false);
+    health.producer_connected.store(reachable, Ordering::SeqCst);
+    if !reachable {
+        tracing::warn!("the producer cannot reach the cluster yet; deliveries will retry");
+    }
+}
+
+/// A drain that cannot finish (deliveries failing) ends after
+/// kafka.shutdown_timeout: the rest stays uncommitted for the restart.
+fn shutdown_watchdog(
+    shutdown: &Shutdown,
+    timeout: std::time::Duration,
+) -> tokio::task::JoinHandle<()> {
+    let (stop, abort) = (shutdown.stop.clone(), shutdown.abort.clone());
+    tokio::spawn(async move {
+        stop.cancelled().await;
+        tokio::time::sleep(timeout).await;
+        tracing::warn!(
+            timeout_s = timeout.as_secs(),
+            "shutdown timeout; abandoning undelivered events"
+        );
+        abort.cancel();
+    })
+}
+
+/// What is left to close once the hub has stopped.
+struct Stopped {
+    aborted: bool,
+    sink: Sink,
+    pool: InferencePool,
+    consumer: consumer::ConsumerThread,
+    consumer_done: CancellationToken,
+}
+
+impl Stopped {
+    /// Flush (or, after an abort, purge) the producer, stop the workers,
+    /// then let the consumer thread commit and close.
+    async fn close(self) -> Result<(), ConsumerError> {
+        let Stopped {
+            aborted,
+            sink,
+            pool,
+            consumer,
+            consumer_done,
+        } = self;
+        let _ = tokio::task::spawn_blocking(move || {
+            if aborted {
+                // kafka.shutdown_timeout is a bound: nothing more is sent.
+                sink.purge();
+            } else {
+                let _ = sink.flush(std::time::Duration::from_secs(5));
+            }
+            pool.shutdown();
+        })
+        .await;
+        consumer_done.cancel();
+        let joined = tokio::task::spawn_blocking(move || consumer.join())
+            .await
+            .unwrap_or(Err(ConsumerError::Panicked));
+        tracing::debug!("consumer thread joined");
+        joined
+    }
+}
+
+/// Every counter and gauge at 0 from the start, with its labels where they
+/// are known before any event (input topics, verdict kinds, DLQ reasons,
+/// record kinds, outcomes), so that alerts and dashboards find their series
+/// on an idle instance. Per-partition series appear with their partitions.
+pub fn register_zeroes(settings: &crate::config::Settings) {
+    use metrics::{counter, gauge};
+    for topic in &settings.input.topics {
+        counter!(metric::CONSUMED_TOTAL, "topic" => topic.clone()).absolute(0);
+    }
+    for verdict in Verdict::ALL {
+        counter!(metric::VERDICTS_TOTAL, "verdict" => verdict.as_str()).absolute(0);
+    }
+    for reason in RejectReason::ALL {
+        counter!(metric::DLQ_TOTAL, "reason" => reason.code()).absolute(0);
+    }
+    for kind in RecordKind::ALL.map(RecordKind::as_str) {
+        counter!(metric::PRODUCED_TOTAL, "kind" => kind).absolute(0);
+        counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => kind).absolute(0);
+        counter!(metric::UNDELIVERABLE_TOTAL, "kind" => kind).absolute(0);
+    }
+    for outcome in CommitOutcome::ALL {
+        counter!(metric::COMMITS_TOTAL, "outcome" => outcome.as_str()).absolute(0);
+    }
+    for kind in RebalanceKind::ALL {
+        counter!(metric::REBALANCES_TOTAL, "kind" => kind.as_str()).absolute(0);
+    }
+    for outcome in ReloadOutcome::ALL.iter().map(|o| o.as_str()) {
+        counter!(metric::MODEL_RELOADS_TOTAL, "outcome" => outcome).absolute(0);
+        counter!(metric::POLICY_RELOADS_TOTAL, "outcome" => outcome).absolute(0);
+    }
+    for live in Verdict::ALL {
+        for shadow in Verdict::ALL {
+            counter!(metric::SHADOW_AGREEMENT_TOTAL, "live" => live.as_str(), "shadow" => shadow.as_str())
+                .absolute(0);
+        }
+    }
+    for stage in ShadowStage::ALL {
+        counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => stage.as_str()).absolute(0);
+    }
+    for kind in ErrorKind::ALL {
+        counter!(metric::ERRORS_TOTAL, "kind" => kind.as_str()).absolute(0);
+    }
+    for m in metric::TABLE {
+        // Those without labels; the labelled ones are above.
+        let labelled = [
+            metric::CONSUMED_TOTAL,
+            metric::VERDICTS_TOTAL,
+            metric::DLQ_TOTAL,
+            metric::PRODUCED_TOTAL,
+            metric::DELIVERY_FAILURES_TOTAL,
+            metric::UNDELIVERABLE_TOTAL,
+            metric::COMMITS_TOTAL,
+            metric::REBALANCES_TOTAL,
+            metric::MODEL_RELOADS_TOTAL,
+            metric::POLICY_RELOADS_TOTAL,
+            metric::SHADOW_AGREEMENT_TOTAL,
+            metric::SHADOW_FAILURES_TOTAL,
+            metric::ERRORS_TOTAL,
+            // Per partition: they appear with their partitions.
+            metric::OLDEST_PENDING_SECONDS,
+            metric::CONSUMER_LAG,
+        ];
+        if labelled.contains(&m.name) {
+            continue;
+        }
+        match m.kind {
+            metric::Type::Counter => counter!(m.name).absolute(0),
+            metric::Type::Gauge => gauge!(m.name).set(0.0),
+            metric::Type::Histogram => {}
+        }
+    }
+    let b = &settings.batching;
+    gauge!(metric::BATCH_TARGET_SIZE).set(b.max_batch_size as f64);
+    gauge!(metric::BATCH_TARGET_DELAY_SECONDS).set(b.max_batch_delay.as_secs_f64());
 }

@@ -120,60 +120,7 @@ pub fn plan(report: &Report, opts: &PlanOptions) -> Result<Plan, PlanError> {
             "the bench report has no saturation run".into(),
         ));
     }
-    let label = |size: usize, delay: u64, target: Option<u64>| match target {
-        Some(t) => format!("batching.target_p99 = {t} ms"),
-        None => format!("max_batch_size {size}, max_batch_delay {delay} ms"),
-    };
-    let (per_instance, measured_with, measured_p99) = match opts.p99_ms {
-        None => {
-            let best = report
-                .saturation
-                .iter()
-                .max_by(|a, b| a.pipeline_per_s.total_cmp(&b.pipeline_per_s))
-                .ok_or_else(|| PlanError::Invalid("no saturation run".into()))?;
-            (
-                best.pipeline_per_s,
-                format!(
-                    "{}, at saturation",
-                    label(
-                        best.max_batch_size,
-                        best.max_batch_delay_ms,
-                        best.target_p99_ms
-                    )
-                ),
-                None,
-            )
-        }
-        Some(p99) => {
-            let held = report
-                .latency
-                .iter()
-                .filter(|r| r.p99_ms <= p99)
-                .max_by(|a, b| a.achieved_per_s.total_cmp(&b.achieved_per_s));
-            match held {
-                Some(r) => (
-                    r.achieved_per_s,
-                    format!(
-                        "{}, at {:.0} % of its saturation",
-                        label(r.max_batch_size, r.max_batch_delay_ms, r.target_p99_ms),
-                        r.offered_fraction * 100.0
-                    ),
-                    Some(r.p99_ms),
-                ),
-                None => {
-                    let best_ms = report
-                        .latency
-                        .iter()
-                        .map(|r| r.p99_ms)
-                        .fold(f64::INFINITY, f64::min);
-                    return Err(PlanError::Unreachable {
-                        p99_ms: p99,
-                        best_ms,
-                    });
-                }
-            }
-        }
-    };
+    let (per_instance, measured_with, measured_p99) = capacity(report, opts.p99_ms)?;
     let usable = per_instance * opts.headroom;
     let instances = ((opts.rate / usable).ceil() as u64).max(1);
     let partitions = (instances * 2).div_ceil(6) * 6;
@@ -197,6 +144,65 @@ pub fn plan(report: &Report, opts: &PlanOptions) -> Result<Plan, PlanError> {
             report.model, report.machine, report.workers, report.provider, report.broker
         ),
     })
+}
+
+/// What one instance sustains: at saturation, or (with a p99) the highest
+/// measured rate that held it; how it was measured, and its measured p99.
+fn capacity(report: &Report, p99_ms: Option<f64>) -> Result<(f64, String, Option<f64>), PlanError> {
+    let label = |size: usize, delay: u64, target: Option<u64>| match target {
+        Some(t) => format!("batching.target_p99 = {t} ms"),
+        None => format!("max_batch_size {size}, max_batch_delay {delay} ms"),
+    };
+    match p99_ms {
+        None => {
+            let best = report
+                .saturation
+                .iter()
+                .max_by(|a, b| a.pipeline_per_s.total_cmp(&b.pipeline_per_s))
+                .ok_or_else(|| PlanError::Invalid("no saturation run".into()))?;
+            Ok((
+                best.pipeline_per_s,
+                format!(
+                    "{}, at saturation",
+                    label(
+                        best.max_batch_size,
+                        best.max_batch_delay_ms,
+                        best.target_p99_ms
+                    )
+                ),
+                None,
+            ))
+        }
+        Some(p99) => {
+            let held = report
+                .latency
+                .iter()
+                .filter(|r| r.p99_ms <= p99)
+                .max_by(|a, b| a.achieved_per_s.total_cmp(&b.achieved_per_s));
+            match held {
+                Some(r) => Ok((
+                    r.achieved_per_s,
+                    format!(
+                        "{}, at {:.0} % of its saturation",
+                        label(r.max_batch_size, r.max_batch_delay_ms, r.target_p99_ms),
+                        r.offered_fraction * 100.0
+                    ),
+                    Some(r.p99_ms),
+                )),
+                None => {
+                    let best_ms = report
+                        .latency
+                        .iter()
+                        .map(|r| r.p99_ms)
+                        .fold(f64::INFINITY, f64::min);
+                    Err(PlanError::Unreachable {
+                        p99_ms: p99,
+                        best_ms,
+                    })
+                }
+            }
+        }
+    }
 }
 
 impl Plan {

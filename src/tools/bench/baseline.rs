@@ -4,42 +4,19 @@
 //! process on its own fresh cluster holding the same pre-produced events.
 //! Throughput comes from the verdict records' own timestamps (first to
 //! last, so start-up and the group join do not count), peak RSS from each
-//! process (VmHWM for modstream, `ru_maxrss` reported by the script).
+//! process, both read the same way: `/proc/PID/status` VmHWM of that
+//! process, sampled every 50 ms until it is done.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use super::BenchOptions;
 use super::measure::{Cell, inference_settings, peak_rss_of};
+use super::report::BaselineRow;
 use crate::tools::generator::{GeneratedEvent, generate};
 use crate::tools::read::TopicReader;
 use crate::tools::send;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BaselineRow {
-    pub events: usize,
-    pub modstream_per_s: f64,
-    pub modstream_peak_rss_bytes: u64,
-    pub python_per_s: f64,
-    pub python_peak_rss_bytes: u64,
-}
-
-impl BaselineRow {
-    pub fn print(&self) {
-        eprintln!(
-            "default config vs plain Python, {} events: modstream {:.0}/s, {} MiB peak; Python {:.0}/s, {} MiB peak ({:.2}×)",
-            self.events,
-            self.modstream_per_s,
-            self.modstream_peak_rss_bytes >> 20,
-            self.python_per_s,
-            self.python_peak_rss_bytes >> 20,
-            self.modstream_per_s / self.python_per_s
-        );
-    }
-}
 
 pub(super) async fn run(opts: &BenchOptions, python: &Path) -> anyhow::Result<BaselineRow> {
     let script = opts
@@ -123,7 +100,7 @@ async fn python_job(
     let cell = Cell::new(opts).await?;
     send::produce_all(&cell.bootstrap, &cell.input, events).await?;
     let reader = spawn_timed_reader(&cell, events.len());
-    let child = Command::new(python)
+    let mut child = Command::new(python)
         .arg(script)
         .args([
             &cell.bootstrap,
@@ -133,20 +110,22 @@ async fn python_job(
         ])
         .arg(model_dir)
         .arg(events.len().to_string())
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
         .spawn()?;
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
-    anyhow::ensure!(
-        out.status.success(),
-        "the Python consumer failed: {}",
-        out.status
-    );
-    #[derive(Deserialize)]
-    struct Summary {
-        peak_rss_bytes: u64,
-    }
-    let summary: Summary = serde_json::from_slice(&out.stdout)?;
-    Ok((reader.await??, summary.peak_rss_bytes))
+    // Its peak RSS the way modstream's is read: VmHWM of that process,
+    // sampled until it exits (the kernel keeps it to the end).
+    let pid = child.id().to_string();
+    let mut peak = 0;
+    let status = loop {
+        peak = peak.max(peak_rss_of(&pid));
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    anyhow::ensure!(status.success(), "the Python consumer failed: {status}");
+    anyhow::ensure!(peak > 0, "could not read the Python consumer's peak RSS");
+    Ok((reader.await??, peak))
 }
 
 /// Reads `want` verdicts; verdicts per second from their own timestamps.

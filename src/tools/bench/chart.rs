@@ -36,17 +36,6 @@ const FIXED_COLORS: [RGBColor; 8] = [
 const FONT: &str = "sans-serif";
 type Drawn<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
-/// Redraw the charts of a saved report beside it; returns the first one.
-pub fn replot(report_path: &Path) -> anyhow::Result<PathBuf> {
-    let report: Report = serde_json::from_str(&std::fs::read_to_string(report_path)?)?;
-    let dir = report_path.parent().unwrap_or(Path::new("."));
-    let charts = draw_all(&report, dir)?;
-    charts
-        .into_iter()
-        .next()
-        .ok_or_else(|| anyhow::anyhow!("the report has nothing to draw"))
-}
-
 /// Every chart the report has data for, as SVG and PNG under `dir`.
 pub fn draw_all(report: &Report, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     register_font()?;
@@ -100,6 +89,8 @@ fn title(report: &Report, what: &str) -> String {
 }
 
 /// p99 latency against achieved verdicts/s; one line per configuration.
+// Long: one chart's drawing steps in order (axes, one series per cell,
+// legend); split up, its layout would be scattered.
 fn latency_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Drawn<DB> {
     root.fill(&WHITE)?;
     // (adaptive?, size, delay or target) → (label, points)
@@ -284,6 +275,9 @@ fn bar_chart<DB: DrawingBackend>(
 
 /// The step-load trace: p99 per half second (left) and the chosen batch
 /// size (right) over time.
+// Long: one chart's drawing steps in order (two panels on one clock:
+// p99 per half second, then the batch choices); split up, its layout would
+// be scattered.
 fn step_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Drawn<DB> {
     root.fill(&WHITE)?;
     let Some(step) = &r.step else {

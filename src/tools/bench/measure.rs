@@ -280,6 +280,27 @@ pub(super) async fn broker_round_trip(opts: &BenchOptions, rate: f64) -> anyhow:
     })
 }
 
+/// When each event's record came back, by event id; the warm-up event is
+/// signalled on `warm` instead.
+fn spawn_arrival_reader(
+    bootstrap: String,
+    topic: String,
+    want: usize,
+    warm: std::sync::mpsc::Sender<()>,
+) -> tokio::task::JoinHandle<anyhow::Result<HashMap<String, Instant>>> {
+    tokio::task::spawn_blocking(move || {
+        let mut read_at: HashMap<String, Instant> = HashMap::new();
+        let r = read_verdicts(&bootstrap, &topic, want, Duration::from_secs(300), |id| {
+            if id.starts_with("warmup-") {
+                let _ = warm.send(());
+            } else {
+                read_at.insert(id.to_string(), Instant::now());
+            }
+        });
+        r.map(|_| read_at)
+    })
+}
+
 /// [`paced_run`] with the pipeline (`Some`) or without it (`None`: the
 /// input records themselves are read back).
 async fn paced(
@@ -312,18 +333,7 @@ async fn paced(
     // The clock starts once a warm-up event came back as a verdict, so the
     // group join is not counted either.
     let (warm_tx, warm_rx) = std::sync::mpsc::channel::<()>();
-    let (b, t) = (bootstrap.clone(), read_topic);
-    let reader = tokio::task::spawn_blocking(move || {
-        let mut read_at: HashMap<String, Instant> = HashMap::new();
-        let r = read_verdicts(&b, &t, count + 1, Duration::from_secs(300), |id| {
-            if id.starts_with("warmup-") {
-                let _ = warm_tx.send(());
-            } else {
-                read_at.insert(id.to_string(), Instant::now());
-            }
-        });
-        r.map(|_| read_at)
-    });
+    let reader = spawn_arrival_reader(bootstrap.clone(), read_topic, count + 1, warm_tx);
     // The warm-up goes through the load's own producer, so that its
     // connection and metadata are not in the first events' latency either.
     let producer = send::event_producer(&bootstrap)?;

@@ -14,22 +14,22 @@
 
 mod baseline;
 mod chart;
+mod markdown;
 mod measure;
 mod report;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::config::{ExecutionProvider, InferenceSettings, PadTo};
 use crate::inference::Model;
 use crate::manifest::InputKind;
 use crate::tools::generator::{Mix, generate, generate_mix};
 
-pub use baseline::BaselineRow;
-pub use chart::replot;
+pub use markdown::{render as markdown, splice as splice_tables};
 pub use measure::{Batching, peak_rss_bytes, peak_rss_of, raw_model_throughput};
 pub use report::{
-    ChoicePoint, FloorRow, LatencyRow, OverloadRow, RepeatRow, Report, SaturationRow, ShadowRow,
-    StepBin, StepTrace,
+    BaselineRow, ChoicePoint, FloorRow, LatencyRow, OverloadRow, RepeatRow, Report, SaturationRow,
+    ShadowRow, StepBin, StepTrace,
 };
 
 /// What to measure; also the command line of `modstream bench`.
@@ -105,201 +105,36 @@ pub struct BenchOptions {
     pub out_dir: PathBuf,
 }
 
-/// Run the whole sweep, print the table as it goes, write bench.json and
-/// bench.svg under `opts.out_dir`.
+/// Run the whole sweep, print the tables as it goes, write bench.json,
+/// bench.md and the charts under `opts.out_dir`.
 pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let inference = measure::inference_settings(&opts);
     let mut model = Model::load(&inference)?;
-    // Token models: the same model without length buckets (one pass per
-    // batch, padded to its longest text), the naive dynamic batching.
-    let mut unbucketed = match model.manifest.input_kind {
-        InputKind::Tokens => Some(Model::load(&InferenceSettings {
-            pad_to: PadTo::Longest,
-            pass_overhead_tokens: 1 << 30,
-            ..inference.clone()
-        })?),
-        InputKind::Text => None,
-    };
-    let texts: Vec<String> = generate(opts.events, 0, "raw-")
-        .into_iter()
-        .filter_map(|e| e.text)
-        .collect();
-    let mut saturation_rows = Vec::new();
-    let mut raw_at = std::collections::HashMap::new();
-    report::print_saturation_header();
-    for &batch in &opts.batch_sizes {
-        let (raw, _) = raw_model_throughput(&mut model, &texts, batch)?;
-        raw_at.insert(batch, raw);
-        let naive = match unbucketed.as_mut() {
-            Some(m) => Some(raw_model_throughput(m, &texts, batch)?),
-            None => None,
-        };
-        for &delay in &opts.delays_ms {
-            let (per_s, summary, elapsed) =
-                measure::saturation(&opts, Batching::fixed(batch, delay)).await?;
-            let row = SaturationRow::new(
-                (batch, delay, opts.events),
-                per_s,
-                raw,
-                &summary,
-                elapsed,
-                naive,
-            );
-            row.print();
-            saturation_rows.push(row);
-        }
-    }
-    // The adaptive cell: a latency target, bounded by the grid's largest
-    // size and delay.
-    let bounds = (
-        opts.batch_sizes.iter().copied().max().unwrap_or(64),
-        opts.delays_ms.iter().copied().max().unwrap_or(20),
-    );
-    let adaptive = (opts.target_p99_ms > 0).then_some(Batching {
-        size: bounds.0,
-        delay_ms: bounds.1,
-        target_p99_ms: Some(opts.target_p99_ms),
-    });
-    if let Some(b) = adaptive {
-        let (per_s, summary, elapsed) = measure::saturation(&opts, b).await?;
-        let raw = raw_at.get(&b.size).copied().unwrap_or(f64::NAN);
-        let mut row = SaturationRow::new(
-            (b.size, b.delay_ms, opts.events),
-            per_s,
-            raw,
-            &summary,
-            elapsed,
-            None,
-        );
-        row.target_p99_ms = b.target_p99_ms;
-        row.print();
-        saturation_rows.push(row);
-    }
-    let best_fixed = saturation_rows
-        .iter()
-        .filter(|r| r.target_p99_ms.is_none())
-        .map(|r| r.pipeline_per_s)
-        .fold(0.0, f64::max);
-
-    let mut latency_rows = Vec::new();
-    report::print_latency_header();
-    for &batch in &opts.batch_sizes {
-        let delay = opts.delays_ms[0];
-        let Some(sat) = saturation_rows
+    let saturation = saturation_grid(&opts, &inference, &mut model).await?;
+    let mut sweep = Sweep {
+        best_fixed: saturation
             .iter()
-            .find(|r| r.max_batch_size == batch && r.max_batch_delay_ms == delay)
-        else {
-            continue;
-        };
-        for &fraction in &opts.loads {
-            let b = Batching::fixed(batch, delay);
-            let row = measure::latency(&opts, b, fraction, sat.pipeline_per_s * fraction).await?;
-            row.print();
-            latency_rows.push(row);
-        }
-    }
-    // The adaptive cell at the same fractions of the best fixed cell's
-    // saturation (what this machine can do), each right after the broker
-    // alone at that rate: the floor of every latency here, measured with the
-    // broker in the same state (it slows as a run fills it).
-    let mut broker_floor = Vec::new();
-    for &fraction in &opts.loads {
-        let rate = best_fixed * fraction;
-        let floor = measure::broker_round_trip(&opts, rate).await?;
-        floor.print();
-        broker_floor.push(floor);
-        if let Some(b) = adaptive {
-            let row = measure::latency(&opts, b, fraction, rate).await?;
-            row.print();
-            latency_rows.push(row);
-        }
-    }
-    let step = match adaptive {
+            .filter(|r| r.target_p99_ms.is_none())
+            .map(|r| r.pipeline_per_s)
+            .fold(0.0, f64::max),
+        adaptive: adaptive_cell(&opts),
+        saturation,
+        latency: Vec::new(),
+        broker_floor: Vec::new(),
+    };
+    sweep.fixed_latency(&opts).await?;
+    sweep.floor_and_adaptive_latency(&opts).await?;
+    let step = match sweep.adaptive {
         Some(b) if opts.step_seconds > 0 => {
-            let trace = step_trace(&opts, b, best_fixed * 0.2, 4.0).await?;
-            eprintln!(
-                "step load: {:.0}/s → ×{} → back, {} s each; p99 by half second (ms): {}",
-                trace.base_per_s,
-                trace.factor,
-                trace.phase_seconds,
-                trace
-                    .bins
-                    .iter()
-                    .map(|b| format!("{:.0}", b.p99_ms))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            );
+            let trace = step_trace(&opts, b, sweep.best_fixed * 0.2, 4.0).await?;
+            trace.print();
             Some(trace)
         }
         _ => None,
     };
-    let mut repeats = Vec::new();
-    for &share in &opts.repeat_shares {
-        let mix = Mix {
-            malformed_every: 0,
-            repeat_share: Some(share),
-            ..Default::default()
-        };
-        let events = generate_mix(opts.events, &mix, "r-");
-        let cell = Batching::fixed(64, 20);
-        let (off, _, _) = measure::saturation_of(&opts, cell, events.clone()).await?;
-        let on_opts = BenchOptions {
-            cache_bytes: opts.repeat_cache_bytes,
-            ..opts.clone()
-        };
-        let (on, _, _) = measure::saturation_of(&on_opts, cell, events).await?;
-        let row = RepeatRow {
-            repeat_share: share,
-            cache_bytes: opts.repeat_cache_bytes,
-            cache_off_per_s: off,
-            cache_on_per_s: on,
-        };
-        row.print();
-        repeats.push(row);
-    }
-    let overload = match saturation_rows
-        .iter()
-        .find(|r| r.max_batch_size == *opts.batch_sizes.last().unwrap_or(&1))
-    {
-        Some(sat) if opts.overload > 0.0 => {
-            let b = Batching::fixed(sat.max_batch_size, sat.max_batch_delay_ms);
-            let seconds = 3;
-            let (_, light) =
-                measure::peak_rss_under_load(&opts, b, sat.pipeline_per_s * 0.25, seconds).await?;
-            let rate = sat.pipeline_per_s * opts.overload;
-            let (events, peak) = measure::peak_rss_under_load(&opts, b, rate, seconds).await?;
-            let row = OverloadRow {
-                offered_multiple: opts.overload,
-                offered_per_s: rate,
-                seconds: events as f64 / rate,
-                events,
-                peak_rss_bytes: peak,
-                light_load_peak_rss_bytes: light,
-            };
-            row.print();
-            Some(row)
-        }
-        _ => None,
-    };
-    let shadow = match &opts.shadow_model {
-        Some(dir) => {
-            let cell = Batching::fixed(64, 20);
-            let off_opts = BenchOptions {
-                shadow_model: None,
-                ..opts.clone()
-            };
-            let (off, _, _) = measure::saturation(&off_opts, cell).await?;
-            let (on, _, _) = measure::saturation(&opts, cell).await?;
-            let row = ShadowRow {
-                shadow_model: dir.display().to_string(),
-                off_per_s: off,
-                on_per_s: on,
-            };
-            row.print();
-            Some(row)
-        }
-        None => None,
-    };
+    let repeats = repeat_sweep(&opts).await?;
+    let overload = overload_row(&opts, &sweep.saturation).await?;
+    let shadow = shadow_row(&opts).await?;
     let baseline = match &opts.python {
         Some(python) => {
             let row = baseline::run(&opts, python).await?;
@@ -316,8 +151,8 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         model: format!("{} {}", model.manifest.name, model.manifest.version),
         provider: model.provider.to_string(),
         intra_threads: opts.intra_threads,
-        saturation: saturation_rows,
-        latency: latency_rows,
+        saturation: sweep.saturation,
+        latency: sweep.latency,
         peak_rss_bytes: peak_rss_bytes(),
         workers: inference.worker_count(),
         broker: opts
@@ -328,11 +163,240 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         step,
         repeats,
         baseline,
-        broker_floor,
+        broker_floor: sweep.broker_floor,
         shadow,
     };
-    report.write(&opts.out_dir)?;
+    write_report(&report, &opts.out_dir)?;
     Ok(report)
+}
+
+/// bench.json, bench.md (the tables) and the charts into `dir`.
+pub fn write_report(report: &Report, dir: &Path) -> anyhow::Result<()> {
+    report.write_json(dir)?;
+    let md = dir.join("bench.md");
+    std::fs::write(&md, markdown::render(report))?;
+    eprintln!("tables: {}", md.display());
+    for c in chart::draw_all(report, dir)? {
+        eprintln!("chart: {}", c.display());
+    }
+    Ok(())
+}
+
+/// From a saved bench.json: the charts and bench.md beside it again; the
+/// first chart's path.
+pub fn replot(report_path: &Path) -> anyhow::Result<PathBuf> {
+    let report = Report::read(report_path)?;
+    let dir = report_path.parent().unwrap_or(Path::new("."));
+    std::fs::write(dir.join("bench.md"), markdown::render(&report))?;
+    chart::draw_all(&report, dir)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("the report has nothing to draw"))
+}
+
+/// Rewrite every generated table block of `doc` (a markdown file) from the
+/// bench.json it names; paths are relative to the current directory.
+pub fn update_docs(doc: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(doc)?;
+    std::fs::write(doc, markdown::splice(&text, Path::new("."))?)?;
+    Ok(())
+}
+
+/// The fixed grid at saturation, then the adaptive cell; the raw model on
+/// the same batches beside each size.
+async fn saturation_grid(
+    opts: &BenchOptions,
+    inference: &InferenceSettings,
+    model: &mut Model,
+) -> anyhow::Result<Vec<SaturationRow>> {
+    // Token models: the same model without length buckets (one pass per
+    // batch, padded to its longest text), the naive dynamic batching.
+    let mut unbucketed = match model.manifest.input_kind {
+        InputKind::Tokens => Some(Model::load(&InferenceSettings {
+            pad_to: PadTo::Longest,
+            pass_overhead_tokens: 1 << 30,
+            ..inference.clone()
+        })?),
+        InputKind::Text => None,
+    };
+    let texts: Vec<String> = generate(opts.events, 0, "raw-")
+        .into_iter()
+        .filter_map(|e| e.text)
+        .collect();
+    let mut rows = Vec::new();
+    let mut raw_at = std::collections::HashMap::new();
+    report::print_saturation_header();
+    for &batch in &opts.batch_sizes {
+        let (raw, _) = raw_model_throughput(model, &texts, batch)?;
+        raw_at.insert(batch, raw);
+        let naive = match unbucketed.as_mut() {
+            Some(m) => Some(raw_model_throughput(m, &texts, batch)?),
+            None => None,
+        };
+        for &delay in &opts.delays_ms {
+            let (per_s, summary, elapsed) =
+                measure::saturation(opts, Batching::fixed(batch, delay)).await?;
+            let cell = (batch, delay, opts.events);
+            let row = SaturationRow::new(cell, per_s, raw, &summary, elapsed, naive);
+            row.print();
+            rows.push(row);
+        }
+    }
+    if let Some(b) = adaptive_cell(opts) {
+        let (per_s, summary, elapsed) = measure::saturation(opts, b).await?;
+        let raw = raw_at.get(&b.size).copied().unwrap_or(f64::NAN);
+        let cell = (b.size, b.delay_ms, opts.events);
+        let mut row = SaturationRow::new(cell, per_s, raw, &summary, elapsed, None);
+        row.target_p99_ms = b.target_p99_ms;
+        row.print();
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// The adaptive cell: a latency target, bounded by the grid's largest size
+/// and delay.
+fn adaptive_cell(opts: &BenchOptions) -> Option<Batching> {
+    (opts.target_p99_ms > 0).then_some(Batching {
+        size: opts.batch_sizes.iter().copied().max().unwrap_or(64),
+        delay_ms: opts.delays_ms.iter().copied().max().unwrap_or(20),
+        target_p99_ms: Some(opts.target_p99_ms),
+    })
+}
+
+/// The latency part of the sweep, filled in order.
+struct Sweep {
+    saturation: Vec<SaturationRow>,
+    best_fixed: f64,
+    adaptive: Option<Batching>,
+    latency: Vec<LatencyRow>,
+    broker_floor: Vec<FloorRow>,
+}
+
+impl Sweep {
+    /// Each batch size with the first delay, at each fraction of its own
+    /// saturation.
+    async fn fixed_latency(&mut self, opts: &BenchOptions) -> anyhow::Result<()> {
+        report::print_latency_header();
+        let delay = opts.delays_ms[0];
+        for &batch in &opts.batch_sizes {
+            let Some(per_s) = self
+                .saturation
+                .iter()
+                .find(|r| r.max_batch_size == batch && r.max_batch_delay_ms == delay)
+                .map(|r| r.pipeline_per_s)
+            else {
+                continue;
+            };
+            for &fraction in &opts.loads {
+                let b = Batching::fixed(batch, delay);
+                let row = measure::latency(opts, b, fraction, per_s * fraction).await?;
+                row.print();
+                self.latency.push(row);
+            }
+        }
+        Ok(())
+    }
+
+    /// The adaptive cell at the same fractions of the best fixed cell's
+    /// saturation (what this machine can do), each right after the broker
+    /// alone at that rate: the floor of every latency here, measured with
+    /// the broker in the same state (it slows as a run fills it).
+    async fn floor_and_adaptive_latency(&mut self, opts: &BenchOptions) -> anyhow::Result<()> {
+        for &fraction in &opts.loads {
+            let rate = self.best_fixed * fraction;
+            let floor = measure::broker_round_trip(opts, rate).await?;
+            floor.print();
+            self.broker_floor.push(floor);
+            if let Some(b) = self.adaptive {
+                let row = measure::latency(opts, b, fraction, rate).await?;
+                row.print();
+                self.latency.push(row);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The score cache off and on at each share of repeated texts.
+async fn repeat_sweep(opts: &BenchOptions) -> anyhow::Result<Vec<RepeatRow>> {
+    let mut repeats = Vec::new();
+    for &share in &opts.repeat_shares {
+        let mix = Mix {
+            malformed_every: 0,
+            repeat_share: Some(share),
+            ..Default::default()
+        };
+        let events = generate_mix(opts.events, &mix, "r-");
+        let cell = Batching::fixed(64, 20);
+        let (off, _, _) = measure::saturation_of(opts, cell, events.clone()).await?;
+        let on_opts = BenchOptions {
+            cache_bytes: opts.repeat_cache_bytes,
+            ..opts.clone()
+        };
+        let (on, _, _) = measure::saturation_of(&on_opts, cell, events).await?;
+        let row = RepeatRow {
+            repeat_share: share,
+            cache_bytes: opts.repeat_cache_bytes,
+            cache_off_per_s: off,
+            cache_on_per_s: on,
+        };
+        row.print();
+        repeats.push(row);
+    }
+    Ok(repeats)
+}
+
+/// A separate `modstream run` offered `opts.overload` × the largest batch
+/// size's saturation, and at 25 %: peak RSS of each.
+async fn overload_row(
+    opts: &BenchOptions,
+    saturation: &[SaturationRow],
+) -> anyhow::Result<Option<OverloadRow>> {
+    let last = *opts.batch_sizes.last().unwrap_or(&1);
+    let Some(sat) = saturation.iter().find(|r| r.max_batch_size == last) else {
+        return Ok(None);
+    };
+    if opts.overload <= 0.0 {
+        return Ok(None);
+    }
+    let b = Batching::fixed(sat.max_batch_size, sat.max_batch_delay_ms);
+    let seconds = 3;
+    let (_, light) =
+        measure::peak_rss_under_load(opts, b, sat.pipeline_per_s * 0.25, seconds).await?;
+    let rate = sat.pipeline_per_s * opts.overload;
+    let (events, peak) = measure::peak_rss_under_load(opts, b, rate, seconds).await?;
+    let row = OverloadRow {
+        offered_multiple: opts.overload,
+        offered_per_s: rate,
+        seconds: events as f64 / rate,
+        events,
+        peak_rss_bytes: peak,
+        light_load_peak_rss_bytes: light,
+    };
+    row.print();
+    Ok(Some(row))
+}
+
+/// The default cell at saturation without and with the shadow model.
+async fn shadow_row(opts: &BenchOptions) -> anyhow::Result<Option<ShadowRow>> {
+    let Some(dir) = &opts.shadow_model else {
+        return Ok(None);
+    };
+    let cell = Batching::fixed(64, 20);
+    let off_opts = BenchOptions {
+        shadow_model: None,
+        ..opts.clone()
+    };
+    let (off, _, _) = measure::saturation(&off_opts, cell).await?;
+    let (on, _, _) = measure::saturation(opts, cell).await?;
+    let row = ShadowRow {
+        shadow_model: dir.display().to_string(),
+        off_per_s: off,
+        on_per_s: on,
+    };
+    row.print();
+    Ok(Some(row))
 }
 
 /// The adaptive cell under paced load at `base`/s for `opts.step_seconds`,

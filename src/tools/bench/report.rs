@@ -104,7 +104,7 @@ pub struct Report {
     pub repeats: Vec<RepeatRow>,
     /// The default configuration against a plain Python consumer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub baseline: Option<super::baseline::BaselineRow>,
+    pub baseline: Option<BaselineRow>,
     /// The broker's round trip without modstream at the adaptive cell's
     /// offered rates: the floor its latency is judged against.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -116,6 +116,29 @@ pub struct Report {
 
 /// The broker's own floor at one offered rate: a produce → consume round
 /// trip of the same paced load, producer and reader, without modstream.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BaselineRow {
+    pub events: usize,
+    pub modstream_per_s: f64,
+    pub modstream_peak_rss_bytes: u64,
+    pub python_per_s: f64,
+    pub python_peak_rss_bytes: u64,
+}
+
+impl BaselineRow {
+    pub fn print(&self) {
+        eprintln!(
+            "default config vs plain Python, {} events: modstream {:.0}/s, {} MiB peak; Python {:.0}/s, {} MiB peak ({:.2}×)",
+            self.events,
+            self.modstream_per_s,
+            self.modstream_peak_rss_bytes >> 20,
+            self.python_per_s,
+            self.python_peak_rss_bytes >> 20,
+            self.modstream_per_s / self.python_per_s
+        );
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct FloorRow {
     pub offered_per_s: f64,
@@ -351,15 +374,34 @@ impl OverloadRow {
 }
 
 impl Report {
-    /// bench.json and the charts (SVG and PNG) into `dir`.
-    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
+    /// bench.json into `dir`.
+    pub fn write_json(&self, dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("bench.json"), serde_json::to_string_pretty(self)?)?;
-        let charts = super::chart::draw_all(self, dir)?;
         eprintln!("report: {}", dir.join("bench.json").display());
-        for c in charts {
-            eprintln!("chart: {}", c.display());
-        }
         Ok(())
+    }
+
+    /// A saved bench.json.
+    pub fn read(path: &Path) -> anyhow::Result<Report> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        Ok(serde_json::from_str(&text)?)
+    }
+}
+
+impl StepTrace {
+    pub fn print(&self) {
+        eprintln!(
+            "step load: {:.0}/s → ×{} → back, {} s each; p99 by half second (ms): {}",
+            self.base_per_s,
+            self.factor,
+            self.phase_seconds,
+            self.bins
+                .iter()
+                .map(|b| format!("{:.0}", b.p99_ms))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
     }
 }

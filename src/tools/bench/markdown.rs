@@ -1,0 +1,281 @@
+//! The bench report as markdown tables: `modstream bench` writes them
+//! beside bench.json (bench.md), and docs/benchmarks.md holds them between
+//! markers that name the bench.json they come from, so that no figure in
+//! the tables is typed by hand ([`splice`] rewrites every block from its
+//! file; a test checks the docs against their files).
+
+use std::fmt::Write;
+use std::path::Path;
+
+use super::report::{Report, SaturationRow, StepTrace};
+
+/// Opens a generated block: `<!-- bench-tables: PATH -->`, PATH relative
+/// to the repository root.
+pub const BEGIN: &str = "<!-- bench-tables: ";
+/// Closes it.
+pub const END: &str = "<!-- /bench-tables -->";
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// Every table the report has data for.
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Machine: {}; model {} on {}, {} worker(s), {} intra-op thread(s); broker: {}; the bench process's peak RSS {:.0} MiB.\n",
+        report.machine,
+        report.model,
+        report.provider,
+        report.workers,
+        report.intra_threads,
+        report.broker,
+        report.peak_rss_bytes as f64 / MIB
+    );
+    saturation(&mut out, report);
+    latency(&mut out, report);
+    floor(&mut out, report);
+    if let Some(step) = &report.step {
+        step_table(&mut out, step);
+    }
+    extras(&mut out, report);
+    out.trim_end().to_string() + "\n"
+}
+
+fn cell_name(size: usize, target: Option<u64>) -> String {
+    match target {
+        Some(t) => format!("adaptive (target p99 {t} ms, ≤ {size})"),
+        None => size.to_string(),
+    }
+}
+
+fn saturation(out: &mut String, report: &Report) {
+    if report.saturation.is_empty() {
+        return;
+    }
+    let tokens = report
+        .saturation
+        .iter()
+        .any(|r| r.padding_efficiency.is_some());
+    let _ = writeln!(out, "**Throughput at saturation**\n");
+    let mut header = "| max_batch_size | max_batch_delay | events | pipeline verdicts/s | raw model events/s | pipeline ÷ raw | mean run | wait / model / produce ms |".to_string();
+    let mut rule = "|---|---|---|---|---|---|---|---|".to_string();
+    if tokens {
+        header += " padding efficiency | raw unbucketed/s |";
+        rule += "---|---|";
+    }
+    let _ = writeln!(out, "{header}\n{rule}");
+    for r in &report.saturation {
+        let _ = write!(out, "{}", saturation_row(r));
+        if tokens {
+            let opt = |v: Option<f64>, d: usize| v.map_or("-".into(), |v| format!("{v:.d$}"));
+            let _ = write!(
+                out,
+                " {} | {} |",
+                opt(r.padding_efficiency, 2),
+                opt(r.raw_unbucketed_per_s, 0)
+            );
+        }
+        out.push('\n');
+    }
+    out.push('\n');
+}
+
+fn saturation_row(r: &SaturationRow) -> String {
+    let delay = match r.target_p99_ms {
+        Some(_) => format!("≤ {} ms", r.max_batch_delay_ms),
+        None => format!("{} ms", r.max_batch_delay_ms),
+    };
+    format!(
+        "| {} | {delay} | {} | {:.0} | {:.0} | {:.2} | {:.1} | {:.0} / {:.1} / {:.1} |",
+        cell_name(r.max_batch_size, r.target_p99_ms),
+        r.events,
+        r.pipeline_per_s,
+        r.raw_model_per_s,
+        r.pipeline_over_raw,
+        r.mean_batch_size,
+        r.batch_wait_ms,
+        r.inference_ms,
+        r.produce_ms
+    )
+}
+
+fn latency(out: &mut String, report: &Report) {
+    if report.latency.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "**Latency against offered load** (open loop, intended send time to verdict read back)\n"
+    );
+    let _ = writeln!(
+        out,
+        "| batch | delay | load | offered/s | achieved/s | p50 ms | p99 ms | p99.9 ms | max ms | urgent p50 / p99 ms |\n|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in &report.latency {
+        let urgent = if r.urgent_events > 0 {
+            format!("{:.1} / {:.1}", r.urgent_p50_ms, r.urgent_p99_ms)
+        } else {
+            "-".to_string()
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} ms | {:.0} % | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {urgent} |",
+            cell_name(r.max_batch_size, r.target_p99_ms),
+            r.max_batch_delay_ms,
+            r.offered_fraction * 100.0,
+            r.offered_per_s,
+            r.achieved_per_s,
+            r.p50_ms,
+            r.p99_ms,
+            r.p999_ms,
+            r.max_ms
+        );
+    }
+    out.push('\n');
+}
+
+fn floor(out: &mut String, report: &Report) {
+    if report.broker_floor.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "**The broker's floor** (the same paced load, producer and reader, no modstream)\n\n| offered/s | events | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|"
+    );
+    for f in &report.broker_floor {
+        let _ = writeln!(
+            out,
+            "| {:.0} | {} | {:.1} | {:.1} | {:.1} |",
+            f.offered_per_s, f.events, f.p50_ms, f.p99_ms, f.max_ms
+        );
+    }
+    out.push('\n');
+}
+
+fn step_table(out: &mut String, step: &StepTrace) {
+    let _ = writeln!(
+        out,
+        "**A step in load** (target p99 {} ms; {:.0}/s, then ×{}, then back, {} s each; p99 per half second of intended send time)\n\n| phase | offered/s | events | p99 ms, median half second | p99 ms, worst half second |\n|---|---|---|---|---|",
+        step.target_p99_ms, step.base_per_s, step.factor, step.phase_seconds
+    );
+    for (i, name) in ["before", "step", "after"].iter().enumerate() {
+        let (from, to) = (
+            i as f64 * step.phase_seconds,
+            (i + 1) as f64 * step.phase_seconds,
+        );
+        let bins: Vec<_> = step
+            .bins
+            .iter()
+            .filter(|b| b.t_s >= from && b.t_s < to)
+            .collect();
+        let mut p99: Vec<f64> = bins.iter().map(|b| b.p99_ms).collect();
+        p99.sort_by(f64::total_cmp);
+        let median = p99.get(p99.len() / 2).copied().unwrap_or(0.0);
+        let worst = p99.last().copied().unwrap_or(0.0);
+        let offered = bins.first().map_or(0.0, |b| b.offered_per_s);
+        let events: usize = bins.iter().map(|b| b.events).sum();
+        let _ = writeln!(
+            out,
+            "| {name} | {offered:.0} | {events} | {median:.1} | {worst:.1} |"
+        );
+    }
+    let choices: Vec<String> = step
+        .choices
+        .iter()
+        .take(24)
+        .map(|c| format!("{:.1} s: {} / {:.1} ms", c.t_s, c.size, c.delay_ms))
+        .collect();
+    let more = step.choices.len().saturating_sub(choices.len());
+    let _ = writeln!(
+        out,
+        "\nBatch choices (size / deadline): {}{}\n",
+        choices.join("; "),
+        if more > 0 {
+            format!("; … {more} more")
+        } else {
+            String::new()
+        }
+    );
+}
+
+fn extras(out: &mut String, report: &Report) {
+    if !report.repeats.is_empty() {
+        let _ = writeln!(
+            out,
+            "**The score cache against repeated texts** (batch 64 / 20 ms, saturation)\n\n| repeated texts | cache bytes | cache off/s | cache on/s | on ÷ off |\n|---|---|---|---|---|"
+        );
+        for r in &report.repeats {
+            let _ = writeln!(
+                out,
+                "| {:.0} % | {} MiB | {:.0} | {:.0} | {:.2} |",
+                r.repeat_share * 100.0,
+                r.cache_bytes >> 20,
+                r.cache_off_per_s,
+                r.cache_on_per_s,
+                r.cache_on_per_s / r.cache_off_per_s
+            );
+        }
+        out.push('\n');
+    }
+    if let Some(b) = &report.baseline {
+        let _ = writeln!(
+            out,
+            "**Against a plain Python consumer** ({} events; peak RSS of each process, VmHWM)\n\n| job | verdicts/s | peak RSS MiB |\n|---|---|---|\n| modstream run (default config) | {:.0} | {:.0} |\n| Python (confluent-kafka + onnxruntime) | {:.0} | {:.0} |\n| modstream ÷ Python | {:.2} | {:.2} |\n",
+            b.events,
+            b.modstream_per_s,
+            b.modstream_peak_rss_bytes as f64 / MIB,
+            b.python_per_s,
+            b.python_peak_rss_bytes as f64 / MIB,
+            b.modstream_per_s / b.python_per_s,
+            b.modstream_peak_rss_bytes as f64 / b.python_peak_rss_bytes as f64
+        );
+    }
+    if let Some(s) = &report.shadow {
+        let _ = writeln!(
+            out,
+            "**A shadow model's cost** (batch 64 / 20 ms, saturation, the shadow scoring every event)\n\n| shadow model | live verdicts/s without | with | with ÷ without |\n|---|---|---|---|\n| {} | {:.0} | {:.0} | {:.2} |\n",
+            s.shadow_model,
+            s.off_per_s,
+            s.on_per_s,
+            s.on_per_s / s.off_per_s
+        );
+    }
+    if let Some(o) = &report.overload {
+        let _ = writeln!(
+            out,
+            "**Memory under overload** (a separate `modstream run`, peak RSS)\n\n| offered | events | seconds | peak RSS MiB | at 25 % load MiB |\n|---|---|---|---|---|\n| {:.0}× saturation ({:.0}/s) | {} | {:.1} | {:.0} | {:.0} |\n",
+            o.offered_multiple,
+            o.offered_per_s,
+            o.events,
+            o.seconds,
+            o.peak_rss_bytes as f64 / MIB,
+            o.light_load_peak_rss_bytes as f64 / MIB
+        );
+    }
+}
+
+/// `doc` with every generated block rendered again from the bench.json it
+/// names (paths relative to `root`).
+pub fn splice(doc: &str, root: &Path) -> anyhow::Result<String> {
+    let mut out = String::new();
+    let mut rest = doc;
+    while let Some(start) = rest.find(BEGIN) {
+        let after_begin = &rest[start + BEGIN.len()..];
+        let close = after_begin
+            .find("-->")
+            .ok_or_else(|| anyhow::anyhow!("an unclosed {BEGIN} marker"))?;
+        let path = after_begin[..close].trim();
+        let body_start = start + BEGIN.len() + close + 3;
+        let end = rest[body_start..]
+            .find(END)
+            .ok_or_else(|| anyhow::anyhow!("the block of {path} has no {END}"))?
+            + body_start;
+        let report = Report::read(&root.join(path))?;
+        out.push_str(&rest[..body_start]);
+        out.push('\n');
+        out.push_str(&render(&report));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
