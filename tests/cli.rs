@@ -113,7 +113,8 @@ fn a_corrupt_model_fails_at_start_with_one_clear_line() {
 #[test]
 fn require_gpu_without_a_usable_gpu_fails_with_the_reason() {
     // The test command fetches the CPU build of ONNX Runtime: CUDA cannot
-    // register, so the run must stop instead of falling back.
+    // register, so the run must stop instead of falling back. On a GPU
+    // build with a usable GPU the same command must run on CUDA instead.
     let out = modstream()
         .args([
             "check-model",
@@ -126,7 +127,10 @@ fn require_gpu_without_a_usable_gpu_fails_with_the_reason() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     if stdout.contains("provider CUDAExecutionProvider") {
-        return; // a GPU build with a usable GPU: nothing to refuse
+        // A GPU build with a usable GPU: require_gpu is met, and it scores.
+        assert!(out.status.success(), "{stdout}");
+        assert!(stdout.contains("hello"), "the text is scored: {stdout}");
+        return;
     }
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -11,233 +11,8 @@ use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
 use modstream::shutdown::Shutdown;
 use modstream::tools::embedded::EmbeddedBroker;
-use modstream::tools::read::{ReadRecord, read_topic};
+use support::mock_faults::*;
 use support::{DLQ, INPUT, VERDICTS};
-
-const PARTITIONS: i32 = 4;
-
-struct Run {
-    broker: EmbeddedBroker,
-    shutdown: Shutdown,
-    pipeline: tokio::task::JoinHandle<
-        Result<modstream::pipeline::RunSummary, modstream::pipeline::PipelineError>,
-    >,
-    acked: Vec<String>,
-    group: String,
-    _dir: tempfile::TempDir,
-}
-
-/// A cluster of `brokers`, `events` produced, and the pipeline started.
-async fn start(brokers: u32, events: usize, group: &str) -> Run {
-    start_with(brokers, events, group, |_, _| {}).await
-}
-
-/// [`start`], with a hook to change the settings or the cluster first.
-async fn start_with(
-    brokers: u32,
-    events: usize,
-    group: &str,
-    prepare: impl FnOnce(&mut modstream::config::Settings, &EmbeddedBroker),
-) -> Run {
-    support::init_logs();
-    let broker = EmbeddedBroker::start_with_brokers(
-        brokers,
-        &[(INPUT, PARTITIONS), (VERDICTS, PARTITIONS), (DLQ, 1)],
-    )
-    .unwrap();
-    let bootstrap = broker.bootstrap_servers().to_string();
-    let evs = support::events(&format!("{group}-"), 0..events);
-    let acked = tokio::task::spawn_blocking(move || support::produce(&bootstrap, &evs))
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = support::write_config(dir.path(), broker.bootstrap_servers(), group);
-    let mut settings = modstream::config::Settings::load(Some(&config)).unwrap();
-    prepare(&mut settings, &broker);
-    let shutdown = Shutdown::new();
-    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
-    Run {
-        broker,
-        shutdown,
-        pipeline,
-        acked,
-        group: group.to_string(),
-        _dir: dir,
-    }
-}
-
-/// Wait for every verdict and for the commits to reach the end of the input
-/// (a commit that failed or was fenced by a rebalance must be made good
-/// later), then stop cleanly. Asserts lost = 0.
-async fn finish(run: Run, scenario: &str) {
-    let bootstrap = run.broker.bootstrap_servers().to_string();
-    let acked = run.acked.clone();
-    let b = bootstrap.clone();
-    let v =
-        tokio::task::spawn_blocking(move || support::verify(&b, &acked, Duration::from_secs(90)))
-            .await
-            .unwrap();
-    let (b, group, total) = (bootstrap.clone(), run.group.clone(), run.acked.len() as i64);
-    let committed = tokio::task::spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + Duration::from_secs(45);
-        loop {
-            let c = support::committed(&b, &group, PARTITIONS);
-            if c.iter().map(|o| (*o).max(0)).sum::<i64>() == total
-                || std::time::Instant::now() > deadline
-            {
-                return c;
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
-    })
-    .await
-    .unwrap();
-    run.shutdown.stop.cancel();
-    tokio::time::timeout(Duration::from_secs(60), run.pipeline)
-        .await
-        .expect("pipeline stops after the fault")
-        .unwrap()
-        .unwrap();
-    // Duplicates from reprocessing after a fenced commit show up late: count again.
-    let (b, acked) = (bootstrap.clone(), run.acked.clone());
-    let v = if v.lost.is_empty() {
-        tokio::task::spawn_blocking(move || support::verify(&b, &acked, Duration::from_secs(30)))
-            .await
-            .unwrap()
-    } else {
-        v
-    };
-    v.report(scenario);
-    assert!(
-        v.lost.is_empty(),
-        "{scenario}: lost {} events",
-        v.lost.len()
-    );
-    let total: i64 = committed.iter().map(|c| (*c).max(0)).sum();
-    assert_eq!(
-        total as usize,
-        run.acked.len(),
-        "{scenario}: committed offsets {committed:?} reach the input's end"
-    );
-}
-
-/// The group's committed offsets never pass an input event without a verdict.
-async fn nothing_committed_past_a_missing_verdict(bootstrap: &str, group: &str) {
-    let (bootstrap, group) = (bootstrap.to_string(), group.to_string());
-    let (committed, sources) = tokio::task::spawn_blocking(move || {
-        (
-            support::committed(&bootstrap, &group, PARTITIONS),
-            support::verdict_sources(&bootstrap),
-        )
-    })
-    .await
-    .unwrap();
-    for (p, &c) in committed.iter().enumerate() {
-        for offset in 0..c.max(0) {
-            assert!(
-                sources.contains(&(p as i32, offset)),
-                "partition {p} committed to {c} but offset {offset} has no verdict"
-            );
-        }
-    }
-}
-
-/// `texts` (event ids `{prefix}{i}`, one key) on one partition through the
-/// failing test model (tests/data/failing-model: it parses each text as a
-/// number); waits for `(verdicts, dead letters)` and stops the pipeline.
-async fn run_failing_model(
-    group: &str,
-    prefix: &str,
-    texts: &[&str],
-    (verdicts_want, dlq_want): (usize, usize),
-) -> (EmbeddedBroker, Vec<ReadRecord>, Vec<ReadRecord>) {
-    let broker = EmbeddedBroker::start(&[(INPUT, 1), (VERDICTS, 1), (DLQ, 1)]).unwrap();
-    let bootstrap = broker.bootstrap_servers().to_string();
-    let events: Vec<(String, String, Vec<u8>)> = texts
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let id = format!("{prefix}{i}");
-            let payload = serde_json::json!({"event_id": id, "text": t});
-            (id, "k".to_string(), payload.to_string().into_bytes())
-        })
-        .collect();
-    let b = bootstrap.clone();
-    tokio::task::spawn_blocking(move || support::produce(&b, &events))
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = support::write_config(dir.path(), &bootstrap, group);
-    let mut settings = modstream::config::Settings::load(Some(&config)).unwrap();
-    settings.inference.model_dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/failing-model");
-    settings.batching.max_batch_delay = Duration::from_millis(200);
-    let shutdown = Shutdown::new();
-    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
-    let b = bootstrap.clone();
-    let (verdicts, dlq) = tokio::task::spawn_blocking(move || {
-        (
-            read_topic(&b, VERDICTS, 1, verdicts_want, Duration::from_secs(20)).unwrap(),
-            read_topic(&b, DLQ, 1, dlq_want, Duration::from_secs(10)).unwrap(),
-        )
-    })
-    .await
-    .unwrap();
-    shutdown.stop.cancel();
-    tokio::time::timeout(Duration::from_secs(30), pipeline)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    (broker, verdicts, dlq)
-}
-
-/// Verdict partitions led by broker 3, the input and the group's
-/// coordinator by broker 1, and broker 3 down: every verdict delivery fails
-/// until it is up again.
-fn verdict_leader_down(broker: &EmbeddedBroker, group: &str) {
-    let group = group.to_string();
-    broker.with_cluster(move |c| {
-        for p in 0..PARTITIONS {
-            c.partition_leader(VERDICTS, p, Some(3)).unwrap();
-            c.partition_leader(INPUT, p, Some(1)).unwrap();
-        }
-        c.coordinator(rdkafka::mocking::MockCoordinator::Group(group), 1)
-            .unwrap();
-        c.broker_down(3).unwrap();
-    });
-}
-
-/// A new member of the stopped run's group picks up from what was
-/// committed; then [`finish`].
-async fn restart_and_finish(
-    broker: EmbeddedBroker,
-    acked: Vec<String>,
-    group: String,
-    scenario: &str,
-) {
-    let dir = tempfile::tempdir().unwrap();
-    let config = support::write_config(dir.path(), broker.bootstrap_servers(), &group);
-    let settings = modstream::config::Settings::load(Some(&config)).unwrap();
-    let shutdown = Shutdown::new();
-    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
-    finish(
-        Run {
-            broker,
-            shutdown,
-            pipeline,
-            acked,
-            group,
-            _dir: dir,
-        },
-        scenario,
-    )
-    .await;
-}
-
-async fn after(ms: u64) {
-    tokio::time::sleep(Duration::from_millis(ms)).await;
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offset_commit_errors_delay_commits_but_lose_nothing() {
@@ -374,181 +149,59 @@ async fn partition_leaders_move_during_load() {
     finish(run, "partition leaders moved").await;
 }
 
+/// Batches of 300 with a 20 s deadline: of each partition's 1,000 events,
+/// 900 go out in full batches and 100 wait in an open batch. Once the 3,600
+/// are read back, a second member joins: the first member's revoke finds
+/// those events in flight, closes their batches at once and delivers them
+/// before handing over (long before their deadline); nothing is lost and
+/// the offsets reach the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_joining_mid_stream_drains_before_handing_over() {
-    let run = start(1, 4000, "rebalance").await;
-    after(500).await;
-    // A second member of the same group forces a rebalance with batches in flight.
-    let dir = tempfile::tempdir().unwrap();
-    let config = support::write_config(dir.path(), run.broker.bootstrap_servers(), &run.group);
-    let settings = modstream::config::Settings::load(Some(&config)).unwrap();
-    let second_shutdown = Shutdown::new();
-    let second = tokio::spawn(modstream::pipeline::run(settings, second_shutdown.clone()));
+    let run = start_with(1, 4000, "rebalance", |settings, _| {
+        settings.batching.max_batch_size = 300;
+        settings.batching.max_batch_delay = Duration::from_secs(20);
+    })
+    .await;
     let bootstrap = run.broker.bootstrap_servers().to_string();
-    let acked = run.acked.clone();
-    let v = tokio::task::spawn_blocking(move || {
-        support::verify(&bootstrap, &acked, Duration::from_secs(90))
+    let b = bootstrap.clone();
+    tokio::task::spawn_blocking(move || {
+        let reader =
+            modstream::tools::read::TopicReader::from_beginning(&b, VERDICTS, None).unwrap();
+        let read = reader.read(3600, Duration::from_secs(60), |_| {}).unwrap();
+        assert_eq!(read.len(), 3600, "the full batches went out");
     })
     .await
     .unwrap();
+    let joined = std::time::Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &bootstrap, &run.group);
+    let settings = modstream::config::Settings::load(Some(&config)).unwrap();
+    let second_shutdown = Shutdown::new();
+    let second = tokio::spawn(modstream::pipeline::run(settings, second_shutdown.clone()));
+    let acked = run.acked.clone();
+    let b = bootstrap.clone();
+    let v =
+        tokio::task::spawn_blocking(move || support::verify(&b, &acked, Duration::from_secs(90)))
+            .await
+            .unwrap();
     assert!(v.lost.is_empty(), "rebalance: lost {}", v.lost.len());
+    assert!(
+        joined.elapsed() < Duration::from_secs(18),
+        "the open batches were delivered at the revoke, not at their 20 s deadline ({:?})",
+        joined.elapsed()
+    );
     second_shutdown.stop.cancel();
     tokio::time::timeout(Duration::from_secs(60), second)
         .await
         .unwrap()
         .unwrap()
         .unwrap();
-    finish(run, "rebalance with batches in flight").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_model_run_isolates_the_bad_events() {
-    // The test model parses each text as a number and fails the whole run
-    // on anything else.
-    let texts = ["0.5", "2", "boom", "-1", "0", "kaboom", "3.5", "1"];
-    let (broker, verdicts, dlq) = run_failing_model("failing-model", "m-", &texts, (6, 2)).await;
-    let bootstrap = broker.bootstrap_servers().to_string();
-
-    let scored: Vec<String> = verdicts
-        .iter()
-        .map(|v| {
-            serde_json::from_slice::<serde_json::Value>(&v.payload).unwrap()["event_id"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
-    assert_eq!(
-        scored,
-        ["m-0", "m-1", "m-3", "m-4", "m-6", "m-7"],
-        "the good events get verdicts, in order"
-    );
-    let failed: Vec<(String, String)> = dlq
-        .iter()
-        .map(|d| {
-            (
-                String::from_utf8_lossy(&d.headers["modstream.source.offset"]).into_owned(),
-                String::from_utf8_lossy(&d.headers["modstream.reason"]).into_owned(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        failed,
-        [
-            ("2".to_string(), "inference_failed".to_string()),
-            ("5".to_string(), "inference_failed".to_string())
-        ]
-    );
-    let committed =
-        tokio::task::spawn_blocking(move || support::committed(&bootstrap, "failing-model", 1))
-            .await
-            .unwrap();
-    assert_eq!(
-        committed,
-        vec![8],
-        "every event accounted for, so the offset reaches the end"
-    );
-}
-
-/// A score the model returns as NaN is an inference failure of that event
-/// (DLQ `inference_failed`), never an `allow` with null scores.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_non_finite_score_is_dead_lettered_not_judged() {
-    // The failing test model parses each text as a number: "nan" scores NaN.
-    let (_broker, verdicts, dlq) =
-        run_failing_model("nan-model", "n-", &["0.5", "nan", "1"], (3, 1)).await;
-    let judged: Vec<i64> = verdicts
-        .iter()
-        .map(|v| {
-            serde_json::from_slice::<serde_json::Value>(&v.payload).unwrap()["source"]["offset"]
-                .as_i64()
-                .unwrap()
-        })
-        .collect();
-    assert_eq!(judged, vec![0, 2], "only the finite scores make verdicts");
-    assert_eq!(dlq.len(), 1);
-    let header = |name: &str| String::from_utf8_lossy(&dlq[0].headers[name]).into_owned();
-    assert_eq!(header("modstream.source.offset"), "1");
-    assert_eq!(header("modstream.reason"), "inference_failed");
+    let summary = finish(run, "rebalance with batches in flight").await;
+    assert!(summary.revokes >= 1, "{summary:?}");
     assert!(
-        header("modstream.message").contains("non-finite"),
-        "{}",
-        header("modstream.message")
+        summary.revoked_in_flight > 0,
+        "the revoke found events in flight: {summary:?}"
     );
-}
-
-/// A dead-letter record is the input record as it was: a null value stays
-/// null, its headers and timestamp are kept, modstream's headers follow.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_letter_records_keep_null_values_headers_and_timestamps() {
-    use rdkafka::message::{Header, OwnedHeaders};
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let broker = EmbeddedBroker::start(&[(INPUT, 1), (VERDICTS, 1), (DLQ, 1)]).unwrap();
-    let bootstrap = broker.bootstrap_servers().to_string();
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .create()
-        .unwrap();
-    let headers = || {
-        OwnedHeaders::new()
-            .insert(Header {
-                key: "trace-id",
-                value: Some("t-1"),
-            })
-            .insert(Header {
-                key: "empty",
-                value: None::<&str>,
-            })
-    };
-    producer
-        .send(
-            BaseRecord::<str, [u8]>::to(INPUT)
-                .key("tombstone")
-                .timestamp(1_600_000_000_000)
-                .headers(headers()),
-        )
-        .unwrap();
-    producer
-        .send(
-            BaseRecord::to(INPUT)
-                .key("bad")
-                .payload("not json")
-                .timestamp(1_600_000_000_001)
-                .headers(headers()),
-        )
-        .unwrap();
-    producer.flush(Duration::from_secs(10)).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = support::write_config(dir.path(), &bootstrap, "dlq-copy");
-    let settings = modstream::config::Settings::load(Some(&config)).unwrap();
-    let shutdown = Shutdown::new();
-    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
-    let b = bootstrap.clone();
-    let dlq = tokio::task::spawn_blocking(move || {
-        modstream::tools::read::read_topic(&b, DLQ, 1, 2, Duration::from_secs(15)).unwrap()
-    })
-    .await
-    .unwrap();
-    shutdown.stop.cancel();
-    tokio::time::timeout(Duration::from_secs(30), pipeline)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(dlq.len(), 2);
-    let (tombstone, bad) = (&dlq[0], &dlq[1]);
-    assert!(tombstone.null_value, "a null value stays null");
-    assert!(!bad.null_value);
-    assert_eq!(bad.payload, b"not json");
-    for (d, ts, reason) in [
-        (tombstone, 1_600_000_000_000, "empty_payload"),
-        (bad, 1_600_000_000_001, "invalid_json"),
-    ] {
-        assert_eq!(d.timestamp_ms, Some(ts), "the input's timestamp");
-        assert_eq!(d.headers["trace-id"], b"t-1", "the input's headers");
-        assert!(d.headers.contains_key("empty"));
-        assert_eq!(d.headers["modstream.reason"], reason.as_bytes());
-    }
 }
 
 /// Verdict partitions led by broker 3, which then goes down: deliveries time

@@ -173,26 +173,45 @@ fn scale_out_and_members_coming_and_going_lose_nothing() {
         &v.lost[..v.lost.len().min(10)]
     );
 
-    // Members join and leave while load runs.
+    // Members join and leave while load runs: each change waits for
+    // verdicts to flow first (no fixed sleeps), and must happen before the
+    // paced load has ended.
     let load = support::produce_paced(
         broker.bootstrap(),
         support::events("s-", 1500..4500),
-        Duration::from_secs(12),
+        Duration::from_secs(24),
     );
-    std::thread::sleep(Duration::from_secs(3));
+    let flowing = |step: &str| {
+        assert!(
+            support::wait_for_progress(&broker.bootstrap(), 150, Duration::from_secs(30)),
+            "verdicts flow before {step}"
+        );
+    };
+    let under_load = |step: &str, load: &std::thread::JoinHandle<Vec<String>>| {
+        assert!(
+            !load.is_finished(),
+            "{step} happened while events were flowing"
+        );
+    };
+    flowing("m3 joins");
     members.push(Modstream::start(&config, "m3", dir.path()));
-    std::thread::sleep(Duration::from_secs(3));
+    under_load("m3 joining", &load);
+    flowing("m0 leaves");
     assert!(
         members[0].terminate(Duration::from_secs(20)),
         "m0 drains and exits 0 on SIGTERM"
     );
-    std::thread::sleep(Duration::from_secs(3));
+    under_load("m0 leaving", &load);
+    flowing("m4 joins");
     members.push(Modstream::start(&config, "m4", dir.path()));
-    std::thread::sleep(Duration::from_secs(3));
+    under_load("m4 joining", &load);
+    flowing("m1 leaves");
     assert!(
         members[1].terminate(Duration::from_secs(20)),
         "m1 drains and exits 0 on SIGTERM"
     );
+    under_load("m1 leaving", &load);
+    flowing("the end of the load, after the last change");
     acked.extend(load.join().unwrap());
 
     let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(120));

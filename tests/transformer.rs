@@ -144,20 +144,25 @@ fn hostile_texts_score_without_crashing() {
 #[test]
 fn gpu_providers_fall_back_to_cpu_unless_required() {
     // This machine's ONNX Runtime is the CPU build: CUDA cannot register.
+    // On a GPU build with a usable GPU the same settings must run on CUDA,
+    // with and without require_gpu.
     let fallback = InferenceSettings {
         execution_providers: vec![ExecutionProvider::Cuda, ExecutionProvider::Cpu],
         ..settings("longest")
     };
     let mut m = Model::load(&fallback).unwrap();
-    if m.provider == "CUDAExecutionProvider" {
-        return; // a GPU build of ONNX Runtime with a usable GPU: nothing to fall back from
-    }
-    assert_eq!(m.provider, "CPUExecutionProvider");
     assert_eq!(m.score(&mut ["hello".to_string()]).unwrap().len(), 1);
     let required = InferenceSettings {
         require_gpu: true,
         ..fallback
     };
+    if m.provider == "CUDAExecutionProvider" {
+        let mut gpu = Model::load(&required).expect("require_gpu is met on a usable GPU");
+        assert_eq!(gpu.provider, "CUDAExecutionProvider");
+        assert_eq!(gpu.score(&mut ["hello".to_string()]).unwrap().len(), 1);
+        return;
+    }
+    assert_eq!(m.provider, "CPUExecutionProvider");
     let err = Model::load(&required)
         .err()
         .expect("require_gpu fails on CPU");

@@ -65,6 +65,11 @@ pub struct RunSummary {
     pub abandoned: u64,
     /// Records the broker refused for good (committed past, counted, logged).
     pub undeliverable: u64,
+    /// Revokes of this member's partitions, and the events that were in
+    /// flight in the revoked partitions when each began (drained before the
+    /// answer, or left uncommitted for the next owner).
+    pub revokes: u64,
+    pub revoked_in_flight: u64,
     /// Model runs, and the time spent in them.
     pub batches: u64,
     pub inference_seconds: f64,

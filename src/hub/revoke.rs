@@ -17,6 +17,12 @@ impl<D: Deliver> Hub<D> {
                 generation,
                 done,
             } => {
+                self.summary.revokes += 1;
+                self.summary.revoked_in_flight += partitions
+                    .iter()
+                    .filter_map(|tp| self.partitions.get(tp))
+                    .map(|p| p.in_flight() as u64)
+                    .sum::<u64>();
                 self.flush(&partitions);
                 self.revokes.start(
                     partitions,

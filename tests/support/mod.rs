@@ -18,6 +18,7 @@ use modstream::tools::read::TopicReader;
 
 mod kafka;
 pub mod load;
+pub mod mock_faults;
 #[allow(unused_imports)]
 pub use kafka::{Broker, Security, Tls, kafka_tool};
 
