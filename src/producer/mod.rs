@@ -5,7 +5,15 @@
 //! acknowledged it (`acks=all`, idempotent producer). A transient failure is
 //! retried with backoff until it succeeds or the caller gives up through the
 //! cancellation token (which also ends a wait for librdkafka); the caller
-//! marks an offset delivered only on `Ok`. A record the broker can never
+//! marks an offset delivered only on `Ok`. Re-sends keep offset order per
+//! input partition (`resends.rs`): a record that failed goes out again only
+//! when no earlier record of its partition waits, keeps its place until it
+//! is acknowledged (so the partition's failed records go out one at a time,
+//! each after the one before was acknowledged), and a new record of a
+//! partition with records waiting queues behind them. After a delivery
+//! timeout, what librdkafka still holds queued is purged (blocking, once
+//! per timeout) so that it joins the re-sends instead of overtaking them.
+//! A record the broker can never
 //! take (too large, malformed) is not retried as it is: a dead-letter record
 //! is sent again with its value cut to a budget, then without value and
 //! input headers; past that, and for a verdict, the delivery ends with
@@ -16,7 +24,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, Producer, PurgeConfig};
@@ -130,6 +138,8 @@ pub struct Sink {
     producer: FutureProducer,
     resends: Arc<Resends>,
     service_failures: Arc<ServiceFailures>,
+    /// When the last purge after a delivery timeout started.
+    purges: Arc<tokio::sync::Mutex<Option<Instant>>>,
     /// How many bytes of a refused dead-letter value are sent again.
     dlq_value_budget: usize,
 }
@@ -156,6 +166,7 @@ impl Sink {
             producer,
             resends: Arc::default(),
             service_failures: Arc::default(),
+            purges: Arc::default(),
             dlq_value_budget: dlq_value_budget
                 .min(message_max.saturating_sub(HEADROOM_BYTES))
                 .max(1),
@@ -189,9 +200,29 @@ impl Sink {
             sink: self.clone(),
             source,
             place,
+            failed: false,
             backoff: FIRST_BACKOFF,
         };
         delivery.run(record, attempt, cancel)
+    }
+
+    /// Fail every record queued in librdkafka (not those sent to a broker)
+    /// with `PurgeQueue`, unless a purge that started at or after `since`
+    /// already did. Blocking, on a blocking thread: when it returns, no
+    /// record that was queued at `since` can still be sent by librdkafka
+    /// (the non-blocking purge leaves the brokers' own queues for later,
+    /// and a leader that returns meanwhile would send them first).
+    async fn purge_queued(&self, since: Instant) {
+        let mut last = self.purges.lock().await;
+        if last.is_some_and(|started| started >= since) {
+            return;
+        }
+        *last = Some(Instant::now());
+        let producer = self.producer.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            producer.purge(PurgeConfig::default().queue());
+        })
+        .await;
     }
 
     fn enqueue(&self, record: &OutRecord) -> Result<DeliveryFuture, KafkaError> {
@@ -230,13 +261,16 @@ struct Delivery {
     sink: Sink,
     source: Source,
     place: Option<Place>,
+    /// An attempt failed: from then on the place is kept until the end.
+    failed: bool,
     backoff: Duration,
 }
 
 /// What a failed attempt leads to.
 enum Next {
-    /// Wait the backoff, then send the same record again.
-    Retry,
+    /// Wait the backoff, then send the same record again; first purge
+    /// librdkafka's queue of what was queued until then, if set.
+    Retry { purge: Option<Instant> },
     /// Send this smaller form at once.
     CutDown(OutRecord),
     /// The delivery ends with this error.
@@ -261,8 +295,11 @@ impl Delivery {
                         }
                     }
                     let sent = self.sink.enqueue(&record);
-                    if sent.is_ok() {
-                        // Handed over in order: the next one may go.
+                    if sent.is_ok() && !self.failed {
+                        // Handed over in order: the next one may go. A
+                        // record that failed keeps its place until it is
+                        // acknowledged: were it to fail again, nothing later
+                        // of its partition may be out there to overtake it.
                         self.place = None;
                     }
                     attempt = Some(sent);
@@ -289,7 +326,10 @@ impl Delivery {
             match self.after_failure(&record, &error) {
                 Next::Stop(e) => return Err(e),
                 Next::CutDown(cut) => record = cut,
-                Next::Retry => {
+                Next::Retry { purge } => {
+                    if let Some(since) = purge {
+                        self.sink.purge_queued(since).await;
+                    }
                     tokio::select! {
                         _ = cancel.cancelled() => return Err(ProducerError::Abandoned),
                         _ = tokio::time::sleep(self.backoff) => {}
@@ -303,6 +343,7 @@ impl Delivery {
     /// Classify a failed attempt: fatal, refused for this record, or worth
     /// a retry (in line with the partition's other re-sends).
     fn after_failure(&mut self, record: &OutRecord, error: &KafkaError) -> Next {
+        self.failed = true;
         let kind = record.kind.as_str();
         metrics::counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => kind).increment(1);
         let producer = &self.sink.producer;
@@ -323,25 +364,26 @@ impl Delivery {
         if is_service_level(error) {
             self.sink.service_failures.failed(&record.topic, error);
         }
-        let code = error.rdkafka_error_code();
-        if code == Some(RDKafkaErrorCode::MessageTimedOut) {
-            // librdkafka gave up on this record, but later records of its
-            // input partition may still wait in its queue: delivered when
-            // the leader returns, they would overtake this one's re-send.
-            // Fail everything queued now, so that it all joins the re-sends
-            // and goes out again in offset order (records already sent to a
-            // broker are not touched).
-            producer.purge(PurgeConfig::default().queue().non_blocking());
+        // In line with the partition's other re-sends, by offset; joined
+        // before the purge, so that a record the hub hands over from now on
+        // queues behind this one instead of going out first.
+        if self.place.is_none() {
+            self.place = Some(self.sink.resends.join(&self.source));
         }
+        let code = error.rdkafka_error_code();
+        // librdkafka gave up on this record, but later records of its input
+        // partition may still wait in its queue: delivered when the leader
+        // returns, they would overtake this one's re-send. Everything queued
+        // is failed (before the re-send), so that it all joins the re-sends
+        // and goes out again in offset order (records already sent to a
+        // broker are not touched).
+        let purge = (code == Some(RDKafkaErrorCode::MessageTimedOut)).then(Instant::now);
         if code == Some(RDKafkaErrorCode::PurgeQueue) {
             tracing::debug!(topic = %record.topic, kind, "taken back from the producer queue after a timeout; sending again in order");
         } else {
             tracing::warn!(topic = %record.topic, kind, error = %error, retry_in_ms = self.backoff.as_millis() as u64, "delivery failed; retrying");
         }
-        if self.place.is_none() {
-            self.place = Some(self.sink.resends.join(&self.source));
-        }
-        Next::Retry
+        Next::Retry { purge }
     }
 }
 

@@ -25,7 +25,7 @@ use crate::inference::Model;
 use crate::manifest::InputKind;
 use crate::tools::generator::{Mix, generate, generate_mix};
 
-pub use markdown::{render as markdown, splice as splice_tables};
+pub use markdown::{BEGIN as TABLES_BEGIN, render as markdown, splice as splice_tables};
 pub use measure::{Batching, peak_rss_bytes, peak_rss_of, raw_model_throughput};
 pub use report::{
     BaselineRow, ChoicePoint, FloorRow, LatencyRow, OverloadRow, RepeatRow, Report, SaturationRow,
