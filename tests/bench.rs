@@ -150,9 +150,25 @@ fn a_tiny_bench_writes_a_complete_report() {
     assert_eq!(baseline.events, 400);
     assert!(baseline.modstream_per_s > 0.0 && baseline.python_per_s > 0.0);
     assert!(baseline.modstream_peak_rss_bytes > 0 && baseline.python_peak_rss_bytes > 0);
+    // Each process's own VmHWM: not the bench's (the old getrusage in a
+    // child of the bench reported the bench's peak to the byte).
+    assert_ne!(baseline.python_peak_rss_bytes, report.peak_rss_bytes);
+    assert_ne!(baseline.modstream_peak_rss_bytes, report.peak_rss_bytes);
 
     let shadow = report.shadow.as_ref().expect("a shadow row");
     assert!(shadow.off_per_s > 0.0 && shadow.on_per_s > 0.0);
+
+    // The tables as markdown beside bench.json: what the report says.
+    let md = std::fs::read_to_string(out.path().join("bench.md")).unwrap();
+    assert_eq!(md, modstream::tools::bench::markdown(&report));
+    for table in [
+        "**Throughput at saturation**",
+        "**Latency against offered load**",
+        "**Against a plain Python consumer**",
+        "**A shadow model's cost**",
+    ] {
+        assert!(md.contains(table), "bench.md has {table}");
+    }
 
     // Every chart, as SVG with its axis titles and as PNG.
     for name in ["latency", "throughput", "step", "cache"] {

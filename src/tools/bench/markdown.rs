@@ -20,15 +20,22 @@ const MIB: f64 = (1u64 << 20) as f64;
 /// Every table the report has data for.
 pub fn render(report: &Report) -> String {
     let mut out = String::new();
+    let or_unrecorded = |v: &str| {
+        if v.is_empty() {
+            "not recorded".to_string()
+        } else {
+            v.to_string()
+        }
+    };
     let _ = writeln!(
         out,
-        "Machine: {}; model {} on {}, {} worker(s), {} intra-op thread(s); broker: {}; the bench process's peak RSS {:.0} MiB.\n",
+        "Machine: {}; model {}; provider: {}; {} worker(s), {} intra-op thread(s); broker: {}; the bench process's peak RSS {:.0} MiB.\n",
         report.machine,
         report.model,
-        report.provider,
+        or_unrecorded(&report.provider),
         report.workers,
         report.intra_threads,
-        report.broker,
+        or_unrecorded(&report.broker),
         report.peak_rss_bytes as f64 / MIB
     );
     saturation(&mut out, report);
