@@ -167,8 +167,8 @@ impl StallReporter {
                 let (topic, partition) = (&tp.topic, tp.partition);
                 match (self.kind, owned(tp)) {
                     (StallKind::Undelivered, true) => tracing::info!(%topic, partition, "partition making progress again"),
-                    (StallKind::Unfetched, true) => tracing::info!(%topic, partition, "partition fetched again"),
-                    (_, false) => tracing::info!(%topic, partition, "stalled partition no longer assigned; its next owner takes over"),
+                    (StallKind::Undelivered, false) => tracing::info!(%topic, partition, "stalled partition revoked; its next owner takes over"),
+                    (StallKind::Unfetched, _) => tracing::info!(%topic, partition, "partition fetched again (or no longer assigned)"),
                 }
             }
             still
