@@ -6,8 +6,11 @@
 //! [`inference`] ([`tokens`] for transformers) → [`verdict`] → [`producer`]
 //! → back to the [`hub`] and the [`consumer`] for offsets. [`rebalance`] is
 //! the revoke/assign protocol between consumer and hub; [`pipeline`] wires
-//! the stages. [`tools`] holds what runs around the pipeline: demo, bench,
-//! the event generator, the embedded cluster.
+//! the stages. The shared vocabulary sits below them: [`tp`] (partitions
+//! and positions), [`record`] (output records), [`manifest`], [`client`]
+//! (Kafka client configs), [`config`], [`telemetry`]. [`tools`] holds what
+//! runs around the pipeline: demo, bench, the event generator, the embedded
+//! cluster. docs/architecture.md has the layers (checked by tests/layers.rs).
 
 pub mod batcher;
 pub mod client;
