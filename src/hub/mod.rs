@@ -1,6 +1,8 @@
 //! The hub: the one task that owns all per-partition state, so nothing here
-//! needs a lock. Its loop handles, in priority order: rebalances, delivery
-//! acknowledgements, inference results, batch deadlines, then new input, and
+//! needs a lock. Its loop handles, in priority order: rebalances, new
+//! scorers from the hot reload (before any result that carries their
+//! version), delivery acknowledgements, inference results, batch deadlines,
+//! then new input, and
 //! new input only while fewer than `limits.max_in_flight` events are
 //! undelivered (beyond that the bounded input channel fills and the consumer
 //! pauses its partitions).
