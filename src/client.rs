@@ -46,6 +46,11 @@ pub fn consumer(kafka: &KafkaSettings, role: ConsumerRole, group_id: &str) -> Cl
     if role == ConsumerRole::Group {
         cfg.set("auto.offset.reset", "earliest")
             .set("statistics.interval.ms", "5000");
+        if kafka.exactly_once() {
+            // Offsets of a transaction not yet committed are not handed out
+            // (KIP-447), nor aborted input.
+            cfg.set("isolation.level", "read_committed");
+        }
     }
     for (k, v) in &kafka.consumer {
         cfg.set(k, v);
@@ -65,6 +70,17 @@ pub fn producer(kafka: &KafkaSettings, role: ProducerRole) -> ClientConfig {
             .set("message.timeout.ms", MESSAGE_TIMEOUT_MS),
         ProducerRole::Shadow => cfg.set("linger.ms", "20"),
     };
+    if role == ProducerRole::Verdicts && kafka.exactly_once() {
+        let timeout_ms = kafka.transaction_timeout.as_millis().to_string();
+        let message_timeout_ms = kafka
+            .transaction_timeout
+            .as_millis()
+            .min(MESSAGE_TIMEOUT_MS.parse().unwrap_or(u128::MAX))
+            .to_string();
+        cfg.set("transactional.id", kafka.transactional_id())
+            .set("transaction.timeout.ms", timeout_ms)
+            .set("message.timeout.ms", message_timeout_ms);
+    }
     for (k, v) in &kafka.producer {
         cfg.set(k, v);
     }

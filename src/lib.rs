@@ -5,7 +5,8 @@
 //! assigned partition: [`event`] validation, [`batcher`], [`offsets`]) →
 //! [`inference`] ([`tokens`] for transformers) → [`verdict`] → [`producer`]
 //! → back to the [`hub`] and the [`consumer`] for offsets. [`rebalance`] is
-//! the revoke/assign protocol between consumer and hub; [`pipeline`] wires
+//! the revoke/assign protocol between consumer and hub (and, with
+//! exactly-once, the end of each [`transaction`]); [`pipeline`] wires
 //! the stages. The shared vocabulary sits below them: [`tp`] (partitions
 //! and positions), [`record`] (output records), [`manifest`], [`client`]
 //! (Kafka client configs), [`config`], [`telemetry`]. [`tools`] holds what
@@ -35,4 +36,5 @@ pub mod telemetry;
 pub mod tokens;
 pub mod tools;
 pub mod tp;
+pub mod transaction;
 pub mod verdict;

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::batcher::{Batcher, CloseReason, ClosedBatch};
 use crate::event;
 use crate::offsets::OffsetTracker;
-use crate::record::Original;
+use crate::record::{Original, OutRecord};
 use crate::tp::Tp;
 
 /// A valid event waiting for its verdict.
@@ -43,6 +43,33 @@ pub struct Pending {
 /// An event with its probabilities, or why the model could not score it.
 pub type Scored = (Pending, Result<Vec<f32>, String>);
 
+/// An invalid event's dead-letter record, put in line with the partition's
+/// batches (exactly-once: records are handed over in offset order).
+#[derive(Debug)]
+pub struct Rejected {
+    pub offset: i64,
+    pub out: OutRecord,
+    pub reason: event::RejectReason,
+    pub received_at: Instant,
+    pub bytes: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// What [`Partition::next_in_order`] hands back.
+#[derive(Debug)]
+pub enum Finished {
+    Scored(Vec<Scored>),
+    Rejected(Box<Rejected>),
+}
+
+impl Finished {
+    fn len(&self) -> usize {
+        match self {
+            Finished::Scored(s) => s.len(),
+            Finished::Rejected(_) => 1,
+        }
+    }
+}
+
 /// A closed batch of one partition, numbered, waiting for (or in) a model run.
 #[derive(Debug)]
 pub struct ReadyBatch {
@@ -65,7 +92,7 @@ pub struct Partition {
     /// may be produced; `finished` holds scored batches that came back early.
     next_batch_seq: u64,
     next_emit_seq: u64,
-    finished: BTreeMap<u64, Vec<Scored>>,
+    finished: BTreeMap<u64, Finished>,
 }
 
 impl Partition {
@@ -133,19 +160,31 @@ impl Partition {
 
     /// A batch came back from the model.
     pub fn scored(&mut self, seq: u64, scored: Vec<Scored>) {
-        self.finished.insert(seq, scored);
+        self.finished.insert(seq, Finished::Scored(scored));
     }
 
-    /// The next scored batch in closing order, if it is back.
-    pub fn next_in_order(&mut self) -> Option<Vec<Scored>> {
-        let scored = self.finished.remove(&self.next_emit_seq)?;
+    /// An invalid event goes in line after everything before it: the open
+    /// batch closes (returned, to be scored) and the dead-letter record
+    /// takes the next number, finished already.
+    pub fn push_rejected(&mut self, rejected: Rejected) -> Option<ReadyBatch> {
+        let open = self.flush();
+        let seq = self.next_batch_seq;
+        self.next_batch_seq += 1;
+        self.finished
+            .insert(seq, Finished::Rejected(Box::new(rejected)));
+        open
+    }
+
+    /// The next finished batch in closing order, if it is back.
+    pub fn next_in_order(&mut self) -> Option<Finished> {
+        let finished = self.finished.remove(&self.next_emit_seq)?;
         self.next_emit_seq += 1;
-        Some(scored)
+        Some(finished)
     }
 
-    /// Events scored but held back behind an earlier batch still in inference.
+    /// Events finished but held back behind an earlier batch still in inference.
     pub fn held_back(&self) -> usize {
-        self.finished.values().map(Vec::len).sum()
+        self.finished.values().map(Finished::len).sum()
     }
 
     /// An offset's record was acknowledged; returns the position to store
@@ -237,7 +276,10 @@ pub(crate) mod tests {
         assert_eq!(p.held_back(), 4);
         p.scored(first.seq, score(first));
         let order: Vec<i64> = std::iter::from_fn(|| p.next_in_order())
-            .flat_map(|b| offsets(&b))
+            .flat_map(|b| match b {
+                Finished::Scored(s) => offsets(&s),
+                Finished::Rejected(r) => vec![r.offset],
+            })
             .collect();
         assert_eq!(order, vec![0, 1, 2, 3, 4, 5]);
         assert_eq!(p.held_back(), 0);

@@ -32,7 +32,7 @@ use crate::record::RecordKind;
 use crate::shutdown::Shutdown;
 use crate::telemetry::Health;
 use crate::telemetry::metric::{
-    self, CommitOutcome, ErrorKind, RebalanceKind, ReloadOutcome, ShadowStage,
+    self, CommitOutcome, ErrorKind, RebalanceKind, ReloadOutcome, ShadowStage, TxnOutcome,
 };
 use crate::tp::Source;
 use crate::verdict::{PolicyError, Scorer, Verdict};
@@ -49,6 +49,8 @@ pub enum PipelineError {
     Consumer(#[from] ConsumerError),
     #[error(transparent)]
     Producer(#[from] ProducerError),
+    #[error(transparent)]
+    Transaction(#[from] crate::transaction::TransactionError),
     #[error(
         "{0} events were not delivered before kafka.shutdown_timeout; they stay uncommitted and are reprocessed after a restart"
     )]
@@ -96,12 +98,14 @@ pub async fn run_with_health(
     health.model_loaded.store(true, Ordering::SeqCst);
 
     let sink = Sink::new(&settings.kafka, settings.limits.max_payload_bytes)?;
+    let exactly_once = start_transactions(&settings, &sink, &health, &shutdown).await?;
     let consumer_done = CancellationToken::new();
     let (consumer, channels) = consumer::start(
         &settings,
         health.clone(),
         shutdown.stop.clone(),
         consumer_done.clone(),
+        exactly_once,
     )
     .await?;
     health.consumer_ready.store(true, Ordering::SeqCst);
@@ -141,11 +145,20 @@ pub async fn run_with_health(
         consumer_done,
     };
     stopped.close().await?;
+    stopped_with(summary, producer_fatal)
+}
+
+/// The run's result: its counts, or why it did not end cleanly.
+fn stopped_with(
+    summary: RunSummary,
+    producer_fatal: Option<ProducerError>,
+) -> Result<RunSummary, PipelineError> {
     tracing::info!(
         consumed = summary.consumed,
         verdicts = summary.verdicts,
         dlq = summary.dlq,
         abandoned = summary.abandoned,
+        rewinds = summary.rewinds,
         "pipeline stopped"
     );
     if let Some(error) = producer_fatal {
@@ -155,6 +168,34 @@ pub async fn run_with_health(
         return Err(PipelineError::Abandoned(summary.abandoned));
     }
     Ok(summary)
+}
+
+/// With `kafka.delivery = "exactly_once"`: start the verdict producer's
+/// transactions before the consumer joins (a cluster without them fails
+/// the start, with the reason).
+async fn start_transactions(
+    settings: &Settings,
+    sink: &Sink,
+    health: &Arc<Health>,
+    shutdown: &Shutdown,
+) -> Result<Option<consumer::ExactlyOnce>, PipelineError> {
+    let kafka = &settings.kafka;
+    if !kafka.exactly_once() {
+        return Ok(None);
+    }
+    let (producer, id) = (sink.producer(), kafka.transactional_id());
+    let timeout = kafka.startup_timeout;
+    let transactions = tokio::task::spawn_blocking(move || {
+        crate::transaction::Transactions::start(producer, &id, timeout)
+    })
+    .await
+    .map_err(|_| ProducerError::Abandoned)??;
+    Ok(Some(consumer::ExactlyOnce {
+        transactions,
+        health: health.clone(),
+        timeout: kafka.transaction_timeout,
+        shutdown_abort: shutdown.abort.clone(),
+    }))
 }
 
 /// The hot reload task, and where the hub learns each new scorer.
@@ -276,6 +317,9 @@ pub fn register_zeroes(settings: &crate::config::Settings) {
     for outcome in CommitOutcome::ALL {
         counter!(metric::COMMITS_TOTAL, "outcome" => outcome.as_str()).absolute(0);
     }
+    for outcome in TxnOutcome::ALL {
+        counter!(metric::TRANSACTIONS_TOTAL, "outcome" => outcome.as_str()).absolute(0);
+    }
     for kind in RebalanceKind::ALL {
         counter!(metric::REBALANCES_TOTAL, "kind" => kind.as_str()).absolute(0);
     }
@@ -306,6 +350,7 @@ pub fn register_zeroes(settings: &crate::config::Settings) {
             metric::UNDELIVERABLE_TOTAL,
             metric::COMMITS_TOTAL,
             metric::REBALANCES_TOTAL,
+            metric::TRANSACTIONS_TOTAL,
             metric::MODEL_RELOADS_TOTAL,
             metric::POLICY_RELOADS_TOTAL,
             metric::SHADOW_AGREEMENT_TOTAL,

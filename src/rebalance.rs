@@ -50,6 +50,76 @@ pub enum RebalanceEvent {
     },
     /// These positions were applied to the new assignment and stored.
     Resumed { positions: Positions },
+    /// Exactly-once, the end of a transaction: hand nothing more to the
+    /// producer; once every record handed over is acknowledged (or at
+    /// `deadline`), answer what the transaction holds. Records ready
+    /// meanwhile wait for [`RebalanceEvent::Unseal`].
+    Seal {
+        deadline: Instant,
+        reply: std::sync::mpsc::Sender<Sealed>,
+    },
+    /// The transaction ended (committed or aborted) and the next began.
+    Unseal,
+    /// The transaction was aborted and these partitions were sought back to
+    /// their committed offsets: drop their state (their events are read
+    /// again, polled in `generation`), then answer on `done`.
+    Rewind {
+        partitions: Vec<Tp>,
+        generation: u64,
+        done: std::sync::mpsc::Sender<()>,
+    },
+}
+
+/// The hub's answer to a seal: the position of every owned partition,
+/// the records handed to the producer since the last seal, and why the
+/// transaction must be aborted instead of committed, if it must.
+#[derive(Debug, Default)]
+pub struct Sealed {
+    pub positions: Positions,
+    pub records: u64,
+    pub abort: Option<String>,
+}
+
+/// Why a seal got no answer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SealFailure {
+    /// The hub has stopped (the end of a shutdown): nothing is in flight.
+    Gone,
+    /// No answer by the deadline and a grace second.
+    NoAnswer,
+}
+
+/// Consumer side of a transaction's end: the hub's [`Sealed`] answer.
+pub fn request_seal(
+    tx: &mpsc::Sender<RebalanceEvent>,
+    deadline: Instant,
+) -> Result<Sealed, SealFailure> {
+    let (reply, answer) = std::sync::mpsc::channel();
+    tx.blocking_send(RebalanceEvent::Seal { deadline, reply })
+        .map_err(|_| SealFailure::Gone)?;
+    let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(1);
+    answer.recv_timeout(wait).map_err(|e| match e {
+        std::sync::mpsc::RecvTimeoutError::Disconnected => SealFailure::Gone,
+        std::sync::mpsc::RecvTimeoutError::Timeout => SealFailure::NoAnswer,
+    })
+}
+
+/// Consumer side of an abort: the hub dropped these partitions' state
+/// (waits at most `timeout`; false if the hub is gone).
+pub fn request_rewind(
+    tx: &mpsc::Sender<RebalanceEvent>,
+    partitions: Vec<Tp>,
+    generation: u64,
+    timeout: Duration,
+) -> bool {
+    let (done, answer) = std::sync::mpsc::channel();
+    tx.blocking_send(RebalanceEvent::Rewind {
+        partitions,
+        generation,
+        done,
+    })
+    .is_ok()
+        && answer.recv_timeout(timeout).is_ok()
 }
 
 /// Consumer side of a revoke: ask the hub to drain `partitions` and wait for
@@ -131,6 +201,15 @@ impl Revokes {
             deadline: Instant::now() + drain_timeout,
             done,
         });
+    }
+
+    /// Records of these partitions polled before `generation` are stale
+    /// (an abort sought them back).
+    pub fn rewound(&mut self, partitions: &[Tp], generation: u64) {
+        for tp in partitions {
+            self.revoked_at.insert(tp.clone(), generation);
+            self.resume_at.remove(tp);
+        }
     }
 
     /// Whether a record of `tp` polled in `generation` was polled before

@@ -11,11 +11,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+mod delivery;
 mod properties;
 #[cfg(test)]
 mod tests;
 mod validate;
 
+pub use delivery::DeliveryMode;
 pub use properties::{Properties, REDACTED, is_secret};
 
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +108,24 @@ pub struct KafkaSettings {
     /// with that reason, exit non-zero (/readyz fails meanwhile).
     #[serde(default = "default_service_failure_timeout", with = "humantime_serde")]
     pub service_failure_timeout: Duration,
+    /// `at_least_once` (offsets committed after the broker acknowledged the
+    /// verdicts) or `exactly_once` (verdicts, dead-letter records and offsets
+    /// in one Kafka transaction; see `crate::transaction`).
+    #[serde(default)]
+    pub delivery: DeliveryMode,
+    /// With `exactly_once`: this instance's part of the transactional id
+    /// `<group_id>.<instance_id>` (see [`KafkaSettings::transactional_id`]).
+    /// Keep it stable across restarts of one instance (a StatefulSet pod's
+    /// name): the restarted instance then fences the old one and aborts its
+    /// open transaction at once. Default: the host name.
+    #[serde(default)]
+    pub instance_id: Option<String>,
+    /// With `exactly_once`: the bound on one transaction's commit (its records
+    /// acknowledged, its offsets sent, the commit itself); past it the
+    /// transaction is aborted. Also the producer's `transaction.timeout.ms`:
+    /// the broker aborts a transaction left open this long by a dead instance.
+    #[serde(default = "default_transaction_timeout", with = "humantime_serde")]
+    pub transaction_timeout: Duration,
     /// Extra librdkafka consumer properties, passed through.
     #[serde(default)]
     pub consumer: Properties,
@@ -477,6 +497,9 @@ fn default_service_failure_timeout() -> Duration {
 }
 fn default_commit_interval() -> Duration {
     Duration::from_secs(1)
+}
+fn default_transaction_timeout() -> Duration {
+    Duration::from_secs(10)
 }
 
 /// A list, or one string (from an env var) holding comma-separated names.

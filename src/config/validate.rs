@@ -35,7 +35,11 @@ const CLASSIC_ONLY: &[&str] = &[
 ];
 const RESERVED_PRODUCER: &[(&str, &str)] = &[
     ("bootstrap.servers", "use kafka.bootstrap_servers"),
-    ("transactional.id", "modstream does not use transactions"),
+    (
+        "transactional.id",
+        "with kafka.delivery = \"exactly_once\" it is <group_id>.<instance_id> (kafka.instance_id)",
+    ),
+    ("transaction.timeout.ms", "use kafka.transaction_timeout"),
 ];
 
 pub(super) fn kafka(kafka: &KafkaSettings) -> Result<(), ConfigError> {
@@ -47,7 +51,55 @@ pub(super) fn kafka(kafka: &KafkaSettings) -> Result<(), ConfigError> {
     }
     consumer_properties(kafka)?;
     producer_properties(kafka)?;
+    if kafka.exactly_once() {
+        exactly_once(kafka)?;
+    }
     timeouts(kafka)
+}
+
+/// What would break exactly-once: a consumer that reads offsets another
+/// member's transaction has not committed yet, an instance id that cannot
+/// be part of a transactional id, a message timeout past the transaction's.
+fn exactly_once(kafka: &KafkaSettings) -> Result<(), ConfigError> {
+    if kafka.consumer.get("isolation.level").map(String::as_str) == Some("read_uncommitted") {
+        return Err(invalid(
+            "kafka.consumer.isolation.level",
+            "must be read_committed with kafka.delivery = \"exactly_once\": a new owner of a partition must wait for the offsets of the previous owner's open transaction (KIP-447), and aborted input must not be scored",
+        ));
+    }
+    if let Some(id) = &kafka.instance_id
+        && (id.is_empty()
+            || !id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)))
+    {
+        return Err(invalid(
+            "kafka.instance_id",
+            "must be letters, digits, '.', '_' or '-'",
+        ));
+    }
+    let t = kafka.transaction_timeout;
+    if t < Duration::from_secs(1) || t > Duration::from_secs(900) {
+        return Err(invalid(
+            "kafka.transaction_timeout",
+            "must be between 1s and 15m (the broker's transaction.max.timeout.ms by default)",
+        ));
+    }
+    if t <= kafka.commit_interval {
+        return Err(invalid(
+            "kafka.transaction_timeout",
+            "must be longer than kafka.commit_interval (a transaction lasts one interval, then commits)",
+        ));
+    }
+    if let Some(v) = kafka.producer.get("message.timeout.ms")
+        && v.parse::<u128>().map_or(true, |ms| ms > t.as_millis())
+    {
+        return Err(invalid(
+            "kafka.producer.message.timeout.ms",
+            "must be a number of milliseconds no longer than kafka.transaction_timeout (librdkafka requires it)",
+        ));
+    }
+    Ok(())
 }
 
 /// `kafka.consumer`: nothing modstream sets itself, known values for the

@@ -14,10 +14,14 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
+use super::exactly_once::TxnDriver;
+use super::exactly_once::{Decision, End};
 use super::{commit, is_fatal, store};
-use crate::rebalance::{self, RebalanceEvent};
-use crate::telemetry::metric::{self, CommitOutcome, ErrorKind, RebalanceKind};
+use crate::rebalance::{self, RebalanceEvent, SealFailure};
+use crate::telemetry::metric::{self, CommitOutcome, ErrorKind, RebalanceKind, TxnOutcome};
 use crate::tp::{Positions, Tp};
+use crate::transaction::TransactionError;
+use tokio::time::Instant;
 
 /// The consumer's context: librdkafka's callbacks (statistics, errors,
 /// rebalances, commits) run here, on the consumer thread, inside a poll.
@@ -37,6 +41,9 @@ pub struct ModstreamContext {
     pub(super) drain_timeout: Duration,
     /// Records not yet polled, per partition, from each statistics report.
     pub(super) lags_tx: std::sync::mpsc::Sender<Vec<(Tp, i64)>>,
+    /// With `kafka.delivery = "exactly_once"`: the transactions, ended on
+    /// this thread ([`super::exactly_once`]). Locked only by this thread.
+    pub(super) txn: Option<std::sync::Mutex<TxnDriver>>,
 }
 
 impl ClientContext for ModstreamContext {
@@ -94,10 +101,13 @@ impl ModstreamContext {
         let _ = self.fatal.set(message);
     }
 
-    /// Store the positions the hub sent so far (each batch in order).
+    /// Store the positions the hub sent so far (each batch in order); with
+    /// exactly-once keep them for the next transaction's commit instead.
     pub(super) fn store_sent_positions(&self, consumer: &BaseConsumer<Self>) {
         while let Ok(positions) = self.positions_rx.try_recv() {
-            store(consumer, &positions);
+            if !self.keep_positions(positions.clone()) {
+                store(consumer, &positions);
+            }
         }
     }
 
@@ -109,7 +119,9 @@ impl ModstreamContext {
         consumer: &BaseConsumer<Self>,
         tpl: &mut TopicPartitionList,
     ) -> Positions {
-        if !self.revoked.swap(false, Ordering::SeqCst) {
+        if !self.revoked.swap(false, Ordering::SeqCst) || self.txn.is_some() {
+            // Exactly-once: what the revoke answered is committed with its
+            // transaction or aborted with it; the committed offset is right.
             return Vec::new();
         }
         let candidates =
@@ -142,6 +154,128 @@ impl ModstreamContext {
             }
         }
         resumed
+    }
+}
+
+/// Exactly-once: the end of each transaction (see [`super::exactly_once`]).
+impl ModstreamContext {
+    pub(super) fn note_polled(&self, tp: &Tp, offset: i64) {
+        if let Some(Ok(mut d)) = self.txn.as_ref().map(|t| t.lock()) {
+            d.note_polled(tp, offset);
+        }
+    }
+
+    /// Keep positions for the next transaction's commit; false without
+    /// exactly-once (the caller stores them).
+    fn keep_positions(&self, positions: Positions) -> bool {
+        let Some(driver) = &self.txn else {
+            return false;
+        };
+        if let Ok(mut d) = driver.lock() {
+            d.keep(positions);
+        }
+        true
+    }
+
+    /// End the open transaction: commit what the hub sealed, or abort and
+    /// rewind; then let the hub hand records to the next transaction.
+    pub(super) fn end_transaction(&self, consumer: &BaseConsumer<Self>, end: End<'_>) {
+        let Some(driver) = &self.txn else {
+            return;
+        };
+        let shutdown = matches!(end, End::Shutdown);
+        let sealed = if shutdown {
+            None
+        } else {
+            let timeout = driver.lock().map(|d| d.eo.timeout).unwrap_or_default();
+            match rebalance::request_seal(&self.rebalance_tx, Instant::now() + timeout) {
+                // The hub stopped: the shutdown's end commits what it sent.
+                Err(SealFailure::Gone) => return,
+                other => Some(other),
+            }
+        };
+        self.store_sent_positions(consumer);
+        let Ok(mut d) = driver.lock() else {
+            return;
+        };
+        let (why, error) = match d.decide(&end, sealed) {
+            Decision::Commit { records } => match d.commit(consumer.group_metadata(), records) {
+                Ok(()) => {
+                    d.eo.health.set_transaction_failing(None);
+                    (None, None)
+                }
+                Err(e @ TransactionError::TimedOut { .. }) => {
+                    (Some(TxnOutcome::AbortedTimeout), Some(e))
+                }
+                Err(e) => (Some(TxnOutcome::AbortedFailed), Some(e)),
+            },
+            Decision::Abort { why, reason } => {
+                (Some(why), Some(TransactionError::Abortable(reason)))
+            }
+        };
+        match (why, error) {
+            (_, Some(e @ (TransactionError::Fenced(_) | TransactionError::Fatal(_)))) => {
+                tracing::error!(error = %e, "stopping: the transactional producer cannot go on");
+                self.set_fatal(e.to_string());
+            }
+            (Some(why), Some(e)) => self.abort_and_rewind(consumer, &mut d, why, &e, &end),
+            _ => {}
+        }
+        d.forget(end.revoked());
+        drop(d);
+        if !shutdown {
+            let _ = self.rebalance_tx.blocking_send(RebalanceEvent::Unseal);
+        }
+    }
+
+    fn abort_and_rewind(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        d: &mut TxnDriver,
+        why: TxnOutcome,
+        error: &TransactionError,
+        end: &End<'_>,
+    ) {
+        if why == TxnOutcome::AbortedTimeout {
+            tracing::error!(error = %error, "transaction aborted: it could not commit in time; its events are read again");
+            d.eo.health.set_transaction_failing(Some(error.to_string()));
+        } else {
+            tracing::warn!(error = %error, outcome = why.as_str(), "transaction aborted; its events are read again");
+        }
+        if let Err(e) = d.abort(why) {
+            tracing::error!(error = %e, "stopping: the transaction cannot be aborted");
+            self.set_fatal(e.to_string());
+            return;
+        }
+        if matches!(end, End::Shutdown) {
+            // Nothing is read any more: the next owner starts at the commit.
+            return;
+        }
+        let owned: Vec<Tp> = consumer
+            .assignment()
+            .map(|a| partitions_of(&a))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|tp| !end.revoked().contains(tp))
+            .collect();
+        for (tp, target) in d.rewind_targets(&owned) {
+            let sought = consumer.seek(
+                &tp.topic,
+                tp.partition,
+                Offset::Offset(target),
+                Duration::from_secs(5),
+            );
+            if let Err(e) = sought {
+                // Going on would skip the aborted events: stop instead (a
+                // restart reads from the committed offsets).
+                tracing::error!(topic = %tp.topic, partition = tp.partition, error = %e, "cannot seek back after an abort");
+                self.set_fatal(format!("cannot seek {tp:?} back after an abort: {e}"));
+                return;
+            }
+        }
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        self.rebalanced.store(true, Ordering::SeqCst);
+        rebalance::request_rewind(&self.rebalance_tx, owned, generation, d.eo.timeout);
     }
 }
 
@@ -224,6 +358,22 @@ impl ConsumerContext for ModstreamContext {
                     generation,
                     self.drain_timeout,
                 );
+                if self.txn.is_some() {
+                    let revoked = partitions_of(tpl);
+                    let answered = drained.is_some();
+                    if let Some(positions) = drained {
+                        self.keep_positions(positions);
+                    }
+                    self.end_transaction(
+                        consumer,
+                        End::Revoke {
+                            revoked: &revoked,
+                            drained: answered,
+                        },
+                    );
+                    self.revoked.store(true, Ordering::SeqCst);
+                    return;
+                }
                 // Positions the hub sent before answering come first.
                 self.store_sent_positions(consumer);
                 if let Some(positions) = drained {

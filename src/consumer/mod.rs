@@ -35,8 +35,11 @@ use crate::tp::{Positions, Tp};
 
 mod budget;
 mod context;
+mod exactly_once;
 mod fetch_watchdog;
 mod poll;
+
+pub use exactly_once::ExactlyOnce;
 
 pub use budget::{ByteBudget, Ingested};
 pub use context::ModstreamContext;
@@ -153,6 +156,7 @@ fn create(
     rebalance_tx: mpsc::Sender<RebalanceEvent>,
     positions_rx: async_channel::Receiver<Positions>,
     lags_tx: std::sync::mpsc::Sender<Vec<(Tp, i64)>>,
+    exactly_once: Option<ExactlyOnce>,
 ) -> Result<KafkaConsumer, ConsumerError> {
     let kafka = &settings.kafka;
     let cfg = client::consumer(kafka, ConsumerRole::Group, &kafka.group_id);
@@ -166,6 +170,7 @@ fn create(
         positions_rx,
         drain_timeout: settings.kafka.drain_timeout,
         lags_tx,
+        txn: exactly_once.map(|eo| std::sync::Mutex::new(exactly_once::TxnDriver::new(eo))),
     };
     cfg.create_with_context(context)
         .map_err(ConsumerError::Create)
@@ -216,6 +221,36 @@ fn check_connection(
     }
 }
 
+/// Input is closed: the hub drains, then commit what it stored
+/// (exactly-once: transactions go on ending on the interval, and the last
+/// one ends after the hub).
+fn drain_then_commit(
+    consumer: &KafkaConsumer,
+    pipeline_done: &CancellationToken,
+    interval: Duration,
+) {
+    let exactly_once = consumer.context().txn.is_some();
+    let mut last_end = Instant::now();
+    while !pipeline_done.is_cancelled() {
+        let _ = consumer.poll(Duration::from_millis(50));
+        consumer.context().store_sent_positions(consumer);
+        if exactly_once && last_end.elapsed() >= interval {
+            consumer
+                .context()
+                .end_transaction(consumer, exactly_once::End::Interval);
+            last_end = Instant::now();
+        }
+    }
+    if exactly_once {
+        consumer
+            .context()
+            .end_transaction(consumer, exactly_once::End::Shutdown);
+    } else {
+        consumer.context().store_sent_positions(consumer);
+        commit(consumer, CommitMode::Sync);
+    }
+}
+
 /// Start the consumer thread: it creates the consumer, checks that the
 /// cluster answers, subscribes (returning here once it has, or with the
 /// reason it could not), then forwards records until `stop_fetching` fires,
@@ -226,6 +261,7 @@ pub async fn start(
     health: Arc<Health>,
     stop_fetching: CancellationToken,
     pipeline_done: CancellationToken,
+    exactly_once: Option<ExactlyOnce>,
 ) -> Result<(ConsumerThread, ConsumerChannels), ConsumerError> {
     let (records_tx, records) = mpsc::channel(1024);
     let (rebalance_tx, rebalances) = mpsc::channel(16);
@@ -238,21 +274,22 @@ pub async fn start(
         .spawn(move || {
             let kafka = &settings.kafka;
             let (lags_tx, lags_rx) = std::sync::mpsc::channel();
-            let consumer = match create(&settings, rebalance_tx, positions_rx, lags_tx)
-                .and_then(|c| {
-                    check_connection(&c, &kafka.bootstrap_servers, kafka.startup_timeout)?;
-                    Ok(c)
-                })
-                .and_then(|c| {
-                    subscribe(&c, &settings.input.topics)?;
-                    Ok(c)
-                }) {
-                Ok(consumer) => consumer,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return None;
-                }
-            };
+            let consumer =
+                match create(&settings, rebalance_tx, positions_rx, lags_tx, exactly_once)
+                    .and_then(|c| {
+                        check_connection(&c, &kafka.bootstrap_servers, kafka.startup_timeout)?;
+                        Ok(c)
+                    })
+                    .and_then(|c| {
+                        subscribe(&c, &settings.input.topics)?;
+                        Ok(c)
+                    }) {
+                    Ok(consumer) => consumer,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return None;
+                    }
+                };
             if ready_tx.send(Ok(())).is_err() {
                 return None;
             }
@@ -266,13 +303,7 @@ pub async fn start(
                 kafka.commit_interval,
             )
             .run(&stop_fetching);
-            // Input is closed: the hub drains, then we commit what it stored.
-            while !pipeline_done.is_cancelled() {
-                let _ = consumer.poll(Duration::from_millis(50));
-                consumer.context().store_sent_positions(&consumer);
-            }
-            consumer.context().store_sent_positions(&consumer);
-            commit(&consumer, CommitMode::Sync);
+            drain_then_commit(&consumer, &pipeline_done, kafka.commit_interval);
             let fatal = consumer.context().fatal_error();
             // Dropping the consumer closes it and leaves the group.
             drop(consumer);

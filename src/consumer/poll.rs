@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::budget::{ByteBudget, Forward, Ingested, forward};
+use super::exactly_once::End;
 use super::fetch_watchdog::FetchWatchdog;
 use super::{KafkaConsumer, commit, is_fatal, partitions_of};
 use crate::telemetry::metric::{self, ErrorKind};
@@ -89,7 +90,11 @@ impl<'a> PollLoop<'a> {
                 return;
             }
             if last_commit.elapsed() >= self.commit_interval {
-                commit(consumer, CommitMode::Async);
+                if consumer.context().txn.is_some() {
+                    consumer.context().end_transaction(consumer, End::Interval);
+                } else {
+                    commit(consumer, CommitMode::Async);
+                }
                 last_commit = Instant::now();
             }
             self.watchdog.check(consumer, self.paused);
@@ -161,6 +166,7 @@ impl<'a> PollLoop<'a> {
                 metrics::counter!(metric::CONSUMED_TOTAL, "topic" => m.topic().to_string())
                     .increment(1);
                 let record = ingested(&m, generation);
+                consumer_note(self.consumer, &record);
                 self.watchdog.fetched(&record.tp);
                 if !self.backlog.is_empty() {
                     self.backlog.push_back(record);
@@ -188,6 +194,11 @@ impl<'a> PollLoop<'a> {
         }
         Hub::Open
     }
+}
+
+/// Exactly-once: where each partition started.
+fn consumer_note(consumer: &KafkaConsumer, record: &Ingested) {
+    consumer.context().note_polled(&record.tp, record.offset);
 }
 
 /// A polled message, owned, stamped with the rebalance generation.

@@ -3,7 +3,7 @@
 
 use super::{Ack, Deliver, Hub, Outcome};
 use crate::event::{self, RejectReason};
-use crate::partition::{Partition, Pending};
+use crate::partition::{Finished, Partition, Pending};
 use crate::producer::ProducerError;
 use crate::rebalance::Positions;
 use crate::record::{self, OutRecord};
@@ -14,11 +14,20 @@ use tokio::time::Instant;
 impl<D: Deliver> Hub<D> {
     /// Produce the verdicts of a partition's batches in batch order.
     pub(super) fn emit_in_order(&mut self, tp: &Tp) {
-        while let Some(scored) = self
+        while let Some(finished) = self
             .partitions
             .get_mut(tp)
             .and_then(Partition::next_in_order)
         {
+            let scored = match finished {
+                Finished::Scored(scored) => scored,
+                Finished::Rejected(r) => {
+                    let r = *r;
+                    let at = (tp.clone(), self.partition_generation(tp), r.offset);
+                    self.deliver(at, r.out, Outcome::Dlq(r.reason), (r.received_at, r.bytes));
+                    continue;
+                }
+            };
             for (mut pending, score) in scored {
                 let at = (pending.tp.clone(), pending.generation, pending.offset);
                 let held = (pending.received_at, pending.bytes.take());
@@ -97,6 +106,19 @@ impl<D: Deliver> Hub<D> {
         outcome: Outcome,
         (received_at, bytes): (Instant, Option<tokio::sync::OwnedSemaphorePermit>),
     ) {
+        if let Some(txn) = self.txn.as_mut() {
+            if txn.holding() {
+                txn.held.push(super::transaction::Held {
+                    at: (tp, generation, offset),
+                    out,
+                    outcome,
+                    held: (received_at, bytes),
+                });
+                return;
+            }
+            txn.outstanding += 1;
+            txn.records += 1;
+        }
         let kind = out.kind;
         let delivery = self
             .outbox
@@ -123,8 +145,20 @@ impl<D: Deliver> Hub<D> {
     pub(super) fn on_ack(&mut self, ack: Ack) {
         self.release(1);
         self.summary.produce_seconds += ack.took.as_secs_f64();
+        if let Some(txn) = self.txn.as_mut() {
+            txn.outstanding = txn.outstanding.saturating_sub(1);
+        }
         let outcome = match ack.outcome {
             Ok(outcome) => outcome,
+            Err(ProducerError::InTransaction(error)) => {
+                // Its transaction will be aborted and the partition read
+                // again; the offset stays undelivered until then.
+                self.summary.aborted_records += 1;
+                if let Some(txn) = self.txn.as_mut() {
+                    txn.failed.get_or_insert(error);
+                }
+                return;
+            }
             Err(ProducerError::Fatal(message)) => {
                 self.summary.abandoned += 1;
                 if self.producer_fatal.is_none() {
@@ -186,6 +220,10 @@ impl<D: Deliver> Hub<D> {
         if let Some(position) = partition.ack(offset) {
             self.store(tp.clone(), position);
         }
+    }
+
+    fn partition_generation(&self, tp: &Tp) -> u64 {
+        self.partitions.get(tp).map_or(0, Partition::generation)
     }
 
     pub(super) fn release(&mut self, events: usize) {

@@ -5,7 +5,7 @@
 use super::{Deliver, Hub, Outcome};
 use crate::consumer::Ingested;
 use crate::event::{self, Priority};
-use crate::partition::{Partition, Pending, ReadyBatch};
+use crate::partition::{Partition, Pending, ReadyBatch, Rejected};
 use crate::record::{self, Original};
 use crate::telemetry::metric;
 use crate::tp::Tp;
@@ -76,14 +76,38 @@ impl<D: Deliver> Hub<D> {
                     original,
                     &rejection,
                 );
-                self.deliver(
-                    (record.tp, generation, record.offset),
+                let rejected = Rejected {
+                    offset: record.offset,
                     out,
-                    Outcome::Dlq(rejection.reason),
-                    (record.received_at, record.bytes),
-                );
+                    reason: rejection.reason,
+                    received_at: record.received_at,
+                    bytes: record.bytes,
+                };
+                self.on_invalid(record.tp, generation, rejected);
             }
         }
+    }
+
+    /// An invalid event's dead-letter record goes out at once; with
+    /// exactly-once in offset order with the verdicts, behind its
+    /// partition's open batch (see [`super::transaction`]).
+    fn on_invalid(&mut self, tp: Tp, generation: u64, rejected: Rejected) {
+        if self.txn.is_some() {
+            let Some(partition) = self.partitions.get_mut(&tp) else {
+                return;
+            };
+            if let Some(batch) = partition.push_rejected(rejected) {
+                self.enqueue(batch);
+            }
+            self.emit_in_order(&tp);
+            return;
+        }
+        self.deliver(
+            (tp, generation, rejected.offset),
+            rejected.out,
+            Outcome::Dlq(rejected.reason),
+            (rejected.received_at, rejected.bytes),
+        );
     }
 
     /// A closed batch joins the dispatch queue; urgent ones go first.

@@ -47,6 +47,7 @@ mod delivery;
 mod dispatch;
 mod intake;
 mod revoke;
+mod transaction;
 mod watchdog;
 
 use breaker::Breaker;
@@ -72,6 +73,10 @@ pub struct RunSummary {
     /// answer, or left uncommitted for the next owner).
     pub revokes: u64,
     pub revoked_in_flight: u64,
+    /// Exactly-once: aborted transactions whose partitions were read again,
+    /// and records whose delivery failed inside a transaction (it aborts).
+    pub rewinds: u64,
+    pub aborted_records: u64,
     /// Model runs, and the time spent in them.
     pub batches: u64,
     pub inference_seconds: f64,
@@ -186,6 +191,8 @@ pub struct Hub<D: Deliver> {
     /// Model runs dispatched at most at once (two per worker). Resolved
     /// once: `workers = "auto"` reads the cgroup's CPU limit from files.
     dispatch_capacity: usize,
+    /// With `kafka.delivery = "exactly_once"`: the open transaction's state.
+    txn: Option<transaction::TxnState>,
 }
 
 impl<D: Deliver> Hub<D> {
@@ -199,6 +206,7 @@ impl<D: Deliver> Hub<D> {
         shutdown: &Shutdown,
     ) -> Self {
         let (acks_tx, acks_rx) = mpsc::channel(settings.limits.max_in_flight);
+        let settings_eos = settings.kafka.exactly_once();
         let b = &settings.batching;
         let workers = settings.inference.worker_count();
         let slo = b.target_p99.map(|target| {
@@ -256,6 +264,7 @@ impl<D: Deliver> Hub<D> {
             batch,
             slo,
             dispatch_capacity: workers * 2,
+            txn: settings_eos.then(transaction::TxnState::default),
         }
     }
 
@@ -318,6 +327,7 @@ impl<D: Deliver> Hub<D> {
         self.close_expired();
         self.dispatch();
         self.finish_revokes(false);
+        self.answer_seal();
         self.send_positions();
         if Instant::now() >= self.next_stall_check {
             self.check_stalls();
@@ -347,9 +357,11 @@ impl<D: Deliver> Hub<D> {
         // Positions waiting for the consumer thread to take the last batch.
         let positions =
             (!self.unsent_positions.is_empty()).then(|| Instant::now() + POSITIONS_RETRY);
+        let seal = self.txn.as_ref().and_then(transaction::TxnState::deadline);
         batch
             .into_iter()
             .chain(self.revokes.next_deadline())
+            .chain(seal)
             .chain(positions)
             .chain(watchdog)
             .chain(probe)

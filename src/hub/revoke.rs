@@ -36,6 +36,13 @@ impl<D: Deliver> Hub<D> {
                 let _ = reply.send(self.revokes.take_resume(&partitions));
             }
             RebalanceEvent::Resumed { positions } => self.positions.extend(positions),
+            RebalanceEvent::Seal { deadline, reply } => self.on_seal(deadline, reply),
+            RebalanceEvent::Unseal => self.on_unseal(),
+            RebalanceEvent::Rewind {
+                partitions,
+                generation,
+                done,
+            } => self.on_rewind(partitions, generation, done),
         }
     }
 

@@ -56,6 +56,10 @@ pub enum ProducerError {
     /// librdkafka will not deliver anything more from this client.
     #[error("fatal producer error: {0}")]
     Fatal(String),
+    /// Exactly-once: a record of the open transaction failed; the
+    /// transaction will be aborted and its input read again.
+    #[error("delivery failed inside a transaction: {0}")]
+    InTransaction(String),
     /// Deliveries to a topic failed for the whole service (not authorized,
     /// topic missing) for `kafka.service_failure_timeout`.
     #[error(
@@ -142,6 +146,9 @@ pub struct Sink {
     purges: Arc<tokio::sync::Mutex<Option<Instant>>>,
     /// How many bytes of a refused dead-letter value are sent again.
     dlq_value_budget: usize,
+    /// `kafka.delivery = "exactly_once"`: a transactional producer; a
+    /// failed record is not sent again (its transaction aborts).
+    exactly_once: bool,
 }
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -170,7 +177,14 @@ impl Sink {
             dlq_value_budget: dlq_value_budget
                 .min(message_max.saturating_sub(HEADROOM_BYTES))
                 .max(1),
+            exactly_once: kafka.exactly_once(),
         })
+    }
+
+    /// The producer itself (exactly-once: its transactions are begun and
+    /// ended by [`crate::transaction::Transactions`]).
+    pub fn producer(&self) -> FutureProducer {
+        self.producer.clone()
     }
 
     /// Enqueue now (unless earlier records of the same input partition wait
@@ -286,6 +300,9 @@ impl Delivery {
         cancel: CancellationToken,
     ) -> Result<(), ProducerError> {
         loop {
+            // Whether the failure below is librdkafka refusing to queue the
+            // record (it never reached a transaction) or its delivery report.
+            let mut local = false;
             let error = match attempt.take() {
                 None => {
                     if let Some(p) = &self.place {
@@ -321,9 +338,12 @@ impl Delivery {
                         Err(_canceled) => KafkaError::Canceled,
                     }
                 }
-                Some(Err(e)) => e,
+                Some(Err(e)) => {
+                    local = true;
+                    e
+                }
             };
-            match self.after_failure(&record, &error) {
+            match self.after_failure(&record, &error, local) {
                 Next::Stop(e) => return Err(e),
                 Next::CutDown(cut) => record = cut,
                 Next::Retry { purge } => {
@@ -342,7 +362,7 @@ impl Delivery {
 
     /// Classify a failed attempt: fatal, refused for this record, or worth
     /// a retry (in line with the partition's other re-sends).
-    fn after_failure(&mut self, record: &OutRecord, error: &KafkaError) -> Next {
+    fn after_failure(&mut self, record: &OutRecord, error: &KafkaError, local: bool) -> Next {
         self.failed = true;
         let kind = record.kind.as_str();
         metrics::counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => kind).increment(1);
@@ -351,6 +371,17 @@ impl Delivery {
             // The pipeline logs the stop once; every in-flight record ends here.
             tracing::debug!(topic = %record.topic, error = %error, "fatal producer error; not retrying");
             return Next::Stop(ProducerError::Fatal(format!("{code:?}: {reason}")));
+        }
+        let code = error.rdkafka_error_code();
+        let refused_here =
+            local && (code == Some(RDKafkaErrorCode::QueueFull) || is_permanent_for_record(error));
+        if self.sink.exactly_once && !refused_here {
+            // The transaction holding it cannot commit as it is: it is
+            // aborted and the partition read again. (A record librdkafka
+            // refused to queue never joined it: queue full waits, too large
+            // is cut down, as without transactions.)
+            tracing::debug!(topic = %record.topic, kind, error = %error, "delivery failed in a transaction");
+            return Next::Stop(ProducerError::InTransaction(error.to_string()));
         }
         if is_permanent_for_record(error) {
             return match record.cut_down(self.sink.dlq_value_budget) {
@@ -370,7 +401,6 @@ impl Delivery {
         if self.place.is_none() {
             self.place = Some(self.sink.resends.join(&self.source));
         }
-        let code = error.rdkafka_error_code();
         // librdkafka gave up on this record, but later records of its input
         // partition may still wait in its queue: delivered when the leader
         // returns, they would overtake this one's re-send. Everything queued

@@ -31,6 +31,10 @@ pub struct Health {
     unfetched: std::sync::Mutex<Vec<Stall>>,
     /// Deliveries failing for the whole service, and why.
     delivery_failing: std::sync::Mutex<Option<String>>,
+    /// With exactly-once: the last transaction could not commit within
+    /// `kafka.transaction_timeout` and was aborted, and why (cleared by the
+    /// next commit).
+    transaction_failing: std::sync::Mutex<Option<String>>,
 }
 
 /// A partition whose oldest undelivered event has waited too long.
@@ -54,6 +58,17 @@ impl Health {
             && self.stalled().is_empty()
             && self.unfetched().is_empty()
             && self.delivery_failing().is_none()
+            && self.transaction_failing().is_none()
+    }
+
+    pub fn transaction_failing(&self) -> Option<String> {
+        self.transaction_failing.lock().ok().and_then(|d| d.clone())
+    }
+
+    pub fn set_transaction_failing(&self, why: Option<String>) {
+        if let Ok(mut d) = self.transaction_failing.lock() {
+            *d = why;
+        }
     }
 
     pub fn stalled(&self) -> Vec<Stall> {
@@ -98,6 +113,7 @@ impl Health {
             "producer_connected": self.producer_connected.load(Ordering::SeqCst),
             "model_failing": self.model_failing.load(Ordering::SeqCst),
             "delivery_failing": self.delivery_failing(),
+            "transaction_failing": self.transaction_failing(),
             "stalled": self.stalled(),
             "unfetched": self.unfetched(),
         })

@@ -112,6 +112,12 @@ metric_table! {
     /// Records behind the end of the partition (librdkafka statistics).
     /// Labels: topic, partition.
     CONSUMER_LAG = "modstream_consumer_lag", Gauge, Count, "records behind the partition end, per input partition";
+    /// With `kafka.delivery = "exactly_once"`: transactions ended, by
+    /// outcome (committed, or aborted and why); how long each lasted from
+    /// begin to its end; the verdict and dead-letter records in each.
+    TRANSACTIONS_TOTAL = "modstream_transactions_total", Counter, Count, "transactions ended, by outcome (committed, aborted_failed, aborted_timeout, aborted_rebalance, aborted_shutdown)";
+    TRANSACTION_SECONDS = "modstream_transaction_seconds", Histogram, Seconds, "one transaction, from begin to commit or abort";
+    TRANSACTION_RECORDS = "modstream_transaction_records", Histogram, Count, "verdict and dead-letter records in one committed transaction";
 }
 
 /// Declares an enum of label values with `as_str()` and `ALL` (every value,
@@ -141,6 +147,19 @@ label_values! {
 label_values! {
     /// `modstream_commits_total{outcome}`.
     CommitOutcome { Ok => "ok", Error => "error" }
+}
+label_values! {
+    /// `modstream_transactions_total{outcome}`: committed, or aborted
+    /// because a record or the commit failed, because the commit did not
+    /// finish within `kafka.transaction_timeout`, because a revoke could not
+    /// drain in time, or because a shutdown gave up on deliveries.
+    TxnOutcome {
+        Committed => "committed",
+        AbortedFailed => "aborted_failed",
+        AbortedTimeout => "aborted_timeout",
+        AbortedRebalance => "aborted_rebalance",
+        AbortedShutdown => "aborted_shutdown",
+    }
 }
 label_values! {
     /// `modstream_model_reloads_total{outcome}`, `modstream_policy_reloads_total{outcome}`.

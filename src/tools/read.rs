@@ -52,6 +52,23 @@ impl ReadRecord {
     }
 }
 
+/// Which records of transactions a reader sees: only committed ones
+/// (librdkafka's default), or also those of open and aborted transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    ReadCommitted,
+    ReadUncommitted,
+}
+
+impl Isolation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::ReadCommitted => "read_committed",
+            Isolation::ReadUncommitted => "read_uncommitted",
+        }
+    }
+}
+
 pub struct TopicReader {
     consumer: BaseConsumer,
     topic: String,
@@ -66,8 +83,19 @@ impl TopicReader {
         topic: &str,
         partitions: Option<i32>,
     ) -> Result<TopicReader, KafkaError> {
+        Self::with_isolation(bootstrap, topic, partitions, Isolation::ReadCommitted)
+    }
+
+    /// [`TopicReader::from_beginning`] with this isolation level.
+    pub fn with_isolation(
+        bootstrap: &str,
+        topic: &str,
+        partitions: Option<i32>,
+        isolation: Isolation,
+    ) -> Result<TopicReader, KafkaError> {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
+            .set("isolation.level", isolation.as_str())
             .set(
                 "group.id",
                 format!("modstream-reader-{}", std::process::id()),
@@ -149,17 +177,37 @@ impl TopicReader {
                     rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
                 ));
             }
-            if let Some(record) = self.poll(Duration::from_millis(100))? {
-                if remaining
-                    .get(&record.partition)
-                    .is_some_and(|high| record.offset + 1 >= *high)
-                {
-                    remaining.remove(&record.partition);
+            match self.poll(Duration::from_millis(100))? {
+                Some(record) => {
+                    if remaining
+                        .get(&record.partition)
+                        .is_some_and(|high| record.offset + 1 >= *high)
+                    {
+                        remaining.remove(&record.partition);
+                    }
+                    out.push(record);
                 }
-                out.push(record);
+                // A transaction's last offset is its marker, which is never
+                // handed out: the position tells when the end was passed.
+                None => self.passed(&mut remaining),
             }
         }
         Ok(out)
+    }
+}
+
+impl TopicReader {
+    /// Forget the partitions whose position reached their high watermark.
+    fn passed(&self, remaining: &mut HashMap<i32, i64>) {
+        let Ok(positions) = self.consumer.position() else {
+            return;
+        };
+        remaining.retain(|p, high| {
+            !matches!(
+                positions.find_partition(&self.topic, *p).map(|e| e.offset()),
+                Some(Offset::Offset(at)) if at >= *high
+            )
+        });
     }
 }
 

@@ -16,6 +16,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use modstream::tools::read::TopicReader;
 
+pub mod eos;
 mod kafka;
 pub mod load;
 pub mod mock_faults;
@@ -484,4 +485,37 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// Wait until `group`'s committed offset of every input partition is that
+/// partition's end (true), or `timeout` passed (false).
+pub fn wait_for_committed_end(
+    bootstrap: &str,
+    group: &str,
+    partitions: i32,
+    timeout: Duration,
+) -> bool {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let deadline = Instant::now() + timeout;
+    loop {
+        let ends: Vec<i64> = (0..partitions)
+            .map(|p| {
+                consumer
+                    .fetch_watermarks(INPUT, p, Duration::from_secs(10))
+                    .map_or(-2, |w| w.1)
+            })
+            .collect();
+        let committed = committed(bootstrap, group, partitions);
+        if committed == ends {
+            return true;
+        }
+        if Instant::now() > deadline {
+            println!("committed {committed:?}, ends {ends:?}");
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }

@@ -1,0 +1,185 @@
+//! Exactly-once on the consumer thread: the state of the transactions and
+//! the decision at the end of each (the callbacks that drive it are in
+//! [`super::context`], `ModstreamContext::end_transaction`).
+//!
+//! Every `kafka.commit_interval`, after a revoke's drain, and at shutdown,
+//! the consumer thread asks the hub to seal (nothing more goes to the
+//! producer; everything handed over acknowledged), then sends the sealed
+//! positions with the group's metadata and commits. If the hub asks for an
+//! abort (a delivery failed, the seal's deadline passed), the revoke could
+//! not drain, or the commit fails or takes longer than
+//! `kafka.transaction_timeout`, the transaction is aborted, every partition
+//! still owned is sought back to the offset this member last committed (or,
+//! before a first commit, the offset it started at), and the hub drops
+//! their state: their events are read and scored again, and only the next
+//! transaction's records become visible to `read_committed` readers.
+//! Fenced or fatal: the pipeline stops non-zero, writing nothing more.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::ConsumerGroupMetadata;
+use tokio_util::sync::CancellationToken;
+
+use crate::rebalance::{SealFailure, Sealed};
+use crate::telemetry::Health;
+use crate::telemetry::metric::TxnOutcome;
+use crate::tp::{Positions, Tp};
+use crate::transaction::{TransactionError, Transactions};
+
+/// What the consumer thread needs for exactly-once.
+pub struct ExactlyOnce {
+    pub transactions: Transactions,
+    pub health: Arc<Health>,
+    pub timeout: Duration,
+    /// The shutdown gave up on deliveries: the last transaction is aborted.
+    pub shutdown_abort: CancellationToken,
+}
+
+/// The transactions' state on the consumer thread.
+pub struct TxnDriver {
+    pub(super) eo: ExactlyOnce,
+    /// Positions the hub sent or answered since the last commit.
+    pending: HashMap<Tp, i64>,
+    /// Positions this member committed, per owned partition.
+    committed: HashMap<Tp, i64>,
+    /// The first offset polled of each owned partition since its assignment.
+    started_at: HashMap<Tp, i64>,
+}
+
+/// Why a transaction ends.
+pub(super) enum End<'a> {
+    Interval,
+    /// A revoke of these partitions; `drained`: the hub answered in time.
+    Revoke {
+        revoked: &'a [Tp],
+        drained: bool,
+    },
+    /// The hub is gone; everything it delivered was sent as positions.
+    Shutdown,
+}
+
+impl End<'_> {
+    pub fn revoked(&self) -> &[Tp] {
+        match self {
+            End::Revoke { revoked, .. } => revoked,
+            _ => &[],
+        }
+    }
+}
+
+/// What to do with the open transaction.
+pub(super) enum Decision {
+    Commit { records: Option<u64> },
+    Abort { why: TxnOutcome, reason: String },
+}
+
+impl TxnDriver {
+    pub fn new(eo: ExactlyOnce) -> TxnDriver {
+        TxnDriver {
+            eo,
+            pending: HashMap::new(),
+            committed: HashMap::new(),
+            started_at: HashMap::new(),
+        }
+    }
+
+    /// Where an owned partition started (its first offset polled).
+    pub(super) fn note_polled(&mut self, tp: &Tp, offset: i64) {
+        if !self.started_at.contains_key(tp) {
+            self.started_at.insert(tp.clone(), offset);
+        }
+    }
+
+    /// Positions from the hub, for the next commit.
+    pub(super) fn keep(&mut self, positions: Positions) {
+        self.pending.extend(positions);
+    }
+
+    /// Commit or abort, from how the transaction ends and the hub's answer
+    /// to the seal (`None`: not asked, at shutdown).
+    pub(super) fn decide(
+        &mut self,
+        end: &End<'_>,
+        sealed: Option<Result<Sealed, SealFailure>>,
+    ) -> Decision {
+        let (records, hub_abort) = match sealed {
+            Some(Ok(s)) => {
+                self.pending.extend(s.positions);
+                (Some(s.records), s.abort)
+            }
+            Some(Err(_)) => (None, Some("the hub did not answer the seal".to_string())),
+            None => (None, None),
+        };
+        let abort = match end {
+            End::Revoke { drained: false, .. } => Some((
+                TxnOutcome::AbortedRebalance,
+                "the revoke's drain timed out".to_string(),
+            )),
+            End::Shutdown if self.eo.shutdown_abort.is_cancelled() => Some((
+                TxnOutcome::AbortedShutdown,
+                "kafka.shutdown_timeout gave up on deliveries".to_string(),
+            )),
+            _ => hub_abort.map(|why| (TxnOutcome::AbortedFailed, why)),
+        };
+        match abort {
+            Some((why, reason)) => Decision::Abort { why, reason },
+            None => Decision::Commit { records },
+        }
+    }
+
+    /// Commit the pending positions (nothing when nothing happened since
+    /// the last commit). `group`: the consumer's group metadata now.
+    pub(super) fn commit(
+        &mut self,
+        group: Option<ConsumerGroupMetadata>,
+        records: Option<u64>,
+    ) -> Result<(), TransactionError> {
+        let moved: Positions = self
+            .pending
+            .iter()
+            .filter(|(tp, p)| self.committed.get(*tp) != Some(*p))
+            .map(|(tp, p)| (tp.clone(), *p))
+            .collect();
+        if moved.is_empty() && records.unwrap_or(0) == 0 {
+            self.pending.clear();
+            return Ok(());
+        }
+        let group =
+            group.ok_or_else(|| TransactionError::Abortable("no group metadata".to_string()))?;
+        self.eo
+            .transactions
+            .commit(&moved, &group, records.unwrap_or(0))?;
+        self.committed.extend(self.pending.drain());
+        Ok(())
+    }
+
+    /// Abort: what the hub sent since the last commit no longer counts.
+    pub(super) fn abort(&mut self, why: TxnOutcome) -> Result<(), TransactionError> {
+        self.pending.clear();
+        self.eo.transactions.abort(why)
+    }
+
+    /// Where each of `owned` goes back to after an abort: this member's last
+    /// commit, else where it started; partitions nothing was read from
+    /// stay where they are.
+    pub(super) fn rewind_targets(&self, owned: &[Tp]) -> Vec<(Tp, i64)> {
+        owned
+            .iter()
+            .filter_map(|tp| {
+                let target = self.committed.get(tp).or(self.started_at.get(tp))?;
+                Some((tp.clone(), *target))
+            })
+            .collect()
+    }
+
+    /// Revoked partitions are forgotten.
+    pub(super) fn forget(&mut self, revoked: &[Tp]) {
+        for tp in revoked {
+            self.committed.remove(tp);
+            self.started_at.remove(tp);
+            self.pending.remove(tp);
+        }
+    }
+}
