@@ -73,3 +73,33 @@ fn five_kill9_crashes_leave_one_output_per_event_for_read_committed_readers() {
         "the crashes left aborted records behind (read_uncommitted sees them): else this test proves nothing"
     );
 }
+
+#[test]
+fn exactly_once_is_refused_at_start_by_a_cluster_without_transactions() {
+    let _serial = serial();
+    // One broker that cannot place its transaction log (three replicas asked).
+    let broker = Broker::start_with("\ntransaction.state.log.replication.factor=3\n");
+    topics(&broker, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::eos::write_config(dir.path(), &broker.bootstrap(), "g-no-txn", "a", "1s");
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("[kafka]\n", "[kafka]\nstartup_timeout = \"5s\"\n");
+    std::fs::write(&config, text).unwrap();
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_modstream"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "refused: {stderr}");
+    assert!(
+        stderr.contains("did not start transactions") && stderr.contains("g-no-txn.a"),
+        "names the reason and the transactional id: {stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "within the startup timeout"
+    );
+}

@@ -276,3 +276,49 @@ fn unknown_keys_are_errors_not_ignored() {
         Err(ConfigError::Load(_))
     ));
 }
+
+/// MINIMAL with these lines in `[kafka]`, and `extra` at the end.
+fn kafka_with(kafka: &str, extra: &str) -> Result<Settings, ConfigError> {
+    Settings::from_toml(&format!(
+        "{}\n{extra}",
+        MINIMAL.replace("[kafka]\n", &format!("[kafka]\n{kafka}\n"))
+    ))
+}
+
+#[test]
+fn exactly_once_refuses_what_would_break_it_and_names_its_transactional_id() {
+    let eo = "delivery = \"exactly_once\"\ninstance_id = \"pod-0\"";
+    let s = kafka_with(eo, "").unwrap();
+    assert!(s.kafka.exactly_once());
+    assert_eq!(s.kafka.transactional_id(), "modstream.pod-0");
+    assert!(
+        !with("").unwrap().kafka.exactly_once(),
+        "at-least-once by default"
+    );
+    let cases = [
+        (
+            "[kafka.consumer]\n\"isolation.level\" = \"read_uncommitted\"",
+            "kafka.consumer.isolation.level",
+        ),
+        (
+            "[kafka.producer]\n\"transactional.id\" = \"x\"",
+            "kafka.producer.transactional.id",
+        ),
+        (
+            "[kafka.producer]\n\"message.timeout.ms\" = \"60000\"",
+            "kafka.producer.message.timeout.ms",
+        ),
+    ];
+    for (extra, key) in cases {
+        assert_eq!(invalid_key(kafka_with(eo, extra)), key, "{extra}");
+    }
+    let short = format!("{eo}\ntransaction_timeout = \"1s\"\ncommit_interval = \"2s\"");
+    assert_eq!(
+        invalid_key(kafka_with(&short, "")),
+        "kafka.transaction_timeout"
+    );
+    let bad_id = "delivery = \"exactly_once\"\ninstance_id = \"a b\"";
+    assert_eq!(invalid_key(kafka_with(bad_id, "")), "kafka.instance_id");
+    // Without exactly-once, a read_uncommitted consumer is the user's choice.
+    assert!(with("[kafka.consumer]\n\"isolation.level\" = \"read_uncommitted\"").is_ok());
+}

@@ -13,6 +13,8 @@ use crate::partition::tests::tp;
 struct Outbox(
     Arc<Mutex<Vec<OutRecord>>>,
     Arc<std::sync::atomic::AtomicBool>,
+    /// Every delivery fails inside its transaction.
+    Arc<std::sync::atomic::AtomicBool>,
 );
 
 impl Deliver for Outbox {
@@ -24,9 +26,12 @@ impl Deliver for Outbox {
     ) -> BoxFuture<'static, Result<(), ProducerError>> {
         let refuse = record.kind == crate::record::RecordKind::Dlq
             && self.1.load(std::sync::atomic::Ordering::SeqCst);
+        let fail = self.2.load(std::sync::atomic::Ordering::SeqCst);
         self.0.lock().unwrap().push(record);
         Box::pin(async move {
-            if refuse {
+            if fail {
+                Err(ProducerError::InTransaction("injected".into()))
+            } else if refuse {
                 Err(ProducerError::Rejected("Message size too large".into()))
             } else {
                 Ok(())
@@ -61,9 +66,15 @@ struct Harness {
 }
 
 fn harness() -> Harness {
-    let settings = Settings::from_toml(
+    harness_with("")
+}
+
+/// `kafka` lines added to the harness's settings.
+fn harness_with(kafka: &str) -> Harness {
+    let settings = Settings::from_toml(&format!(
         r#"
         [kafka]
+        {kafka}
         bootstrap_servers = "127.0.0.1:1"
         drain_timeout = "1s"
         [input]
@@ -73,8 +84,8 @@ fn harness() -> Harness {
         max_batch_delay = "20ms"
         [inference]
         workers = 1
-        "#,
-    )
+        "#
+    ))
     .unwrap();
     let manifest: Manifest = serde_json::from_value(serde_json::json!({
         "name": "m", "version": "1", "input_kind": "text", "inputs": ["text"],
@@ -164,6 +175,15 @@ impl Harness {
 
     /// Everything the hub has for the consumer thread to store, taking
     /// one batch at a time as the consumer thread does.
+    fn seal(&mut self) -> std::sync::mpsc::Receiver<crate::rebalance::Sealed> {
+        let (reply, answer) = std::sync::mpsc::channel();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        self.hub
+            .on_rebalance(RebalanceEvent::Seal { deadline, reply });
+        self.hub.after_event();
+        answer
+    }
+
     fn stored(&mut self) -> Vec<Positions> {
         let mut taken = Vec::new();
         loop {
@@ -440,4 +460,88 @@ async fn events_held_by_the_breaker_are_given_up_uncommitted_at_the_shutdown_tim
         h.stored().concat().iter().all(|(_, p)| *p == 0),
         "nothing committed past them"
     );
+}
+
+const EXACTLY_ONCE: &str = r#"delivery = "exactly_once""#;
+
+#[tokio::test(start_paused = true)]
+async fn a_seal_answers_once_what_was_handed_over_is_acknowledged_and_holds_the_rest() {
+    let mut h = harness_with(EXACTLY_ONCE);
+    h.push(record(0, 0, 0));
+    h.push(record(0, 1, 0));
+    let first = h.jobs.try_recv().unwrap();
+    h.result(scored(&first));
+    let sealed = h.seal();
+    assert!(
+        sealed.try_recv().is_err(),
+        "two records not acknowledged yet"
+    );
+    h.push(record(0, 2, 0));
+    h.push(record(0, 3, 0));
+    let second = h.jobs.try_recv().unwrap();
+    h.result(scored(&second));
+    assert_eq!(h.outbox.offsets(), vec![0, 1], "sealed: 2 and 3 wait");
+    h.acks(2).await;
+    let answer = sealed.try_recv().expect("answered once acknowledged");
+    assert_eq!(
+        answer.positions,
+        vec![(tp(0), 2)],
+        "exactly what was handed over"
+    );
+    assert_eq!((answer.records, answer.abort), (2, None));
+    h.hub.on_rebalance(RebalanceEvent::Unseal);
+    assert_eq!(h.outbox.offsets(), vec![0, 1, 2, 3], "the next transaction");
+    h.acks(2).await;
+    assert_eq!(h.hub.in_flight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_delivery_asks_for_an_abort_and_a_rewind_reads_the_partition_again() {
+    let mut h = harness_with(EXACTLY_ONCE);
+    h.outbox.2.store(true, std::sync::atomic::Ordering::SeqCst);
+    h.push(record(0, 0, 0));
+    h.push(record(0, 1, 0));
+    let job = h.jobs.try_recv().unwrap();
+    h.result(scored(&job));
+    h.acks(2).await;
+    let answer = h.seal().try_recv().expect("nothing outstanding");
+    assert!(answer.abort.is_some(), "the transaction must abort");
+    assert!(
+        answer.positions.is_empty(),
+        "no offset passed a failed record"
+    );
+    let (done, rewound) = std::sync::mpsc::channel();
+    h.hub.on_rebalance(RebalanceEvent::Rewind {
+        partitions: vec![tp(0)],
+        generation: 1,
+        done,
+    });
+    rewound.try_recv().expect("answered");
+    h.hub.on_rebalance(RebalanceEvent::Unseal);
+    assert_eq!(h.hub.in_flight, 0);
+    h.outbox.2.store(false, std::sync::atomic::Ordering::SeqCst);
+    h.push(record(0, 1, 0));
+    assert_eq!(h.hub.summary.stale, 1, "polled before the seek: stale");
+    h.push(record(0, 0, 1));
+    h.push(record(0, 1, 1));
+    let again = h.jobs.try_recv().expect("read again, scored again");
+    h.result(scored(&again));
+    h.acks(2).await;
+    assert_eq!(h.seal().try_recv().unwrap().positions, vec![(tp(0), 2)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_exactly_once_a_dead_letter_waits_for_the_verdicts_before_it() {
+    let mut h = harness_with(EXACTLY_ONCE);
+    h.push(record(0, 0, 0));
+    let mut bad = record(0, 1, 0);
+    bad.payload = Some(b"not json".to_vec());
+    h.push(bad);
+    assert!(h.outbox.0.lock().unwrap().is_empty(), "offset 0 first");
+    let job = h.jobs.try_recv().expect("the open batch closed behind it");
+    h.result(scored(&job));
+    let kinds: Vec<RecordKind> = h.outbox.0.lock().unwrap().iter().map(|r| r.kind).collect();
+    assert_eq!(kinds, vec![RecordKind::Verdict, RecordKind::Dlq]);
+    h.acks(2).await;
+    assert_eq!(h.seal().try_recv().unwrap().positions, vec![(tp(0), 2)]);
 }

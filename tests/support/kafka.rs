@@ -75,26 +75,33 @@ pub struct Broker {
     dir: tempfile::TempDir,
     pub tls: Option<Tls>,
     starts: u32,
+    /// Properties appended to every node's server.properties (later keys win).
+    extra: String,
 }
 
 impl Broker {
     /// One node, replication factor 1.
     pub fn start() -> Broker {
-        Self::launch(1, None)
+        Self::launch(1, None, "")
+    }
+
+    /// One node with these server properties on top of the test defaults.
+    pub fn start_with(extra: &str) -> Broker {
+        Self::launch(1, None, extra)
     }
 
     /// `n` nodes, each broker and controller; topics get replication factor
     /// 3 (or n) and `min.insync.replicas` 2.
     pub fn cluster(n: usize) -> Broker {
-        Self::launch(n, None)
+        Self::launch(n, None, "")
     }
 
     /// One node with a SASL_SSL listener, SCRAM users and the ACL authorizer.
     pub fn secured(security: Security) -> Broker {
-        Self::launch(1, Some(security))
+        Self::launch(1, Some(security), "")
     }
 
-    fn launch(n: usize, security: Option<Security>) -> Broker {
+    fn launch(n: usize, security: Option<Security>, extra: &str) -> Broker {
         let libs = kafka_libs();
         assert!(
             libs.join("kafka_2.13-4.4.0.jar").is_file(),
@@ -117,6 +124,7 @@ impl Broker {
             dir,
             tls,
             starts: 0,
+            extra: extra.to_string(),
         };
         let cluster_id = kafka_tool("kafka.tools.StorageTool", &["random-uuid"])
             .trim()
@@ -193,6 +201,7 @@ impl Broker {
                 keystore.display()
             ));
         }
+        text.push_str(&self.extra);
         let path = dir.join("server.properties");
         std::fs::write(&path, text).unwrap();
         path
