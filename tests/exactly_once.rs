@@ -103,3 +103,144 @@ fn exactly_once_is_refused_at_start_by_a_cluster_without_transactions() {
         "within the startup timeout"
     );
 }
+
+fn log_of(dir: &std::path::Path, name: &str) -> String {
+    let dir =
+        std::env::var_os("MODSTREAM_TEST_LOGDIR").map_or_else(|| dir.to_path_buf(), Into::into);
+    std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
+}
+
+#[test]
+fn a_zombie_paused_past_its_session_is_fenced_and_nothing_it_wrote_after_the_takeover_shows() {
+    let _serial = serial();
+    let broker = Broker::start();
+    topics(&broker, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = broker.bootstrap();
+    let config_a = support::eos::write_config(dir.path(), &bootstrap, "g-zombie", "a", "1s");
+    let config_b = support::eos::write_config(dir.path(), &bootstrap, "g-zombie", "b", "1s");
+    let load =
+        support::load::produce_steady(bootstrap.clone(), support::eos::events("z-", 8000, 50), 200);
+    let mut zombie = Modstream::start(&config_a, "zombie", dir.path());
+    assert!(support::wait_for_progress(
+        &bootstrap,
+        300,
+        Duration::from_secs(30)
+    ));
+    zombie.signal("-STOP");
+    let mut successor = Modstream::start(&config_b, "successor", dir.path());
+    // The session (6 s) runs out, the group hands everything to b.
+    assert!(
+        support::wait_for_progress(&bootstrap, 1000, Duration::from_secs(60)),
+        "the new member took over"
+    );
+    zombie.signal("-CONT");
+    std::thread::sleep(Duration::from_secs(8));
+    let zombie_alive = zombie.is_running();
+    let acked = load.join().unwrap();
+    assert!(
+        support::wait_for_committed_end(&bootstrap, "g-zombie", 4, Duration::from_secs(90)),
+        "committed offsets reach the end of every partition"
+    );
+    assert!(successor.terminate(Duration::from_secs(20)));
+    let zombie_clean = zombie.terminate(Duration::from_secs(20));
+    let log = log_of(dir.path(), "zombie");
+    let fenced = log.contains("fenced") || log.contains("transaction aborted");
+    println!(
+        "zombie after SIGCONT: alive {zombie_alive}, exited 0 at the end {zombie_clean}, a fence or an abort in its log {fenced}"
+    );
+    assert!(fenced, "the zombie's writes were fenced or aborted:\n{log}");
+    let committed = support::eos::outputs(&bootstrap, &acked, Isolation::ReadCommitted);
+    support::eos::outputs(&bootstrap, &acked, Isolation::ReadUncommitted);
+    assert_eq!(committed.lost, 0, "read_committed: lost");
+    assert_eq!(
+        committed.duplicates, 0,
+        "read_committed: nothing the zombie wrote after the takeover"
+    );
+}
+
+/// The partition of `__transaction_state` (4 partitions in the tests'
+/// brokers) whose leader coordinates `transactional_id`'s transactions:
+/// Kafka's `abs(id.hashCode) % partitions`.
+fn transaction_log_partition(transactional_id: &str) -> i32 {
+    let hash = transactional_id
+        .encode_utf16()
+        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+    let abs = if hash == i32::MIN { 0 } else { hash.abs() };
+    abs % 4
+}
+
+#[test]
+fn members_come_and_go_and_the_transaction_coordinator_dies_without_a_duplicate() {
+    let _serial = serial();
+    let mut broker = Broker::cluster(3);
+    topics(&broker, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = broker.all_bootstrap();
+    let configs: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|i| {
+            let c = support::eos::write_config(dir.path(), &bootstrap, "g-eos-cluster", i, "1s");
+            // librdkafka's default session (45 s), as in kafka_cluster.rs: a
+            // broker's death must not end the session.
+            let text: String = std::fs::read_to_string(&c)
+                .unwrap()
+                .lines()
+                .filter(|l| {
+                    ![
+                        "\"session.timeout.ms\"",
+                        "\"heartbeat.interval.ms\"",
+                        "\"max.poll",
+                    ]
+                    .iter()
+                    .any(|k| l.starts_with(k))
+                })
+                .map(|l| format!("{l}\n"))
+                .collect();
+            std::fs::write(&c, text).unwrap();
+            c
+        })
+        .collect();
+    let load = support::load::produce_steady(
+        bootstrap.clone(),
+        support::eos::events("k-", 14000, 50),
+        200,
+    );
+    let mut a = Modstream::start(&configs[0], "cluster-a", dir.path());
+    assert!(support::wait_for_progress(
+        &bootstrap,
+        300,
+        Duration::from_secs(60)
+    ));
+    let mut b = Modstream::start(&configs[1], "cluster-b", dir.path());
+    assert!(
+        support::wait_for_progress(&bootstrap, 1000, Duration::from_secs(60)),
+        "b joined"
+    );
+    let coordinator = broker.leader(
+        "__transaction_state",
+        transaction_log_partition("g-eos-cluster.a"),
+    );
+    println!("killing node {coordinator}, a's transaction coordinator");
+    broker.kill(coordinator as u32);
+    // Down for 15 s (longer than Kafka's 9 s broker session: the cluster
+    // moves its coordinators), then back.
+    std::thread::sleep(Duration::from_secs(15));
+    broker.start_node(coordinator as u32);
+    broker.wait_for_all(Duration::from_secs(60));
+    assert!(
+        support::wait_for_progress(&bootstrap, 1000, Duration::from_secs(60)),
+        "verdicts go on after the coordinator died and came back"
+    );
+    assert!(a.is_running() && b.is_running(), "both members rode it out");
+    assert!(a.terminate(Duration::from_secs(30)), "a leaves cleanly");
+    let acked = load.join().unwrap();
+    assert!(
+        support::wait_for_committed_end(&bootstrap, "g-eos-cluster", 4, Duration::from_secs(120)),
+        "committed == end on every partition"
+    );
+    assert!(b.terminate(Duration::from_secs(30)));
+    let committed = support::eos::outputs(&bootstrap, &acked, Isolation::ReadCommitted);
+    assert_eq!(committed.lost, 0, "read_committed: lost");
+    assert_eq!(committed.duplicates, 0, "read_committed: duplicates");
+}

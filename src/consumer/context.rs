@@ -28,6 +28,9 @@ use tokio::time::Instant;
 pub struct ModstreamContext {
     /// The first fatal client error, if any: the pipeline stops on it.
     pub(super) fatal: OnceLock<String>,
+    /// The fatal error is exactly-once's (fenced, or a transaction that
+    /// cannot end), not the client's.
+    pub(super) transaction_fatal: AtomicBool,
     /// The first TLS failure (handshake, certificate verification): at start
     /// it is the reason the cluster cannot be reached, and says so.
     pub(super) tls_failure: OnceLock<String>,
@@ -99,6 +102,11 @@ impl ModstreamContext {
 
     pub(super) fn set_fatal(&self, message: String) {
         let _ = self.fatal.set(message);
+    }
+
+    fn set_transaction_fatal(&self, message: String) {
+        self.transaction_fatal.store(true, Ordering::SeqCst);
+        self.set_fatal(message);
     }
 
     /// Store the positions the hub sent so far (each batch in order); with
@@ -183,6 +191,8 @@ impl ModstreamContext {
         let Some(driver) = &self.txn else {
             return;
         };
+        let busy = driver.lock().map(|d| d.busy.clone()).ok();
+        let _busy = busy.as_deref().map(Busy::start);
         let shutdown = matches!(end, End::Shutdown);
         let sealed = if shutdown {
             None
@@ -216,7 +226,7 @@ impl ModstreamContext {
         match (why, error) {
             (_, Some(e @ (TransactionError::Fenced(_) | TransactionError::Fatal(_)))) => {
                 tracing::error!(error = %e, "stopping: the transactional producer cannot go on");
-                self.set_fatal(e.to_string());
+                self.set_transaction_fatal(e.to_string());
             }
             (Some(why), Some(e)) => self.abort_and_rewind(consumer, &mut d, why, &e, &end),
             _ => {}
@@ -244,7 +254,7 @@ impl ModstreamContext {
         }
         if let Err(e) = d.abort(why) {
             tracing::error!(error = %e, "stopping: the transaction cannot be aborted");
-            self.set_fatal(e.to_string());
+            self.set_transaction_fatal(e.to_string());
             return;
         }
         if matches!(end, End::Shutdown) {
@@ -269,13 +279,35 @@ impl ModstreamContext {
                 // Going on would skip the aborted events: stop instead (a
                 // restart reads from the committed offsets).
                 tracing::error!(topic = %tp.topic, partition = tp.partition, error = %e, "cannot seek back after an abort");
-                self.set_fatal(format!("cannot seek {tp:?} back after an abort: {e}"));
+                self.set_transaction_fatal(format!("cannot seek {tp:?} back after an abort: {e}"));
                 return;
             }
         }
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         self.rebalanced.store(true, Ordering::SeqCst);
         rebalance::request_rewind(&self.rebalance_tx, owned, generation, d.eo.timeout);
+        // Positions the hub sent before the rewind are of the aborted records.
+        while self.positions_rx.try_recv().is_ok() {}
+    }
+}
+
+/// Marks a transaction's end as running until dropped (for the watchdog).
+struct Busy<'a>(&'a std::sync::Mutex<Option<std::time::Instant>>);
+
+impl<'a> Busy<'a> {
+    fn start(slot: &'a std::sync::Mutex<Option<std::time::Instant>>) -> Busy<'a> {
+        if let Ok(mut b) = slot.lock() {
+            *b = Some(std::time::Instant::now());
+        }
+        Busy(slot)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut b) = self.0.lock() {
+            *b = None;
+        }
     }
 }
 

@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +40,8 @@ pub struct ExactlyOnce {
 /// The transactions' state on the consumer thread.
 pub struct TxnDriver {
     pub(super) eo: ExactlyOnce,
+    /// Since when a transaction's end has been running (read by the watchdog).
+    pub(super) busy: Arc<std::sync::Mutex<Option<Instant>>>,
     /// Positions the hub sent or answered since the last commit.
     pending: HashMap<Tp, i64>,
     /// Positions this member committed, per owned partition.
@@ -77,8 +79,11 @@ pub(super) enum Decision {
 
 impl TxnDriver {
     pub fn new(eo: ExactlyOnce) -> TxnDriver {
+        let busy = Arc::default();
+        spawn_watchdog(Arc::clone(&busy), eo.health.clone(), eo.timeout);
         TxnDriver {
             eo,
+            busy,
             pending: HashMap::new(),
             committed: HashMap::new(),
             started_at: HashMap::new(),
@@ -119,7 +124,7 @@ impl TxnDriver {
             )),
             End::Shutdown if self.eo.shutdown_abort.is_cancelled() => Some((
                 TxnOutcome::AbortedShutdown,
-                "kafka.shutdown_timeout gave up on deliveries".to_string(),
+                "the pipeline stopped before everything was delivered (kafka.shutdown_timeout, or a fatal producer error)".to_string(),
             )),
             _ => hub_abort.map(|why| (TxnOutcome::AbortedFailed, why)),
         };
@@ -181,5 +186,58 @@ impl TxnDriver {
             self.started_at.remove(tp);
             self.pending.remove(tp);
         }
+    }
+}
+
+/// How many `kafka.transaction_timeout`s a transaction's end may block
+/// before the process stops.
+const HUNG_AFTER_TIMEOUTS: u32 = 3;
+
+/// librdkafka bounds every transaction call by its timeout, except where it
+/// does not: `send_offsets_to_transaction` can block past it while the
+/// group coordinator is down (librdkafka issues 5456, 5511). The consumer
+/// thread is stuck inside it then, so this thread watches: past the
+/// timeout (and 5 s) /readyz fails with the reason and one error is
+/// logged; past three timeouts the process exits with status 70 (no abort
+/// is possible while the call runs; a restart with the same transactional
+/// id fences this producer and aborts its transaction). The held records
+/// also show as stalled partitions meanwhile.
+fn spawn_watchdog(
+    busy: Arc<std::sync::Mutex<Option<Instant>>>,
+    health: Arc<Health>,
+    timeout: Duration,
+) {
+    let spawned = std::thread::Builder::new()
+        .name("txn-watchdog".into())
+        .spawn(move || {
+            let mut reported = false;
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+                let since = busy.lock().ok().and_then(|b| *b);
+                let Some(blocked) = since.map(|s| s.elapsed()) else {
+                    reported = false;
+                    continue;
+                };
+                if blocked > timeout + Duration::from_secs(5) && !reported {
+                    reported = true;
+                    let why = format!(
+                        "a transaction's end has not returned for {} s (kafka.transaction_timeout is {} s): librdkafka waits for the group coordinator",
+                        blocked.as_secs(),
+                        timeout.as_secs()
+                    );
+                    tracing::error!(reason = %why, "transaction stuck");
+                    health.set_transaction_failing(Some(why));
+                }
+                if blocked > timeout * HUNG_AFTER_TIMEOUTS {
+                    tracing::error!(
+                        blocked_s = blocked.as_secs(),
+                        "stopping: a transaction's end is stuck in librdkafka; exiting so that a restart fences this producer"
+                    );
+                    std::process::exit(70);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the transaction watchdog");
     }
 }

@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -66,6 +66,9 @@ pub enum ConsumerError {
     Panicked,
     #[error("Kafka refused this client: {0} (check sasl.username / sasl.password / ACLs)")]
     Refused(String),
+    /// Exactly-once: the transactional producer was fenced or failed for good.
+    #[error("exactly-once stopped: {0}")]
+    Transaction(String),
     #[error("cannot reach Kafka at {bootstrap} within {waited_s} s")]
     Unreachable { bootstrap: String, waited_s: u64 },
     #[error(
@@ -102,7 +105,7 @@ pub struct ConsumerChannels {
 /// The running consumer thread. Joining it returns the fatal client error
 /// that stopped it, if any.
 pub struct ConsumerThread {
-    thread: std::thread::JoinHandle<Option<String>>,
+    thread: std::thread::JoinHandle<Option<ConsumerError>>,
 }
 
 impl ConsumerThread {
@@ -111,7 +114,7 @@ impl ConsumerThread {
     pub fn join(self) -> Result<(), ConsumerError> {
         match self.thread.join() {
             Ok(None) => Ok(()),
-            Ok(Some(fatal)) => Err(ConsumerError::Refused(fatal)),
+            Ok(Some(fatal)) => Err(fatal),
             Err(_) => Err(ConsumerError::Panicked),
         }
     }
@@ -162,6 +165,7 @@ fn create(
     let cfg = client::consumer(kafka, ConsumerRole::Group, &kafka.group_id);
     let context = ModstreamContext {
         fatal: OnceLock::new(),
+        transaction_fatal: AtomicBool::new(false),
         tls_failure: OnceLock::new(),
         generation: AtomicU64::new(0),
         rebalanced: AtomicBool::new(false),
@@ -304,7 +308,13 @@ pub async fn start(
             )
             .run(&stop_fetching);
             drain_then_commit(&consumer, &pipeline_done, kafka.commit_interval);
-            let fatal = consumer.context().fatal_error();
+            let fatal = consumer.context().fatal_error().map(|m| {
+                if consumer.context().transaction_fatal.load(Ordering::SeqCst) {
+                    ConsumerError::Transaction(m)
+                } else {
+                    ConsumerError::Refused(m)
+                }
+            });
             // Dropping the consumer closes it and leaves the group.
             drop(consumer);
             tracing::info!("consumer closed");

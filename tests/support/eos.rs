@@ -68,6 +68,8 @@ pub struct Outputs {
 /// each of `acked`.
 pub fn outputs(bootstrap: &str, acked: &[String], isolation: Isolation) -> Outputs {
     let mut copies: HashMap<String, usize> = HashMap::new();
+    // Where each output of an event is: topic, partition, offset.
+    let mut at: HashMap<String, Vec<(&str, i32, i64)>> = HashMap::new();
     let mut dlq = 0;
     for topic in [VERDICTS, DLQ] {
         let records = TopicReader::with_isolation(bootstrap, topic, None, isolation)
@@ -77,6 +79,9 @@ pub fn outputs(bootstrap: &str, acked: &[String], isolation: Isolation) -> Outpu
         for r in &records {
             let v = r.json().expect("a JSON value");
             let id = v["event_id"].as_str().expect("an event id").to_string();
+            at.entry(id.clone())
+                .or_default()
+                .push((topic, r.partition, r.offset));
             *copies.entry(id).or_default() += 1;
         }
         if topic == DLQ {
@@ -86,6 +91,11 @@ pub fn outputs(bootstrap: &str, acked: &[String], isolation: Isolation) -> Outpu
     let records = copies.values().sum::<usize>();
     let lost = acked.iter().filter(|id| !copies.contains_key(*id)).count();
     let duplicates = copies.values().map(|n| n - 1).sum();
+    let mut twice: Vec<_> = at.iter().filter(|(_, w)| w.len() > 1).collect();
+    twice.sort();
+    for (id, where_) in twice.iter().take(10) {
+        println!("{isolation:?}: {id} more than once: {where_:?}");
+    }
     let o = Outputs {
         isolation,
         records,

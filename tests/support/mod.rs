@@ -425,24 +425,36 @@ pub fn verdict_sources(bootstrap: &str) -> HashSet<(i32, i64)> {
         .collect()
 }
 
-/// Records in the verdict topic now (sum of high watermarks).
+/// Records in the verdict topic now (sum of high watermarks); asks again
+/// for up to 60 s while a broker is down.
 pub fn verdict_count(bootstrap: &str) -> i64 {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
         .unwrap();
-    let metadata = consumer
-        .fetch_metadata(Some(VERDICTS), Duration::from_secs(10))
-        .unwrap();
-    let partitions = metadata.topics()[0].partitions().len() as i32;
-    (0..partitions)
-        .map(|p| {
-            consumer
-                .fetch_watermarks(VERDICTS, p, Duration::from_secs(10))
-                .unwrap()
-                .1
-        })
-        .sum()
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let count = consumer
+            .fetch_metadata(Some(VERDICTS), Duration::from_secs(10))
+            .and_then(|metadata| {
+                let partitions = metadata.topics()[0].partitions().len() as i32;
+                (0..partitions)
+                    .map(|p| {
+                        consumer
+                            .fetch_watermarks(VERDICTS, p, Duration::from_secs(10))
+                            .map(|w| w.1)
+                    })
+                    .sum::<Result<i64, _>>()
+            });
+        match count {
+            Ok(n) => return n,
+            Err(e) if Instant::now() < deadline => {
+                println!("verdict count not readable yet: {e}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => panic!("verdict count: {e}"),
+        }
+    }
 }
 
 /// Wait until the verdict topic grew by `by` records (or `timeout` passed).
