@@ -393,6 +393,8 @@ impl ConsumerContext for ModstreamContext {
                 if self.txn.is_some() {
                     let revoked = partitions_of(tpl);
                     let answered = drained.is_some();
+                    // Positions the hub sent before answering come first.
+                    self.store_sent_positions(consumer);
                     if let Some(positions) = drained {
                         self.keep_positions(positions);
                     }

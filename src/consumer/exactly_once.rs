@@ -99,7 +99,11 @@ impl TxnDriver {
 
     /// Positions from the hub, for the next commit.
     pub(super) fn keep(&mut self, positions: Positions) {
-        self.pending.extend(positions);
+        for (tp, position) in positions {
+            // A batch sent earlier never moves a partition back.
+            let kept = self.pending.entry(tp).or_insert(position);
+            *kept = (*kept).max(position);
+        }
     }
 
     /// Commit or abort, from how the transaction ends and the hub's answer
@@ -111,7 +115,7 @@ impl TxnDriver {
     ) -> Decision {
         let (records, hub_abort) = match sealed {
             Some(Ok(s)) => {
-                self.pending.extend(s.positions);
+                self.keep(s.positions);
                 (Some(s.records), s.abort)
             }
             Some(Err(_)) => (None, Some("the hub did not answer the seal".to_string())),

@@ -69,7 +69,7 @@ pub struct Outputs {
 pub fn outputs(bootstrap: &str, acked: &[String], isolation: Isolation) -> Outputs {
     let mut copies: HashMap<String, usize> = HashMap::new();
     // Where each output of an event is: topic, partition, offset.
-    let mut at: HashMap<String, Vec<(&str, i32, i64)>> = HashMap::new();
+    let mut at: HashMap<String, Vec<(&str, i32, i64, String, Option<i64>)>> = HashMap::new();
     let mut dlq = 0;
     for topic in [VERDICTS, DLQ] {
         let records = TopicReader::with_isolation(bootstrap, topic, None, isolation)
@@ -79,9 +79,13 @@ pub fn outputs(bootstrap: &str, acked: &[String], isolation: Isolation) -> Outpu
         for r in &records {
             let v = r.json().expect("a JSON value");
             let id = v["event_id"].as_str().expect("an event id").to_string();
-            at.entry(id.clone())
-                .or_default()
-                .push((topic, r.partition, r.offset));
+            at.entry(id.clone()).or_default().push((
+                topic,
+                r.partition,
+                r.offset,
+                v["source"].to_string(),
+                r.timestamp_ms,
+            ));
             *copies.entry(id).or_default() += 1;
         }
         if topic == DLQ {

@@ -28,7 +28,7 @@ impl ProducerContext for Acks {
 }
 
 /// Sends `events` at `rate` per second (10 ms slices) in a background
-/// thread with acks=all; a record the cluster cannot take is retried by
+/// thread with acks=all, idempotent; a record the cluster cannot take is retried by
 /// librdkafka for up to `message.timeout.ms` = 180 s. Returns the ids the
 /// cluster acknowledged, after a flush.
 pub fn produce_steady(
@@ -41,6 +41,9 @@ pub fn produce_steady(
         let producer: ThreadedProducer<Acks> = ClientConfig::new()
             .set("bootstrap.servers", &bootstrap)
             .set("acks", "all")
+            // Retries across a broker's death must not write an event twice
+            // (the exactly-once tests count outputs per event).
+            .set("enable.idempotence", "true")
             .set("linger.ms", "5")
             .set("message.timeout.ms", "180000")
             .create_with_context(Acks(acked.clone()))
