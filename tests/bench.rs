@@ -232,6 +232,29 @@ async fn the_bench_runs_against_an_external_broker() {
     assert!(floor.events > 0 && floor.p50_ms > 0.0 && floor.p50_ms <= floor.max_ms);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delivery_sweep_measures_exactly_once_beside_at_least_once_on_kafka() {
+    let broker = support::Broker::start();
+    let report = tiny_bench(BenchOptions {
+        bootstrap: Some(broker.bootstrap()),
+        delivery_intervals_ms: vec![200],
+        ..tiny_options()
+    })
+    .await;
+    let modes: Vec<(&str, u64)> = report
+        .delivery
+        .iter()
+        .map(|r| (r.delivery.as_str(), r.commit_interval_ms))
+        .collect();
+    assert_eq!(modes, vec![("at_least_once", 1000), ("exactly_once", 200)]);
+    for r in &report.delivery {
+        assert!(r.saturation_per_s > 0.0 && r.p50_ms <= r.p99_ms && r.p99_ms <= r.max_ms);
+    }
+    assert!(
+        modstream::tools::bench::markdown(&report).contains("At-least-once against exactly-once")
+    );
+}
+
 /// One batch size, one delay, one latency point of 1 s, no overload run.
 fn tiny_options() -> BenchOptions {
     BenchOptions {
@@ -255,6 +278,9 @@ fn tiny_options() -> BenchOptions {
         python: None,
         python_script: None,
         shadow_model: None,
+        delivery_intervals_ms: vec![],
+        exactly_once: false,
+        commit_interval_ms: None,
         out_dir: PathBuf::new(),
     }
 }

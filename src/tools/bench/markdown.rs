@@ -247,6 +247,7 @@ fn extras(out: &mut String, report: &Report) {
             s.on_per_s / s.off_per_s
         );
     }
+    delivery(out, report);
     if let Some(o) = &report.overload {
         let _ = writeln!(
             out,
@@ -285,4 +286,30 @@ pub fn splice(doc: &str, root: &Path) -> anyhow::Result<String> {
     }
     out.push_str(rest);
     Ok(out)
+}
+
+fn delivery(out: &mut String, report: &Report) {
+    let Some(alo) = report.delivery.first() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "**At-least-once against exactly-once** (batch 64 / 20 ms; saturation, then paced at half the at-least-once saturation, latency to a `read_committed` reader)\n\n| delivery | commit_interval | verdicts/s at saturation | ÷ at-least-once | aborted and read again | offered/s | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in &report.delivery {
+        let _ = writeln!(
+            out,
+            "| {} | {} ms | {:.0} | {:.2} | {} | {:.0} | {:.1} | {:.1} | {:.1} |",
+            r.delivery,
+            r.commit_interval_ms,
+            r.saturation_per_s,
+            r.saturation_per_s / alo.saturation_per_s,
+            r.rewinds,
+            r.offered_per_s,
+            r.p50_ms,
+            r.p99_ms,
+            r.max_ms
+        );
+    }
+    let _ = writeln!(out);
 }

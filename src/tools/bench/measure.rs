@@ -76,6 +76,13 @@ fn settings(
     s.inference = inference_settings(opts);
     s.batching.target_p99 = b.target_p99_ms.map(Duration::from_millis);
     s.limits.max_in_flight = s.limits.max_in_flight.max(b.size * 4);
+    if opts.exactly_once {
+        s.kafka.delivery = crate::config::DeliveryMode::ExactlyOnce;
+        s.kafka.instance_id = Some("bench".to_string());
+    }
+    if let Some(ms) = opts.commit_interval_ms {
+        s.kafka.commit_interval = Duration::from_millis(ms);
+    }
     Ok(s)
 }
 
@@ -185,6 +192,27 @@ pub(super) async fn saturation_of(
     b: Batching,
     events: Vec<GeneratedEvent>,
 ) -> anyhow::Result<(f64, crate::pipeline::RunSummary, f64)> {
+    saturation_clocked(opts, b, events, Clock::ModelLoaded).await
+}
+
+/// When a saturation run's clock starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Clock {
+    /// Once the model is loaded: the connections and the group join count.
+    ModelLoaded,
+    /// At the first verdict read: start-up (also the transactions' start,
+    /// with exactly-once) and the join do not count; the first verdict's
+    /// event is not counted either.
+    FirstVerdict,
+}
+
+/// [`saturation_of`] with the clock starting at `clock`.
+pub(super) async fn saturation_clocked(
+    opts: &BenchOptions,
+    b: Batching,
+    events: Vec<GeneratedEvent>,
+    clock: Clock,
+) -> anyhow::Result<(f64, crate::pipeline::RunSummary, f64)> {
     let cell = Cell::new(opts).await?;
     send::produce_all(&cell.bootstrap, &cell.input, &events).await?;
     let shutdown = Shutdown::new();
@@ -209,26 +237,32 @@ pub(super) async fn saturation_of(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let started = Instant::now();
-    let done_at = reader.await??;
+    let (first_at, done_at) = reader.await??;
+    let (started, counted) = match clock {
+        Clock::ModelLoaded => (started, want),
+        Clock::FirstVerdict => (first_at, want - 1),
+    };
     let elapsed = done_at.duration_since(started).as_secs_f64();
     shutdown.stop.cancel();
     let summary = run.await??;
-    Ok((want as f64 / elapsed, summary, elapsed))
+    Ok((counted as f64 / elapsed, summary, elapsed))
 }
 
 /// Read verdicts until `want` arrived; calls `seen(event_id)` at each one.
-/// Returns when the last one was read.
+/// Returns when the first and the last one were read.
 fn read_verdicts(
     bootstrap: &str,
     topic: &str,
     want: usize,
     timeout: Duration,
     mut seen: impl FnMut(&str),
-) -> anyhow::Result<Instant> {
+) -> anyhow::Result<(Instant, Instant)> {
     let reader = TopicReader::from_beginning(bootstrap, topic, Some(PARTITIONS))?;
     let mut last = Instant::now();
+    let mut first = None;
     let read = reader.read(want, timeout, |record| {
         last = Instant::now();
+        first.get_or_insert(last);
         if let Some(v) = record.json() {
             seen(v["event_id"].as_str().unwrap_or_default());
         }
@@ -238,7 +272,7 @@ fn read_verdicts(
         "only {} of {want} verdicts within {timeout:?}",
         read.len()
     );
-    Ok(last)
+    Ok((first.unwrap_or(last), last))
 }
 
 /// What a paced run saw: per event its intended send time, when its

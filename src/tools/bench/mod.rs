@@ -26,10 +26,11 @@ use crate::manifest::InputKind;
 use crate::tools::generator::{Mix, generate, generate_mix};
 
 pub use markdown::{BEGIN as TABLES_BEGIN, render as markdown, splice as splice_tables};
+use measure::Clock;
 pub use measure::{Batching, peak_rss_bytes, peak_rss_of, raw_model_throughput};
 pub use report::{
-    BaselineRow, ChoicePoint, FloorRow, LatencyRow, OverloadRow, RepeatRow, Report, SaturationRow,
-    ShadowRow, StepBin, StepTrace,
+    BaselineRow, ChoicePoint, DeliveryRow, FloorRow, LatencyRow, OverloadRow, RepeatRow, Report,
+    SaturationRow, ShadowRow, StepBin, StepTrace,
 };
 
 /// What to measure; also the command line of `modstream bench`.
@@ -100,6 +101,19 @@ pub struct BenchOptions {
     /// scoring every event and without (absent: skip).
     #[arg(long)]
     pub shadow_model: Option<PathBuf>,
+    /// At-least-once against exactly-once (`kafka.delivery`), one
+    /// exactly-once contender per transaction interval given here
+    /// (`kafka.commit_interval`, ms), on the default cell (64 / 20 ms):
+    /// saturation, then latency as a `read_committed` reader sees it at half
+    /// the at-least-once saturation (empty: skip). Needs `--bootstrap`: the
+    /// embedded cluster's `read_committed` is not Kafka's.
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub delivery_intervals_ms: Vec<u64>,
+    /// Set by the delivery sweep for its runs.
+    #[arg(skip)]
+    pub exactly_once: bool,
+    #[arg(skip)]
+    pub commit_interval_ms: Option<u64>,
     /// Where bench.json and the charts go.
     #[arg(long = "out", default_value = "target/bench")]
     pub out_dir: PathBuf,
@@ -135,6 +149,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let repeats = repeat_sweep(&opts).await?;
     let overload = overload_row(&opts, &sweep.saturation).await?;
     let shadow = shadow_row(&opts).await?;
+    let delivery = delivery_rows(&opts).await?;
     let baseline = match &opts.python {
         Some(python) => {
             let row = baseline::run(&opts, python).await?;
@@ -165,6 +180,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         baseline,
         broker_floor: sweep.broker_floor,
         shadow,
+        delivery,
     };
     write_report(&report, &opts.out_dir)?;
     Ok(report)
@@ -397,6 +413,58 @@ async fn shadow_row(opts: &BenchOptions) -> anyhow::Result<Option<ShadowRow>> {
     };
     row.print();
     Ok(Some(row))
+}
+
+/// At-least-once, then exactly-once at each transaction interval, the same
+/// way: saturation on the same events (clock from the first verdict read:
+/// start-up and the group join are not throughput), then paced at half the
+/// at-least-once saturation (latency to the `read_committed` reader).
+async fn delivery_rows(opts: &BenchOptions) -> anyhow::Result<Vec<DeliveryRow>> {
+    if opts.delivery_intervals_ms.is_empty() {
+        return Ok(Vec::new());
+    }
+    anyhow::ensure!(
+        opts.bootstrap.is_some(),
+        "--delivery-intervals-ms needs --bootstrap (Apache Kafka)"
+    );
+    let cell = Batching::fixed(64, 20);
+    let contenders = std::iter::once((false, None))
+        .chain(opts.delivery_intervals_ms.iter().map(|&i| (true, Some(i))));
+    let mut rows: Vec<DeliveryRow> = Vec::new();
+    for (exactly_once, interval) in contenders {
+        let o = BenchOptions {
+            exactly_once,
+            commit_interval_ms: interval,
+            ..opts.clone()
+        };
+        let (per_s, summary, _) = measure::saturation_clocked(
+            &o,
+            cell,
+            generate(opts.events, 0, "d-"),
+            Clock::FirstVerdict,
+        )
+        .await?;
+        let rate = rows.first().map_or(per_s, |alo| alo.saturation_per_s) * 0.5;
+        let latency = measure::latency(&o, cell, 0.5, rate).await?;
+        let row = DeliveryRow {
+            delivery: if exactly_once {
+                "exactly_once"
+            } else {
+                "at_least_once"
+            }
+            .to_string(),
+            commit_interval_ms: interval.unwrap_or(1000),
+            saturation_per_s: per_s,
+            rewinds: summary.rewinds,
+            offered_per_s: rate,
+            p50_ms: latency.p50_ms,
+            p99_ms: latency.p99_ms,
+            max_ms: latency.max_ms,
+        };
+        row.print();
+        rows.push(row);
+    }
+    Ok(rows)
 }
 
 /// The adaptive cell under paced load at `base`/s for `opts.step_seconds`,

@@ -112,6 +112,41 @@ pub struct Report {
     /// Live throughput with a shadow model scoring every event, and without.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<ShadowRow>,
+    /// At-least-once against exactly-once at some transaction intervals.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delivery: Vec<DeliveryRow>,
+}
+
+/// One delivery mode on the default cell: saturation, and the latency a
+/// `read_committed` reader sees under paced load.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeliveryRow {
+    /// `at_least_once` or `exactly_once`.
+    pub delivery: String,
+    /// `kafka.commit_interval`: with exactly-once, the transaction interval.
+    pub commit_interval_ms: u64,
+    pub saturation_per_s: f64,
+    /// Aborted transactions read again during the saturation run.
+    pub rewinds: u64,
+    pub offered_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl DeliveryRow {
+    pub fn print(&self) {
+        eprintln!(
+            "{} (commit_interval {} ms): {:.0}/s at saturation; at {:.0}/s p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            self.delivery,
+            self.commit_interval_ms,
+            self.saturation_per_s,
+            self.offered_per_s,
+            self.p50_ms,
+            self.p99_ms,
+            self.max_ms
+        );
+    }
 }
 
 /// The broker's own floor at one offered rate: a produce → consume round
