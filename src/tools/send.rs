@@ -33,7 +33,12 @@ pub async fn produce_with(
     topic: &str,
     events: &[GeneratedEvent],
 ) -> Result<(), KafkaError> {
-    await_deliveries(enqueue(producer, topic, events, None)?).await
+    // In chunks below librdkafka's queue (queue.buffering.max.messages,
+    // 100,000 by default).
+    for chunk in events.chunks(50_000) {
+        await_deliveries(enqueue(producer, topic, chunk, None)?).await?;
+    }
+    Ok(())
 }
 
 /// Hand records to the producer without waiting for acknowledgements (an

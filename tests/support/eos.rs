@@ -54,6 +54,9 @@ pub fn events(prefix: &str, n: usize, invalid_every: usize) -> Vec<(String, Stri
         .collect()
 }
 
+/// Where an output is: topic, partition, offset, its source, its timestamp.
+type Place<'a> = (&'a str, i32, i64, String, Option<i64>);
+
 /// Outputs per input event at one isolation level.
 #[derive(Debug)]
 pub struct Outputs {
@@ -69,7 +72,7 @@ pub struct Outputs {
 pub fn outputs(bootstrap: &str, acked: &[String], isolation: Isolation) -> Outputs {
     let mut copies: HashMap<String, usize> = HashMap::new();
     // Where each output of an event is: topic, partition, offset.
-    let mut at: HashMap<String, Vec<(&str, i32, i64, String, Option<i64>)>> = HashMap::new();
+    let mut at: HashMap<String, Vec<Place<'_>>> = HashMap::new();
     let mut dlq = 0;
     for topic in [VERDICTS, DLQ] {
         let records = TopicReader::with_isolation(bootstrap, topic, None, isolation)

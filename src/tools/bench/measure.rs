@@ -200,10 +200,11 @@ pub(super) async fn saturation_of(
 pub(super) enum Clock {
     /// Once the model is loaded: the connections and the group join count.
     ModelLoaded,
-    /// At the first verdict read: start-up (also the transactions' start,
-    /// with exactly-once) and the join do not count; the first verdict's
-    /// event is not counted either.
-    FirstVerdict,
+    /// The steady middle: from the 10 % to the 90 % verdict read (start-up,
+    /// the join and the last transaction's wait do not count; with
+    /// exactly-once the reader sees verdicts in bursts, one per
+    /// transaction, so each end of the window is off by up to an interval).
+    Middle,
 }
 
 /// [`saturation_of`] with the clock starting at `clock`.
@@ -224,8 +225,19 @@ pub(super) async fn saturation_clocked(
     ));
     let want = events.len();
     let (b, t) = (cell.bootstrap.clone(), cell.verdicts.clone());
+    let (low, high) = (want / 10, want - want / 10);
     let reader = tokio::task::spawn_blocking(move || {
-        read_verdicts(&b, &t, want, Duration::from_secs(600), |_| {})
+        let (mut n, mut at_low, mut at_high) = (0, None, None);
+        let ends = read_verdicts(&b, &t, want, Duration::from_secs(600), |_| {
+            n += 1;
+            if n == low.max(1) {
+                at_low = Some(Instant::now());
+            }
+            if n == high {
+                at_high = Some(Instant::now());
+            }
+        })?;
+        anyhow::Ok((ends, at_low.zip(at_high)))
     });
     // The clock starts once the model is loaded and warmed up (start-up is
     // not throughput); the group join is inside the measured time.
@@ -237,10 +249,10 @@ pub(super) async fn saturation_clocked(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let started = Instant::now();
-    let (first_at, done_at) = reader.await??;
-    let (started, counted) = match clock {
-        Clock::ModelLoaded => (started, want),
-        Clock::FirstVerdict => (first_at, want - 1),
+    let ((_, done_at), middle) = reader.await??;
+    let (started, done_at, counted) = match (clock, middle) {
+        (Clock::Middle, Some((from, to))) => (from, to, high - low.max(1)),
+        _ => (started, done_at, want),
     };
     let elapsed = done_at.duration_since(started).as_secs_f64();
     shutdown.stop.cancel();
