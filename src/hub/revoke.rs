@@ -71,16 +71,23 @@ impl<D: Deliver> Hub<D> {
                 }
             }
             let revoked: HashSet<&Tp> = revoked.iter().collect();
-            let mut dropped = 0;
-            self.ready.retain(|b| {
-                let keep = !revoked.contains(&b.tp);
-                if !keep {
-                    dropped += b.items.len();
-                }
-                keep
-            });
+            let dropped = self.drop_queued(&revoked);
             self.release(dropped);
             self.revokes.answer(answer, done);
         }
+    }
+
+    /// Take these partitions' batches off the dispatch queue (they will not
+    /// be scored); returns how many events they held.
+    pub(super) fn drop_queued(&mut self, tps: &HashSet<&Tp>) -> usize {
+        let mut dropped = 0;
+        self.ready.retain(|b| {
+            let keep = !tps.contains(&b.tp);
+            if !keep {
+                dropped += b.items.len();
+            }
+            keep
+        });
+        dropped
     }
 }

@@ -157,13 +157,7 @@ impl<D: Deliver> Hub<D> {
             self.positions.remove(tp);
             self.unsent_positions.remove(tp);
         }
-        self.ready.retain(|b| {
-            let keep = !rewound.contains(&b.tp);
-            if !keep {
-                dropped += b.items.len();
-            }
-            keep
-        });
+        dropped += self.drop_queued(&rewound);
         self.release(dropped);
         self.revokes.rewound(&partitions, generation);
         self.summary.rewinds += 1;
