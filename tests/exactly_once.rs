@@ -104,12 +104,6 @@ fn exactly_once_is_refused_at_start_by_a_cluster_without_transactions() {
     );
 }
 
-fn log_of(dir: &std::path::Path, name: &str) -> String {
-    let dir =
-        std::env::var_os("MODSTREAM_TEST_LOGDIR").map_or_else(|| dir.to_path_buf(), Into::into);
-    std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
-}
-
 #[test]
 fn a_zombie_paused_past_its_session_is_fenced_and_nothing_it_wrote_after_the_takeover_shows() {
     let _serial = serial();
@@ -144,7 +138,7 @@ fn a_zombie_paused_past_its_session_is_fenced_and_nothing_it_wrote_after_the_tak
     );
     assert!(successor.terminate(Duration::from_secs(20)));
     let zombie_clean = zombie.terminate(Duration::from_secs(20));
-    let log = log_of(dir.path(), "zombie");
+    let log = support::log_of(dir.path(), "zombie");
     let fenced = log.contains("fenced") || log.contains("transaction aborted");
     println!(
         "zombie after SIGCONT: alive {zombie_alive}, exited 0 at the end {zombie_clean}, a fence or an abort in its log {fenced}"

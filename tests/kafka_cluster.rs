@@ -95,12 +95,6 @@ fn write_row(name: &str, row: serde_json::Value) {
     std::fs::write(dir.join(format!("{name}.json")), row.to_string()).unwrap();
 }
 
-fn log_of(dir: &std::path::Path, name: &str) -> String {
-    let dir =
-        std::env::var_os("MODSTREAM_TEST_LOGDIR").map_or_else(|| dir.to_path_buf(), Into::into);
-    std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
-}
-
 #[test]
 fn killing_partition_leaders_one_at_a_time_loses_nothing_and_stalls_nothing() {
     let _serial = serial();
@@ -175,7 +169,7 @@ fn killing_partition_leaders_one_at_a_time_loses_nothing_and_stalls_nothing() {
         "every input partition committed to its end"
     );
     assert!(service.terminate(Duration::from_secs(30)));
-    let log = log_of(dir.path(), "leader-kill");
+    let log = support::log_of(dir.path(), "leader-kill");
     assert!(
         !log.contains("partition stalled") && !log.contains("partition not fetched"),
         "a partition stalled past limits.stall_after (30 s):\n{log}"

@@ -531,3 +531,11 @@ pub fn wait_for_committed_end(
         std::thread::sleep(Duration::from_millis(500));
     }
 }
+
+/// The log a [`Modstream`] named `name` wrote under `dir` (or under
+/// MODSTREAM_TEST_LOGDIR when set); empty if there is none.
+pub fn log_of(dir: &Path, name: &str) -> String {
+    let dir =
+        std::env::var_os("MODSTREAM_TEST_LOGDIR").map_or_else(|| dir.to_path_buf(), Into::into);
+    std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
+}
