@@ -285,7 +285,8 @@ impl ModstreamContext {
         }
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         self.rebalanced.store(true, Ordering::SeqCst);
-        rebalance::request_rewind(&self.rebalance_tx, owned, generation, d.eo.timeout);
+        let dropped = end.dropped_after_abort(owned);
+        rebalance::request_rewind(&self.rebalance_tx, dropped, generation, d.eo.timeout);
         // Positions the hub sent before the rewind are of the aborted records.
         while self.positions_rx.try_recv().is_ok() {}
     }

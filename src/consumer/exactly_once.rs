@@ -69,6 +69,23 @@ impl End<'_> {
             _ => &[],
         }
     }
+
+    /// After an abort, the partitions whose state the hub drops: those
+    /// still `owned` (sought back) and those this end revokes (no longer
+    /// ours: what the hub still holds of them belongs to the aborted
+    /// transaction and would otherwise go out in the next one while their
+    /// new owner reads them again from the committed offset).
+    pub fn dropped_after_abort(&self, owned: Vec<Tp>) -> Vec<Tp> {
+        let mut dropped = owned;
+        dropped.extend(
+            self.revoked()
+                .iter()
+                .filter(|tp| !dropped.contains(tp))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
+        dropped
+    }
 }
 
 /// What to do with the open transaction.
@@ -243,5 +260,22 @@ fn spawn_watchdog(
         });
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot start the transaction watchdog");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_abort_at_a_revoke_drops_the_revoked_partitions_too() {
+        let (a, b) = (Tp::new("posts", 0), Tp::new("posts", 1));
+        let revoked = [b.clone()];
+        let end = End::Revoke {
+            revoked: &revoked,
+            drained: false,
+        };
+        assert_eq!(end.dropped_after_abort(vec![a.clone()]), vec![a.clone(), b]);
+        assert_eq!(End::Interval.dropped_after_abort(vec![a.clone()]), vec![a]);
     }
 }

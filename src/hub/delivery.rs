@@ -106,6 +106,7 @@ impl<D: Deliver> Hub<D> {
         outcome: Outcome,
         (received_at, bytes): (Instant, Option<tokio::sync::OwnedSemaphorePermit>),
     ) {
+        let mut epoch = 0;
         if let Some(txn) = self.txn.as_mut() {
             if txn.holding() {
                 txn.held.push(super::transaction::Held {
@@ -118,6 +119,7 @@ impl<D: Deliver> Hub<D> {
             }
             txn.outstanding += 1;
             txn.records += 1;
+            epoch = txn.epoch;
         }
         let kind = out.kind;
         let delivery = self
@@ -137,6 +139,7 @@ impl<D: Deliver> Hub<D> {
                     kind,
                     took: started.elapsed(),
                     received_at,
+                    txn: epoch,
                 })
                 .await;
         });
@@ -145,7 +148,11 @@ impl<D: Deliver> Hub<D> {
     pub(super) fn on_ack(&mut self, ack: Ack) {
         self.release(1);
         self.summary.produce_seconds += ack.took.as_secs_f64();
-        if let Some(txn) = self.txn.as_mut() {
+        // An acknowledgement of an aborted transaction's record (its
+        // partition was rewound) concerns neither the open transaction's
+        // count nor its fate.
+        let current = self.txn.as_ref().is_none_or(|t| t.epoch == ack.txn);
+        if let Some(txn) = self.txn.as_mut().filter(|_| current) {
             txn.outstanding = txn.outstanding.saturating_sub(1);
         }
         let outcome = match ack.outcome {
@@ -154,7 +161,7 @@ impl<D: Deliver> Hub<D> {
                 // Its transaction will be aborted and the partition read
                 // again; the offset stays undelivered until then.
                 self.summary.aborted_records += 1;
-                if let Some(txn) = self.txn.as_mut() {
+                if let Some(txn) = self.txn.as_mut().filter(|_| current) {
                     txn.failed.get_or_insert(error);
                 }
                 return;

@@ -129,6 +129,9 @@ pub struct Ack {
     took: std::time::Duration,
     /// When the consumer thread polled the input record.
     received_at: Instant,
+    /// With exactly-once: the transaction it was handed over in (see
+    /// [`transaction::TxnState::epoch`]).
+    txn: u64,
 }
 
 enum Outcome {

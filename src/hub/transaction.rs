@@ -57,6 +57,10 @@ pub(super) struct TxnState {
     pub records: u64,
     /// A delivery of this transaction failed: it must be aborted.
     pub failed: Option<String>,
+    /// Counts the transactions begun: an acknowledgement of an earlier one
+    /// (a record of an aborted transaction, failed or purged late) is
+    /// not the open transaction's.
+    pub epoch: u64,
 }
 
 impl TxnState {
@@ -125,6 +129,11 @@ impl<D: Deliver> Hub<D> {
             return;
         };
         txn.seal = Seal::Open;
+        // What the last transaction handed over is acknowledged (a commit)
+        // or aborted with it; from here on only this one's records count.
+        txn.epoch += 1;
+        txn.outstanding = 0;
+        txn.failed = None;
         let held = std::mem::take(&mut txn.held);
         for h in held {
             self.deliver(h.at, h.out, h.outcome, h.held);

@@ -373,13 +373,13 @@ impl Delivery {
             return Next::Stop(ProducerError::Fatal(format!("{code:?}: {reason}")));
         }
         let code = error.rdkafka_error_code();
-        let refused_here =
-            local && (code == Some(RDKafkaErrorCode::QueueFull) || is_permanent_for_record(error));
-        if self.sink.exactly_once && !refused_here {
+        if self.sink.exactly_once && !(local && is_permanent_for_record(error)) {
             // The transaction holding it cannot commit as it is: it is
-            // aborted and the partition read again. (A record librdkafka
-            // refused to queue never joined it: queue full waits, too large
-            // is cut down, as without transactions.)
+            // aborted and the partition read again. (A record too large for
+            // librdkafka's queue is cut down, as without transactions. A
+            // full queue is not waited out: were the transaction aborted
+            // meanwhile, the record would join the next one while its
+            // partition is read again.)
             tracing::debug!(topic = %record.topic, kind, error = %error, "delivery failed in a transaction");
             return Next::Stop(ProducerError::InTransaction(error.to_string()));
         }

@@ -499,6 +499,21 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// The end (high watermark) of every input partition now (-2: unreadable).
+pub fn input_ends(bootstrap: &str, partitions: i32) -> Vec<i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    (0..partitions)
+        .map(|p| {
+            consumer
+                .fetch_watermarks(INPUT, p, Duration::from_secs(10))
+                .map_or(-2, |w| w.1)
+        })
+        .collect()
+}
+
 /// Wait until `group`'s committed offset of every input partition is that
 /// partition's end (true), or `timeout` passed (false).
 pub fn wait_for_committed_end(
@@ -507,19 +522,9 @@ pub fn wait_for_committed_end(
     partitions: i32,
     timeout: Duration,
 ) -> bool {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
     let deadline = Instant::now() + timeout;
     loop {
-        let ends: Vec<i64> = (0..partitions)
-            .map(|p| {
-                consumer
-                    .fetch_watermarks(INPUT, p, Duration::from_secs(10))
-                    .map_or(-2, |w| w.1)
-            })
-            .collect();
+        let ends = input_ends(bootstrap, partitions);
         let committed = committed(bootstrap, group, partitions);
         if committed == ends {
             return true;
