@@ -309,6 +309,9 @@ pub fn register_zeroes(settings: &crate::config::Settings) {
     for reason in RejectReason::ALL {
         counter!(metric::DLQ_TOTAL, "reason" => reason.code()).absolute(0);
     }
+    for field in crate::event::OptionalField::ALL {
+        counter!(metric::FIELD_WARNINGS_TOTAL, "field" => field.as_str()).absolute(0);
+    }
     for kind in RecordKind::ALL.map(RecordKind::as_str) {
         counter!(metric::PRODUCED_TOTAL, "kind" => kind).absolute(0);
         counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => kind).absolute(0);
@@ -345,6 +348,7 @@ pub fn register_zeroes(settings: &crate::config::Settings) {
             metric::CONSUMED_TOTAL,
             metric::VERDICTS_TOTAL,
             metric::DLQ_TOTAL,
+            metric::FIELD_WARNINGS_TOTAL,
             metric::PRODUCED_TOTAL,
             metric::DELIVERY_FAILURES_TOTAL,
             metric::UNDELIVERABLE_TOTAL,

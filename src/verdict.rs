@@ -4,7 +4,9 @@
 //! Verdict (JSON, keyed like the input event):
 //! `{"event_id", "verdict": "allow"|"review"|"block", "scores": {label: p},
 //!   "model": {"name", "version"}, "source": {"topic", "partition", "offset"},
-//!   "latency_ms", "processed_at"}`.
+//!   "latency_ms", "processed_at", "tenant"?, "warnings"?}`: `tenant` when
+//!   the event has one, `warnings` (["created_at: ...", ...]) when optional
+//!   fields of the event were left out.
 //! `latency_ms` runs from the input record's Kafka timestamp (or the event's
 //! `created_at` when the record has none) to when the verdict was made.
 //!
@@ -72,7 +74,12 @@ struct VerdictBody<'a> {
     processed_at: String,
     scores: Scores<'a>,
     source: SourceRef<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenant: Option<&'a str>,
     verdict: Verdict,
+    /// Optional fields of the event left out, and why (only when some were).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
 }
 
 #[derive(serde::Serialize)]
@@ -222,7 +229,9 @@ impl Scorer {
                 partition: source.partition,
                 topic: &source.topic,
             },
+            tenant: event.tenant.as_deref(),
             verdict,
+            warnings: event.warnings.iter().map(ToString::to_string).collect(),
         };
         // Serializing a struct cannot fail; an empty body would be a bug.
         let payload = serde_json::to_vec(&body).unwrap_or_default();

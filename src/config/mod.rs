@@ -12,12 +12,14 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 mod delivery;
+mod input;
 mod properties;
 #[cfg(test)]
 mod tests;
 mod validate;
 
 pub use delivery::DeliveryMode;
+pub use input::{FieldSource, InputSettings, Mapping, TimeUnit};
 pub use properties::{Properties, REDACTED, is_secret};
 
 #[derive(Debug, thiserror::Error)]
@@ -39,7 +41,11 @@ fn with_key(e: config::ConfigError) -> ConfigError {
     };
     let about_value = |e: &config::ConfigError| match e {
         config::ConfigError::Type { .. } => true,
-        config::ConfigError::Message(m) => m.starts_with(UNKNOWN_VALUE),
+        config::ConfigError::Message(m) => {
+            m.starts_with(UNKNOWN_VALUE)
+                || m.starts_with("unknown variant")
+                || m.contains("does not have variant constructor")
+        }
         _ => false,
     };
     match e {
@@ -132,13 +138,6 @@ pub struct KafkaSettings {
     /// Extra librdkafka producer properties, passed through.
     #[serde(default)]
     pub producer: Properties,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct InputSettings {
-    #[serde(deserialize_with = "one_or_many")]
-    pub topics: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -569,6 +568,7 @@ impl Settings {
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate::kafka(&self.kafka)?;
         validate::topics(&self.input, &self.output)?;
+        input::validate(&self.input)?;
         validate::batching_and_limits(&self.batching, &self.limits)?;
         validate::inference(&self.inference)?;
         validate::policy(&self.policy)

@@ -322,3 +322,34 @@ fn exactly_once_refuses_what_would_break_it_and_names_its_transactional_id() {
     // Without exactly-once, a read_uncommitted consumer is the user's choice.
     assert!(with("[kafka.consumer]\n\"isolation.level\" = \"read_uncommitted\"").is_ok());
 }
+
+#[test]
+fn a_mapping_with_a_bad_source_or_an_unknown_topic_is_refused_with_its_key() {
+    let load = |input: &str| {
+        Settings::from_toml(&format!(
+            "[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n[input]\ntopics = [\"posts\"]\n{input}"
+        ))
+    };
+    let err = load("[input.mapping]\nid = \"post.id\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("input.mapping.id") && err.contains("JSON pointer"),
+        "{err}"
+    );
+    let err = load("[input.mapping]\ntext = []").unwrap_err().to_string();
+    assert!(err.contains("input.mapping.text"), "{err}");
+    let err = load("[[input.mappings]]\ntopics = [\"other\"]\nid = \"/id\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("input.mappings[0].topics") && err.contains("\"other\""),
+        "{err}"
+    );
+    let err = load("[input.mapping]\ncreated_at_unit = \"hours\"").unwrap_err();
+    let err = err.to_string();
+    assert!(err.contains("created_at_unit"), "{err}");
+    assert!(
+        load("[input.mapping]\nid = \"header:x-id\"\ntext = [\"/a\", \"/b\"]\nlang = \"\"").is_ok()
+    );
+}

@@ -48,7 +48,7 @@ impl<D: Deliver> Hub<D> {
             headers: record.headers,
             timestamp_ms: record.timestamp_ms,
         };
-        match event::validate(original.payload.as_deref(), &self.settings.limits) {
+        match decode(&self.decoder, &record.tp.topic, &original) {
             Ok(event) => {
                 let urgent = event.priority == Priority::Urgent;
                 if let Some(controller) = self.slo.as_mut() {
@@ -147,4 +147,23 @@ impl<D: Deliver> Hub<D> {
             }
         }
     }
+}
+
+/// The event of a record by its topic's mapping; optional fields left out
+/// are counted.
+fn decode(
+    decoder: &event::Decoder,
+    topic: &str,
+    original: &Original,
+) -> Result<event::Event, event::Rejection> {
+    let parts = event::RecordParts {
+        key: original.key.as_deref(),
+        payload: original.payload.as_deref(),
+        headers: &original.headers,
+    };
+    let event = decoder.decode(topic, parts)?;
+    for w in &event.warnings {
+        metrics::counter!(metric::FIELD_WARNINGS_TOTAL, "field" => w.field.as_str()).increment(1);
+    }
+    Ok(event)
 }

@@ -196,6 +196,8 @@ pub struct Hub<D: Deliver> {
     dispatch_capacity: usize,
     /// With `kafka.delivery = "exactly_once"`: the open transaction's state.
     txn: Option<transaction::TxnState>,
+    /// Reads events from records, by each topic's mapping.
+    decoder: crate::event::Decoder,
 }
 
 impl<D: Deliver> Hub<D> {
@@ -210,6 +212,7 @@ impl<D: Deliver> Hub<D> {
     ) -> Self {
         let (acks_tx, acks_rx) = mpsc::channel(settings.limits.max_in_flight);
         let settings_eos = settings.kafka.exactly_once();
+        let decoder = crate::event::Decoder::new(&settings.input, &settings.limits);
         let b = &settings.batching;
         let workers = settings.inference.worker_count();
         let slo = b.target_p99.map(|target| {
@@ -268,6 +271,7 @@ impl<D: Deliver> Hub<D> {
             slo,
             dispatch_capacity: workers * 2,
             txn: settings_eos.then(transaction::TxnState::default),
+            decoder,
         }
     }
 

@@ -44,6 +44,10 @@ metric_table! {
     VERDICTS_TOTAL = "modstream_verdicts_total", Counter, Count, "verdicts acknowledged by the broker";
     /// Dead-letter records acknowledged by the broker. Labels: reason.
     DLQ_TOTAL = "modstream_dlq_total", Counter, Count, "dead-letter records acknowledged by the broker";
+    /// Optional event fields left out (missing is not counted: of another
+    /// type or out of range), the event moderated without them. Labels:
+    /// field (user_id, lang, created_at, priority, tenant, metadata).
+    FIELD_WARNINGS_TOTAL = "modstream_field_warnings_total", Counter, Count, "optional event fields left out (another type or out of range), by field; the event is moderated without them";
     /// Records acknowledged by the broker. Labels: kind (verdict, dlq).
     PRODUCED_TOTAL = "modstream_records_produced_total", Counter, Count, "records acknowledged by the broker";
     /// Failed delivery attempts (each is retried). Labels: kind.

@@ -144,9 +144,10 @@ pub async fn run(opts: RescoreOptions) -> anyhow::Result<RescoreReport> {
     // The reader: a blocking thread polls the range and hands records over.
     let (records_tx, records) = tokio::sync::mpsc::channel::<Result<Item, ()>>(batch * 8);
     let reader = {
-        let (limits, topic, ranges) = (settings.limits.clone(), opts.topic.clone(), ranges.clone());
+        let decoder = crate::event::Decoder::new(&settings.input, &settings.limits);
+        let (topic, ranges) = (opts.topic.clone(), ranges.clone());
         tokio::task::spawn_blocking(move || {
-            read_range(&consumer, &ranges, &topic, &limits, records_tx)
+            read_range(&consumer, &ranges, &topic, &decoder, records_tx)
         })
     };
     let mut scoring = Scoring {
@@ -199,7 +200,7 @@ fn read_range(
     consumer: &BaseConsumer,
     ranges: &Ranges,
     topic: &str,
-    limits: &crate::config::Limits,
+    decoder: &crate::event::Decoder,
     records_tx: tokio::sync::mpsc::Sender<Result<Item, ()>>,
 ) -> anyhow::Result<()> {
     let mut remaining: HashMap<i32, i64> = ranges
@@ -234,7 +235,21 @@ fn read_range(
         if m.offset() + 1 >= end {
             remaining.remove(&m.partition());
         }
-        let item = crate::event::validate(m.payload(), limits)
+        let headers: Vec<(String, Option<Vec<u8>>)> = m
+            .headers()
+            .map(|hs| {
+                rdkafka::message::Headers::iter(hs)
+                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let parts = crate::event::RecordParts {
+            key: m.key(),
+            payload: m.payload(),
+            headers: &headers,
+        };
+        let item = decoder
+            .decode(topic, parts)
             .map(|event| Item {
                 tp: Tp::new(topic, m.partition()),
                 offset: m.offset(),

@@ -1,18 +1,30 @@
-//! The input event schema and its validation.
+//! The input event and its decoding.
 //!
-//! Guarantee: [`validate`] never panics, whatever the bytes, and every input
-//! ends as either an [`Event`] or a [`Rejection`] with a machine-readable
-//! reason code. A rejection becomes one dead-letter record; nothing is dropped.
+//! Guarantee: [`Decoder::decode`] never panics, whatever the bytes, and
+//! every input ends as either an [`Event`] or a [`Rejection`] with a
+//! machine-readable reason code. A rejection becomes one dead-letter
+//! record; nothing is dropped. Only the required fields (id, text) and the
+//! shape of the record can reject it: an optional field that cannot be read
+//! is left out with a [`FieldWarning`] ([`fields`]).
 //!
-//! Schema (JSON object):
+//! Default schema (JSON object; `[input.mapping]` says where each field
+//! comes from otherwise, see [`crate::config::Mapping`]):
 //! `{"event_id": string, "text": string, "user_id"?: string, "lang"?: string,
-//!   "created_at"?: RFC 3339 string or epoch milliseconds,
-//!   "priority"?: "normal" | "urgent", "metadata"?: object}`.
+//!   "created_at"?: RFC 3339 string or epoch seconds / milliseconds,
+//!   "priority"?: "normal" | "urgent", "tenant"?: string, "metadata"?: object}`.
 //! Unknown fields are ignored; for duplicate keys the last one wins.
+//! CloudEvents (binary and structured mode) are read too ([`cloudevents`]).
 
 use serde_json::{Map, Value};
 
 use crate::config::Limits;
+
+pub mod cloudevents;
+pub mod fields;
+mod mapping;
+
+pub use fields::{FieldWarning, OptionalField};
+pub use mapping::{Decoder, RecordParts};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Priority {
@@ -31,6 +43,10 @@ pub struct Event {
     pub created_at_ms: Option<i64>,
     pub priority: Priority,
     pub metadata: Option<Map<String, Value>>,
+    /// The tenant or community the event belongs to.
+    pub tenant: Option<String>,
+    /// Optional fields left out, and why.
+    pub warnings: Vec<FieldWarning>,
 }
 
 /// Why an input record was sent to the dead-letter topic. The code travels in
@@ -102,49 +118,16 @@ fn reject(reason: RejectReason, message: impl Into<String>) -> Rejection {
     }
 }
 
-/// Decode and check one record payload.
+/// Decode and check one record payload against the default schema.
 pub fn validate(payload: Option<&[u8]>, limits: &Limits) -> Result<Event, Rejection> {
-    let mut obj = decode_object(payload, limits)?;
-    let event_id = required_string(
-        &mut obj,
-        "event_id",
-        RejectReason::MissingEventId,
-        RejectReason::EmptyEventId,
-    )?;
-    let text = required_string(
-        &mut obj,
-        "text",
-        RejectReason::MissingText,
-        RejectReason::EmptyText,
-    )?;
-    if text.len() > limits.max_text_bytes {
-        return Err(reject(
-            RejectReason::TextTooLarge,
-            format!(
-                "text is {} bytes, limit {}",
-                text.len(),
-                limits.max_text_bytes
-            ),
-        ));
-    }
-    let user_id = optional_string(&mut obj, "user_id")?;
-    let lang = optional_string(&mut obj, "lang")?;
-    let created_at_ms = created_at(&mut obj)?;
-    let priority = priority(&mut obj)?;
-    let metadata = match obj.remove("metadata") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(m)) => Some(m),
-        Some(other) => return Err(wrong_type("metadata", "an object", &other)),
-    };
-    Ok(Event {
-        event_id,
-        text,
-        user_id,
-        lang,
-        created_at_ms,
-        priority,
-        metadata,
-    })
+    Decoder::plain(limits).decode(
+        "",
+        RecordParts {
+            key: None,
+            payload,
+            headers: &[],
+        },
+    )
 }
 
 /// When the event happened, for latency: the input record's Kafka
@@ -155,22 +138,8 @@ pub fn event_time_ms(record_timestamp_ms: Option<i64>, event: &Event) -> Option<
         .or(event.created_at_ms)
 }
 
-/// The payload as a JSON object, within the size limit.
-fn decode_object(payload: Option<&[u8]>, limits: &Limits) -> Result<Map<String, Value>, Rejection> {
-    let bytes = match payload {
-        Some(b) if !b.is_empty() => b,
-        _ => return Err(reject(RejectReason::EmptyPayload, "record has no payload")),
-    };
-    if bytes.len() > limits.max_payload_bytes {
-        return Err(reject(
-            RejectReason::PayloadTooLarge,
-            format!(
-                "payload is {} bytes, limit {}",
-                bytes.len(),
-                limits.max_payload_bytes
-            ),
-        ));
-    }
+/// Bytes as a JSON value.
+fn parse_json(bytes: &[u8]) -> Result<Value, Rejection> {
     let text = std::str::from_utf8(bytes).map_err(|e| {
         reject(
             RejectReason::InvalidUtf8,
@@ -179,89 +148,12 @@ fn decode_object(payload: Option<&[u8]>, limits: &Limits) -> Result<Map<String, 
     })?;
     // serde_json stops at 128 levels of nesting with an error, so hostile
     // deeply nested input cannot overflow the stack.
-    let value: Value = serde_json::from_str(text).map_err(|e| {
+    serde_json::from_str(text).map_err(|e| {
         reject(
             RejectReason::InvalidJson,
             format!("payload is not JSON: {e}"),
         )
-    })?;
-    match value {
-        Value::Object(obj) => Ok(obj),
-        other => Err(reject(
-            RejectReason::NotAnObject,
-            format!("payload is JSON {}, not an object", kind(&other)),
-        )),
-    }
-}
-
-/// `created_at`: RFC 3339 or whole epoch milliseconds, ms since the epoch.
-fn created_at(obj: &mut Map<String, Value>) -> Result<Option<i64>, Rejection> {
-    match obj.remove("created_at") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => Ok(Some(n.as_i64().ok_or_else(|| {
-            reject(
-                RejectReason::InvalidField,
-                "created_at: epoch milliseconds must be a whole number",
-            )
-        })?)),
-        Some(Value::String(s)) => Ok(Some(
-            chrono::DateTime::parse_from_rfc3339(&s)
-                .map_err(|e| {
-                    reject(
-                        RejectReason::InvalidField,
-                        format!("created_at: not RFC 3339: {e}"),
-                    )
-                })?
-                .timestamp_millis(),
-        )),
-        Some(other) => Err(wrong_type(
-            "created_at",
-            "an RFC 3339 string or epoch milliseconds",
-            &other,
-        )),
-    }
-}
-
-fn priority(obj: &mut Map<String, Value>) -> Result<Priority, Rejection> {
-    match obj.remove("priority") {
-        None | Some(Value::Null) => Ok(Priority::Normal),
-        Some(Value::String(s)) if s == "normal" => Ok(Priority::Normal),
-        Some(Value::String(s)) if s == "urgent" => Ok(Priority::Urgent),
-        Some(Value::String(s)) => Err(reject(
-            RejectReason::InvalidField,
-            format!("priority: {s:?} is neither \"normal\" nor \"urgent\""),
-        )),
-        Some(other) => Err(wrong_type("priority", "a string", &other)),
-    }
-}
-
-fn required_string(
-    obj: &mut Map<String, Value>,
-    field: &str,
-    missing: RejectReason,
-    empty: RejectReason,
-) -> Result<String, Rejection> {
-    match obj.remove(field) {
-        None | Some(Value::Null) => Err(reject(missing, format!("{field} is missing"))),
-        Some(Value::String(s)) if s.is_empty() => Err(reject(empty, format!("{field} is empty"))),
-        Some(Value::String(s)) => Ok(s),
-        Some(other) => Err(wrong_type(field, "a string", &other)),
-    }
-}
-
-fn optional_string(obj: &mut Map<String, Value>, field: &str) -> Result<Option<String>, Rejection> {
-    match obj.remove(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(wrong_type(field, "a string", &other)),
-    }
-}
-
-fn wrong_type(field: &str, expected: &str, got: &Value) -> Rejection {
-    reject(
-        RejectReason::WrongType,
-        format!("{field} must be {expected}, got {}", kind(got)),
-    )
+    })
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -335,27 +227,42 @@ mod tests {
         assert_eq!(reason(br#"{"event_id":"e"}"#), "missing_text");
         assert_eq!(reason(br#"{"event_id":"e","text":""}"#), "empty_text");
         assert_eq!(reason(br#"{"event_id":"e","text":["t"]}"#), "wrong_type");
-        assert_eq!(
-            reason(br#"{"event_id":"e","text":"t","user_id":5}"#),
-            "wrong_type"
+        // A structured CloudEvent without its specversion.
+        let structured = [(
+            "content-type".to_string(),
+            Some(b"application/cloudevents+json".to_vec()),
+        )];
+        let envelope = Decoder::plain(&Limits::default()).decode(
+            "t",
+            RecordParts {
+                key: None,
+                payload: Some(br#"{"id":"x","data":{"event_id":"e","text":"t"}}"#),
+                headers: &structured,
+            },
         );
-        assert_eq!(
-            reason(br#"{"event_id":"e","text":"t","priority":"asap"}"#),
-            "invalid_field"
-        );
-        assert_eq!(
-            reason(br#"{"event_id":"e","text":"t","created_at":"yesterday"}"#),
-            "invalid_field"
-        );
-        assert_eq!(
-            reason(br#"{"event_id":"e","text":"t","metadata":"x"}"#),
-            "wrong_type"
-        );
+        assert_eq!(envelope.unwrap_err().reason.code(), "invalid_field");
         let long = format!(
             r#"{{"event_id":"e","text":"{}"}}"#,
             "a".repeat(Limits::default().max_text_bytes + 1)
         );
         assert_eq!(reason(long.as_bytes()), "text_too_large");
+    }
+
+    #[test]
+    fn bad_optional_fields_are_left_out_and_the_event_is_moderated() {
+        let e = check(
+            br#"{"event_id":"e","text":"t","user_id":[5],"priority":"asap",
+            "created_at":"yesterday","metadata":"x","lang":7}"#,
+        )
+        .unwrap();
+        assert_eq!((e.user_id, e.lang, e.created_at_ms), (None, None, None));
+        assert_eq!((e.priority, e.metadata), (Priority::Normal, None));
+        let named: Vec<String> = e.warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(named.len(), 5, "{named:?}");
+        assert!(
+            named[0].starts_with("user_id: /user_id must be"),
+            "{named:?}"
+        );
     }
 
     #[test]
