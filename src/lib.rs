@@ -28,6 +28,7 @@ pub mod producer;
 pub mod rebalance;
 pub mod record;
 pub mod reload;
+pub mod schema;
 pub mod score_cache;
 pub mod shadow;
 pub mod shutdown;

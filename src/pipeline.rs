@@ -55,6 +55,8 @@ pub enum PipelineError {
         "{0} events were not delivered before kafka.shutdown_timeout; they stay uncommitted and are reprocessed after a restart"
     )]
     Abandoned(u64),
+    #[error("schema registry: {0}")]
+    Schema(String),
 }
 
 impl Deliver for Sink {
@@ -97,6 +99,9 @@ pub async fn run_with_health(
     tracing::info!(model = %pool.manifest.name, version = %pool.manifest.version, workers = settings.inference.worker_count(), "model loaded");
     health.model_loaded.store(true, Ordering::SeqCst);
 
+    let schemas =
+        crate::schema::SchemaStore::from_settings(&settings).map_err(PipelineError::Schema)?;
+    let verdict_encoder = register_verdict_schema(&settings).await?;
     let sink = Sink::new(&settings.kafka, settings.limits.max_payload_bytes)?;
     let exactly_once = start_transactions(&settings, &sink, &health, &shutdown).await?;
     let consumer_done = CancellationToken::new();
@@ -117,6 +122,13 @@ pub async fn run_with_health(
     // started last so that an early return leaves no task behind.
     let (reloader, scorers) = spawn_reloader(&settings, &pool, loaded_model, &shutdown);
     let shadow = crate::shadow::Shadow::start(&settings);
+    let records = schema_stage(
+        &settings,
+        schemas.clone(),
+        channels.records,
+        &health,
+        &shutdown,
+    );
     let hub = Hub::new(
         settings,
         scorer,
@@ -126,9 +138,10 @@ pub async fn run_with_health(
         health.clone(),
         &shutdown,
     )
-    .with_shadow(shadow);
+    .with_shadow(shadow)
+    .with_formats(schemas, verdict_encoder);
     let inputs = Inputs {
-        records: channels.records,
+        records,
         rebalances: channels.rebalances,
         results,
         scorers,
@@ -146,6 +159,69 @@ pub async fn run_with_health(
     };
     stopped.close().await?;
     stopped_with(summary, producer_fatal)
+}
+
+impl crate::schema::stage::HasPayload for consumer::Ingested {
+    fn payload(&self) -> Option<&[u8]> {
+        self.payload.as_deref()
+    }
+}
+
+/// With a Schema Registry input format, records pass the schema stage on
+/// their way to the hub (it fetches each new schema id first, waiting in
+/// order while the registry cannot answer).
+fn schema_stage(
+    settings: &Settings,
+    schemas: Option<Arc<crate::schema::SchemaStore>>,
+    records: mpsc::Receiver<consumer::Ingested>,
+    health: &Arc<Health>,
+    shutdown: &Shutdown,
+) -> mpsc::Receiver<consumer::Ingested> {
+    let Some(store) = schemas else {
+        return records;
+    };
+    let (tx, rx) = mpsc::channel(records.max_capacity());
+    let stage = crate::schema::stage::Stage {
+        store,
+        health: health.clone(),
+        backoff: settings.schema_registry.retry_backoff,
+        stop: shutdown.stop.clone(),
+    };
+    tokio::spawn(stage.run(records, tx));
+    rx
+}
+
+/// With `output.format = "avro"`: register the verdict schema under
+/// `<output.topic>-value` before consuming, asking again within
+/// `kafka.startup_timeout` while the registry cannot answer.
+async fn register_verdict_schema(
+    settings: &Settings,
+) -> Result<Option<crate::schema::verdict::VerdictEncoder>, PipelineError> {
+    if settings.output.format != crate::config::OutputFormat::Avro {
+        return Ok(None);
+    }
+    let client = crate::schema::RegistryClient::new(&settings.schema_registry)
+        .map_err(PipelineError::Schema)?;
+    let deadline = tokio::time::Instant::now() + settings.kafka.startup_timeout;
+    loop {
+        match crate::schema::verdict::VerdictEncoder::register(&client, &settings.output.topic)
+            .await
+        {
+            Ok(encoder) => {
+                tracing::info!(subject = %format!("{}-value", settings.output.topic), id = encoder.id(), "verdict schema registered");
+                return Ok(Some(encoder));
+            }
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(PipelineError::Schema(format!(
+                    "cannot register the verdict schema within kafka.startup_timeout: {e}"
+                )));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot register the verdict schema yet; asking again");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    }
 }
 
 /// The run's result: its counts, or why it did not end cleanly.

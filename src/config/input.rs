@@ -16,6 +16,10 @@ use super::{ConfigError, invalid, one_or_many};
 pub struct InputSettings {
     #[serde(deserialize_with = "one_or_many")]
     pub topics: Vec<String>,
+    /// How record values are encoded (registry formats need
+    /// `[schema_registry]`).
+    #[serde(default)]
+    pub format: super::InputFormat,
     /// The mapping of every topic without its own.
     #[serde(default)]
     pub mapping: Mapping,

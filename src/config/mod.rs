@@ -14,6 +14,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 mod delivery;
 mod input;
 mod properties;
+mod registry;
 #[cfg(test)]
 mod tests;
 mod validate;
@@ -21,6 +22,7 @@ mod validate;
 pub use delivery::DeliveryMode;
 pub use input::{FieldSource, InputSettings, Mapping, TimeUnit};
 pub use properties::{Properties, REDACTED, is_secret};
+pub use registry::{CloudEventsOutput, InputFormat, OutputFormat, SchemaRegistrySettings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -85,6 +87,8 @@ pub struct Settings {
     pub policy: Policy,
     #[serde(default)]
     pub telemetry: TelemetrySettings,
+    #[serde(default)]
+    pub schema_registry: SchemaRegistrySettings,
     /// The file these settings were read from (SIGHUP reads it again).
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -147,6 +151,10 @@ pub struct OutputSettings {
     pub dlq_topic: String,
     /// Comparison records of the shadow model (`inference.shadow`).
     pub shadow_topic: String,
+    /// Verdicts in JSON, or Avro through the Schema Registry.
+    pub format: OutputFormat,
+    /// Verdicts as CloudEvents.
+    pub cloudevents: CloudEventsOutput,
 }
 
 impl Default for OutputSettings {
@@ -155,6 +163,8 @@ impl Default for OutputSettings {
             topic: "moderation.verdicts".to_string(),
             dlq_topic: "moderation.dlq".to_string(),
             shadow_topic: "moderation.shadow".to_string(),
+            format: OutputFormat::default(),
+            cloudevents: CloudEventsOutput::default(),
         }
     }
 }
@@ -569,6 +579,7 @@ impl Settings {
         validate::kafka(&self.kafka)?;
         validate::topics(&self.input, &self.output)?;
         input::validate(&self.input)?;
+        registry::validate(self)?;
         validate::batching_and_limits(&self.batching, &self.limits)?;
         validate::inference(&self.inference)?;
         validate::policy(&self.policy)

@@ -90,6 +90,55 @@ pub fn open_envelope(envelope: Value) -> Result<(Attributes, Value), Rejection> 
     Ok((attributes, data))
 }
 
+/// A verdict as a CloudEvent (output): its attributes.
+pub struct Outgoing<'a> {
+    /// Unique per input record: `<topic>-<partition>-<offset>` (a verdict
+    /// sent again after a crash has the same id, so readers can drop it).
+    pub id: String,
+    pub source: &'a str,
+    /// The input event's id.
+    pub subject: &'a str,
+    /// When the verdict was made (RFC 3339).
+    pub time: &'a str,
+}
+
+/// The CloudEvents type of a verdict.
+pub const VERDICT_TYPE: &str = "dev.modstream.verdict";
+
+impl Outgoing<'_> {
+    /// Binary mode: the `ce_*` headers (and `content-type`).
+    pub fn headers(&self, content_type: &str) -> Vec<(&'static str, Vec<u8>)> {
+        vec![
+            ("ce_specversion", b"1.0".to_vec()),
+            ("ce_id", self.id.as_bytes().to_vec()),
+            ("ce_source", self.source.as_bytes().to_vec()),
+            ("ce_type", VERDICT_TYPE.as_bytes().to_vec()),
+            ("ce_subject", self.subject.as_bytes().to_vec()),
+            ("ce_time", self.time.as_bytes().to_vec()),
+            ("content-type", content_type.as_bytes().to_vec()),
+        ]
+    }
+
+    /// Structured mode: the JSON envelope around `data`.
+    pub fn envelope(&self, data: Value) -> Vec<u8> {
+        serde_json::json!({
+            "specversion": "1.0",
+            "id": self.id,
+            "source": self.source,
+            "type": VERDICT_TYPE,
+            "subject": self.subject,
+            "time": self.time,
+            "datacontenttype": "application/json",
+            "data": data,
+        })
+        .to_string()
+        .into_bytes()
+    }
+}
+
+/// The content type of a structured-mode CloudEvent.
+pub const STRUCTURED_CONTENT_TYPE: &str = STRUCTURED;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -89,8 +89,21 @@ impl Decoder {
         }
     }
 
-    /// The event of one record of `topic`, or why it has none.
+    /// The event of one record of `topic` whose value is JSON, or why it
+    /// has none.
     pub fn decode(&self, topic: &str, record: RecordParts<'_>) -> Result<Event, Rejection> {
+        self.decode_with(topic, record, parse_json)
+    }
+
+    /// The same, the value (or, for a binary-mode CloudEvent, its data)
+    /// decoded by `value` (a Schema Registry codec); a structured-mode
+    /// CloudEvent is JSON whatever the format.
+    pub fn decode_with(
+        &self,
+        topic: &str,
+        record: RecordParts<'_>,
+        value: impl FnOnce(&[u8]) -> Result<Value, Rejection>,
+    ) -> Result<Event, Rejection> {
         let bytes = match record.payload {
             Some(b) if !b.is_empty() => b,
             _ => return Err(reject(RejectReason::EmptyPayload, "record has no payload")),
@@ -106,8 +119,8 @@ impl Decoder {
             ));
         }
         let (attributes, data) = match cloudevents::carried(record.headers, bytes) {
-            Carried::Plain => (Attributes::new(), parse_json(bytes)?),
-            Carried::Binary(a) => (a, parse_json(bytes)?),
+            Carried::Plain => (Attributes::new(), value(bytes)?),
+            Carried::Binary(a) => (a, value(bytes)?),
             Carried::Structured(envelope) => cloudevents::open_envelope(parse_json(envelope)?)?,
         };
         if !data.is_object() {

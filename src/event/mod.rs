@@ -67,10 +67,15 @@ pub enum RejectReason {
     TextTooLarge,
     /// The model could not score this event (see the inference stage).
     InferenceFailed,
+    /// A Schema Registry format: the registry has no schema of this id.
+    UnknownSchema,
+    /// A Schema Registry format: the bytes are not in the wire format, or
+    /// do not decode by their schema.
+    Undecodable,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 13] = [
+    pub const ALL: [RejectReason; 15] = [
         RejectReason::EmptyPayload,
         RejectReason::PayloadTooLarge,
         RejectReason::InvalidUtf8,
@@ -84,6 +89,8 @@ impl RejectReason {
         RejectReason::InvalidField,
         RejectReason::TextTooLarge,
         RejectReason::InferenceFailed,
+        RejectReason::UnknownSchema,
+        RejectReason::Undecodable,
     ];
 
     pub fn code(self) -> &'static str {
@@ -101,6 +108,8 @@ impl RejectReason {
             RejectReason::InvalidField => "invalid_field",
             RejectReason::TextTooLarge => "text_too_large",
             RejectReason::InferenceFailed => "inference_failed",
+            RejectReason::UnknownSchema => "unknown_schema",
+            RejectReason::Undecodable => "undecodable",
         }
     }
 }
@@ -111,7 +120,7 @@ pub struct Rejection {
     pub message: String,
 }
 
-fn reject(reason: RejectReason, message: impl Into<String>) -> Rejection {
+pub fn reject(reason: RejectReason, message: impl Into<String>) -> Rejection {
     Rejection {
         reason,
         message: message.into(),

@@ -65,15 +65,32 @@ impl<D: Deliver> Hub<D> {
                         live: scorer.clone(),
                     });
                 }
-                let (out, label) = scorer.verdict_record(
+                let (mut out, label) = scorer.verdict_record(
                     &self.settings.output.topic,
                     &pending.tp,
                     pending.offset,
-                    pending.original.key,
+                    pending.original.key.clone(),
                     &pending.event,
                     &probabilities,
                     pending.original.timestamp_ms,
                 );
+                let event_id = &pending.event.event_id;
+                if let Err(e) = self.dress(&mut out, event_id, &pending.tp, pending.offset) {
+                    tracing::error!(error = %e, "a verdict does not fit the output format; dead-lettered");
+                    let rejection = event::Rejection {
+                        reason: RejectReason::Undecodable,
+                        message: format!("the verdict could not be written as output.format: {e}"),
+                    };
+                    let dlq = &self.settings.output.dlq_topic;
+                    let out = record::dead_letter(
+                        dlq,
+                        &pending.tp,
+                        pending.offset,
+                        pending.original,
+                        &rejection,
+                    );
+                    return (out, Outcome::Dlq(RejectReason::Undecodable));
+                }
                 let event_time =
                     event::event_time_ms(pending.original.timestamp_ms, &pending.event);
                 (out, Outcome::Verdict(label, event_time))

@@ -4,9 +4,10 @@
 
 use super::{Deliver, Hub, Outcome};
 use crate::consumer::Ingested;
-use crate::event::{self, Priority};
+use crate::event::{self, Priority, RejectReason};
 use crate::partition::{Partition, Pending, ReadyBatch, Rejected};
 use crate::record::{self, Original};
+use crate::schema::SchemaError;
 use crate::telemetry::metric;
 use crate::tp::Tp;
 use tokio::time::Instant;
@@ -48,7 +49,12 @@ impl<D: Deliver> Hub<D> {
             headers: record.headers,
             timestamp_ms: record.timestamp_ms,
         };
-        match decode(&self.decoder, &record.tp.topic, &original) {
+        match decode(
+            &self.decoder,
+            self.schemas.as_deref(),
+            &record.tp.topic,
+            &original,
+        ) {
             Ok(event) => {
                 let urgent = event.priority == Priority::Urgent;
                 if let Some(controller) = self.slo.as_mut() {
@@ -153,6 +159,7 @@ impl<D: Deliver> Hub<D> {
 /// are counted.
 fn decode(
     decoder: &event::Decoder,
+    schemas: Option<&crate::schema::SchemaStore>,
     topic: &str,
     original: &Original,
 ) -> Result<event::Event, event::Rejection> {
@@ -161,7 +168,15 @@ fn decode(
         payload: original.payload.as_deref(),
         headers: &original.headers,
     };
-    let event = decoder.decode(topic, parts)?;
+    let event = match schemas {
+        None => decoder.decode(topic, parts)?,
+        Some(store) => decoder.decode_with(topic, parts, |bytes| {
+            store.decode(bytes).map_err(|e| match e {
+                SchemaError::UnknownSchema(m) => event::reject(RejectReason::UnknownSchema, m),
+                SchemaError::Undecodable(m) => event::reject(RejectReason::Undecodable, m),
+            })
+        })?,
+    };
     for w in &event.warnings {
         metrics::counter!(metric::FIELD_WARNINGS_TOTAL, "field" => w.field.as_str()).increment(1);
     }

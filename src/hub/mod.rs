@@ -45,6 +45,7 @@ mod batching;
 mod breaker;
 mod delivery;
 mod dispatch;
+mod formats;
 mod intake;
 mod revoke;
 mod transaction;
@@ -198,6 +199,10 @@ pub struct Hub<D: Deliver> {
     txn: Option<transaction::TxnState>,
     /// Reads events from records, by each topic's mapping.
     decoder: crate::event::Decoder,
+    /// With a Schema Registry input format: the schemas the stage fetched.
+    schemas: Option<Arc<crate::schema::SchemaStore>>,
+    /// With `output.format = "avro"`: the registered verdict schema.
+    verdict_encoder: Option<crate::schema::verdict::VerdictEncoder>,
 }
 
 impl<D: Deliver> Hub<D> {
@@ -272,7 +277,21 @@ impl<D: Deliver> Hub<D> {
             dispatch_capacity: workers * 2,
             txn: settings_eos.then(transaction::TxnState::default),
             decoder,
+            schemas: None,
+            verdict_encoder: None,
         }
+    }
+
+    /// Decode input values with these schemas, and write verdicts in Avro
+    /// with this encoder.
+    pub fn with_formats(
+        mut self,
+        schemas: Option<Arc<crate::schema::SchemaStore>>,
+        verdict_encoder: Option<crate::schema::verdict::VerdictEncoder>,
+    ) -> Self {
+        self.schemas = schemas;
+        self.verdict_encoder = verdict_encoder;
+        self
     }
 
     /// Offer every (sampled) live verdict to this shadow model.

@@ -35,6 +35,10 @@ pub struct Health {
     /// `kafka.transaction_timeout` and was aborted, and why (cleared by the
     /// next commit).
     transaction_failing: std::sync::Mutex<Option<String>>,
+    /// With a Schema Registry input format: the registry cannot be reached
+    /// for a schema the next record needs, since when and why (cleared once
+    /// it answers). Records wait, in order, meanwhile.
+    registry_unreachable: std::sync::Mutex<Option<String>>,
 }
 
 /// A partition whose oldest undelivered event has waited too long.
@@ -59,6 +63,20 @@ impl Health {
             && self.unfetched().is_empty()
             && self.delivery_failing().is_none()
             && self.transaction_failing().is_none()
+            && self.registry_unreachable().is_none()
+    }
+
+    pub fn registry_unreachable(&self) -> Option<String> {
+        self.registry_unreachable
+            .lock()
+            .ok()
+            .and_then(|d| d.clone())
+    }
+
+    pub fn set_registry_unreachable(&self, why: Option<String>) {
+        if let Ok(mut d) = self.registry_unreachable.lock() {
+            *d = why;
+        }
     }
 
     pub fn transaction_failing(&self) -> Option<String> {
@@ -114,6 +132,7 @@ impl Health {
             "model_failing": self.model_failing.load(Ordering::SeqCst),
             "delivery_failing": self.delivery_failing(),
             "transaction_failing": self.transaction_failing(),
+            "registry_unreachable": self.registry_unreachable(),
             "stalled": self.stalled(),
             "unfetched": self.unfetched(),
         })

@@ -121,6 +121,11 @@ metric_table! {
     /// begin to its end; the verdict and dead-letter records in each.
     TRANSACTIONS_TOTAL = "modstream_transactions_total", Counter, Count, "transactions ended, by outcome (committed, aborted_failed, aborted_timeout, aborted_rebalance, aborted_shutdown)";
     TRANSACTION_SECONDS = "modstream_transaction_seconds", Histogram, Seconds, "one transaction, from begin to commit or abort";
+    /// With a Schema Registry input format: how long records have waited
+    /// for an unreachable registry (0 when none waits), and the failed
+    /// requests.
+    SCHEMA_REGISTRY_WAIT_SECONDS = "modstream_schema_registry_wait_seconds", Gauge, Seconds, "how long records have waited, in order, for an unreachable schema registry; 0 when none waits";
+    SCHEMA_REGISTRY_ERRORS_TOTAL = "modstream_schema_registry_errors_total", Counter, Count, "schema registry requests that got no usable answer (each is retried; records wait)";
     TRANSACTION_RECORDS = "modstream_transaction_records", Histogram, Count, "verdict and dead-letter records in one committed transaction";
 }
 

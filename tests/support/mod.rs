@@ -20,6 +20,7 @@ pub mod eos;
 mod kafka;
 pub mod load;
 pub mod mock_faults;
+pub mod registry;
 #[allow(unused_imports)]
 pub use kafka::{Broker, Security, Tls, kafka_tool};
 
