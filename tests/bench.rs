@@ -255,6 +255,32 @@ async fn the_delivery_sweep_measures_exactly_once_beside_at_least_once_on_kafka(
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_format_sweep_measures_every_input_format_on_the_same_events() {
+    use modstream::tools::bench::formats::BenchFormat;
+    let registry = support::registry::Registry::start();
+    let all = vec![
+        BenchFormat::Json,
+        BenchFormat::MappedJson,
+        BenchFormat::Avro,
+        BenchFormat::Protobuf,
+    ];
+    let report = tiny_bench(BenchOptions {
+        formats: all.clone(),
+        registry_url: Some(registry.url()),
+        ..tiny_options()
+    })
+    .await;
+    let measured: Vec<BenchFormat> = report.formats.iter().map(|r| r.format).collect();
+    assert_eq!(measured, all);
+    for r in &report.formats {
+        // Every event decoded and judged (the sweep fails on a dead letter).
+        assert!(r.saturation_per_s > 0.0 && r.decode_us > 0.0, "{r:?}");
+        assert!(r.p50_ms <= r.p99_ms, "{r:?}");
+    }
+    assert!(modstream::tools::bench::markdown(&report).contains("**Input formats**"));
+}
+
 /// One batch size, one delay, one latency point of 1 s, no overload run.
 fn tiny_options() -> BenchOptions {
     BenchOptions {
@@ -281,6 +307,9 @@ fn tiny_options() -> BenchOptions {
         delivery_intervals_ms: vec![],
         exactly_once: false,
         commit_interval_ms: None,
+        formats: vec![],
+        registry_url: None,
+        encoding: Default::default(),
         out_dir: PathBuf::new(),
     }
 }

@@ -63,9 +63,18 @@ impl Registry {
         format!("http://127.0.0.1:{}/apis/ccompat/v7", self.port)
     }
 
+    /// Whether `/subjects` answers 200 (false on any error: it is starting).
     fn answers(&self) -> bool {
-        std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-            && super::http_get(self.port, "/apis/ccompat/v7/subjects").0 == 200
+        use std::io::{Read, Write};
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let request = "GET /apis/ccompat/v7/subjects HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+        let mut response = String::new();
+        stream.write_all(request.as_bytes()).is_ok()
+            && stream.read_to_string(&mut response).is_ok()
+            && response.starts_with("HTTP/1.1 200")
     }
 
     /// SIGSTOP (the registry hangs: connections open, no answer) or SIGCONT.

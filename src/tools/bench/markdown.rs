@@ -248,6 +248,7 @@ fn extras(out: &mut String, report: &Report) {
         );
     }
     delivery(out, report);
+    formats(out, report);
     if let Some(o) = &report.overload {
         let _ = writeln!(
             out,
@@ -309,6 +310,30 @@ fn delivery(out: &mut String, report: &Report) {
             r.p50_ms,
             r.p99_ms,
             r.max_ms
+        );
+    }
+    let _ = writeln!(out);
+}
+
+fn formats(out: &mut String, report: &Report) {
+    let Some(json) = report.formats.first() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "**Input formats** (batch 64 / 20 ms; the same events; saturation, then paced at half of it; decoding: value to event with its mapping, one thread)\n\n| format | verdicts/s at saturation | ÷ first | p50 ms | p99 ms | decode µs/event | share of an event's CPU |\n|---|---|---|---|---|---|---|"
+    );
+    for r in &report.formats {
+        let _ = writeln!(
+            out,
+            "| {:?} | {:.0} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} % |",
+            r.format,
+            r.saturation_per_s,
+            r.saturation_per_s / json.saturation_per_s,
+            r.p50_ms,
+            r.p99_ms,
+            r.decode_us,
+            r.decode_share * 100.0
         );
     }
     let _ = writeln!(out);

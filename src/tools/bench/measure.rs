@@ -83,6 +83,7 @@ fn settings(
     if let Some(ms) = opts.commit_interval_ms {
         s.kafka.commit_interval = Duration::from_millis(ms);
     }
+    opts.encoding.configure(&mut s);
     Ok(s)
 }
 
@@ -215,6 +216,7 @@ pub(super) async fn saturation_clocked(
     clock: Clock,
 ) -> anyhow::Result<(f64, crate::pipeline::RunSummary, f64)> {
     let cell = Cell::new(opts).await?;
+    let events = opts.encoding.apply(events);
     send::produce_all(&cell.bootstrap, &cell.input, &events).await?;
     let shutdown = Shutdown::new();
     let health = std::sync::Arc::new(crate::telemetry::Health::default());
@@ -361,7 +363,7 @@ async fn paced(
         .map(|(seconds, rate)| ((rate * seconds) as usize).max(10))
         .collect();
     let count: usize = counts.iter().sum();
-    let events = generate(count, 0, "l-");
+    let events = opts.encoding.apply(generate(count, 0, "l-"));
     let shutdown = Shutdown::new();
     let run = match pipeline {
         Some(b) => Some(tokio::spawn(crate::pipeline::run(
@@ -383,7 +385,7 @@ async fn paced(
     // The warm-up goes through the load's own producer, so that its
     // connection and metadata are not in the first events' latency either.
     let producer = send::event_producer(&bootstrap)?;
-    let warmup = generate(1, 0, "warmup-");
+    let warmup = opts.encoding.apply(generate(1, 0, "warmup-"));
     send::produce_with(&producer, &cell.input, &warmup).await?;
     tokio::task::spawn_blocking(move || warm_rx.recv_timeout(Duration::from_secs(60)))
         .await?

@@ -14,6 +14,7 @@
 
 mod baseline;
 mod chart;
+pub mod formats;
 mod markdown;
 mod measure;
 mod report;
@@ -109,6 +110,16 @@ pub struct BenchOptions {
     /// embedded cluster's `read_committed` is not Kafka's.
     #[arg(long, value_delimiter = ',', num_args = 0..)]
     pub delivery_intervals_ms: Vec<u64>,
+    /// Input formats on the same events, each on the default cell
+    /// (64 / 20 ms): json, mapped_json, avro, protobuf (empty: skip).
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub formats: Vec<formats::BenchFormat>,
+    /// The Schema Registry (Confluent API) for `--formats avro,protobuf`.
+    #[arg(long)]
+    pub registry_url: Option<String>,
+    /// Set by the format sweep for its runs.
+    #[arg(skip)]
+    pub encoding: formats::Encoding,
     /// Set by the delivery sweep for its runs.
     #[arg(skip)]
     pub exactly_once: bool,
@@ -150,6 +161,11 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let overload = overload_row(&opts, &sweep.saturation).await?;
     let shadow = shadow_row(&opts).await?;
     let delivery = delivery_rows(&opts).await?;
+    let formats = if opts.formats.is_empty() {
+        Vec::new()
+    } else {
+        formats::rows(&opts).await?
+    };
     let baseline = match &opts.python {
         Some(python) => {
             let row = baseline::run(&opts, python).await?;
@@ -181,6 +197,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         broker_floor: sweep.broker_floor,
         shadow,
         delivery,
+        formats,
     };
     write_report(&report, &opts.out_dir)?;
     Ok(report)

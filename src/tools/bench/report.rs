@@ -115,6 +115,37 @@ pub struct Report {
     /// At-least-once against exactly-once at some transaction intervals.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub delivery: Vec<DeliveryRow>,
+    /// Input formats on the same events (`--formats`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub formats: Vec<FormatRow>,
+}
+
+/// One input format on the default cell: saturation, latency at half of
+/// it, and what reading a value into an event costs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FormatRow {
+    pub format: super::formats::BenchFormat,
+    pub saturation_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// Microseconds per event to decode and map (one thread).
+    pub decode_us: f64,
+    /// That, over the CPU time an event gets at saturation (all cores).
+    pub decode_share: f64,
+}
+
+impl FormatRow {
+    pub fn print(&self) {
+        eprintln!(
+            "{:?}: {:.0}/s at saturation; at half of it p50 {:.1} ms, p99 {:.1} ms; decoding {:.1} µs/event ({:.1} % of an event's CPU at saturation)",
+            self.format,
+            self.saturation_per_s,
+            self.p50_ms,
+            self.p99_ms,
+            self.decode_us,
+            self.decode_share * 100.0
+        );
+    }
 }
 
 /// One delivery mode on the default cell: saturation, and the latency a
