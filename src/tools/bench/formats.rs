@@ -18,17 +18,7 @@ use crate::schema::codec::{Codec, Texts};
 use crate::schema::{RegistryClient, SchemaStore};
 use crate::tools::generator::{GeneratedEvent, generate};
 
-/// A contender of the sweep.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum BenchFormat {
-    Json,
-    MappedJson,
-    Avro,
-    Protobuf,
-}
+pub use super::report::BenchFormat;
 
 const AVRO: &str = r#"{"type": "record", "name": "Post", "namespace": "bench", "fields": [
   {"name": "id", "type": "string"}, {"name": "title", "type": "string"},
@@ -219,8 +209,10 @@ pub async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<FormatRow>> {
             ..opts.clone()
         };
         let events = generate(opts.events, 0, "f-");
+        // Written in the format here; the latency run writes its own.
+        let written = encoding.apply(events.clone());
         let (per_s, summary, _) =
-            measure::saturation_clocked(&o, cell, events.clone(), Clock::Middle).await?;
+            measure::saturation_clocked(&o, cell, written, Clock::Middle).await?;
         anyhow::ensure!(
             summary.dlq == 0,
             "{format:?}: {} dead letters: the events do not fit their mapping",

@@ -178,8 +178,7 @@ impl Cell {
     }
 }
 
-/// Pipeline at saturation: the generator's events pre-produced, then timed
-/// to the last verdict.
+/// Pipeline at saturation: the generator's events pre-produced, timed to the last verdict.
 pub(super) async fn saturation(
     opts: &BenchOptions,
     b: Batching,
@@ -216,7 +215,6 @@ pub(super) async fn saturation_clocked(
     clock: Clock,
 ) -> anyhow::Result<(f64, crate::pipeline::RunSummary, f64)> {
     let cell = Cell::new(opts).await?;
-    let events = opts.encoding.apply(events);
     send::produce_all(&cell.bootstrap, &cell.input, &events).await?;
     let shutdown = Shutdown::new();
     let health = std::sync::Arc::new(crate::telemetry::Health::default());

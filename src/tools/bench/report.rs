@@ -120,11 +120,21 @@ pub struct Report {
     pub formats: Vec<FormatRow>,
 }
 
+/// A contender of the format sweep (`--formats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BenchFormat {
+    Json,
+    MappedJson,
+    Avro,
+    Protobuf,
+}
+
 /// One input format on the default cell: saturation, latency at half of
 /// it, and what reading a value into an event costs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FormatRow {
-    pub format: super::formats::BenchFormat,
+    pub format: BenchFormat,
     pub saturation_per_s: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
