@@ -111,7 +111,7 @@ pub struct BenchOptions {
     #[arg(long, value_delimiter = ',', num_args = 0..)]
     pub delivery_intervals_ms: Vec<u64>,
     /// Input formats on the same events, each on the default cell
-    /// (64 / 20 ms): json, mapped_json, avro, protobuf (empty: skip).
+    /// (64 / 20 ms): json, mapped-json, avro, protobuf (empty: skip).
     #[arg(long, value_delimiter = ',', num_args = 0..)]
     pub formats: Vec<formats::BenchFormat>,
     /// The Schema Registry (Confluent API) for `--formats avro,protobuf`.
