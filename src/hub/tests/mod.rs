@@ -243,6 +243,47 @@ async fn a_malformed_record_is_dead_lettered_in_its_place() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn verdicts_go_out_as_cloudevents_in_either_mode() {
+    use crate::config::CloudEventsOutput;
+    for mode in [CloudEventsOutput::Binary, CloudEventsOutput::Structured] {
+        let mut h = harness();
+        h.hub.settings.output.cloudevents = mode;
+        h.push(record(0, 0, 0));
+        h.push(record(0, 1, 0));
+        let job = h.jobs.try_recv().unwrap();
+        h.result(scored(&job));
+        let sent = h.outbox.0.lock().unwrap().clone();
+        assert_eq!(sent.len(), 2);
+        let header = |r: &OutRecord, name: &str| {
+            r.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .and_then(|(_, v)| v.clone())
+                .map(|v| String::from_utf8(v).unwrap())
+        };
+        let body: serde_json::Value =
+            serde_json::from_slice(sent[1].payload.as_deref().unwrap()).unwrap();
+        match mode {
+            CloudEventsOutput::Binary => {
+                assert_eq!(header(&sent[1], "ce_subject").as_deref(), Some("e1"));
+                assert_eq!(header(&sent[1], "ce_id").as_deref(), Some("posts-0-1"));
+                assert_eq!(body["event_id"], "e1", "the value is the verdict");
+            }
+            _ => {
+                assert_eq!(
+                    header(&sent[1], "content-type").as_deref(),
+                    Some("application/cloudevents+json")
+                );
+                assert_eq!(body["specversion"], "1.0");
+                assert_eq!(body["subject"], "e1");
+                assert_eq!(body["type"], "dev.modstream.verdict");
+                assert_eq!(body["data"]["event_id"], "e1", "the verdict is the data");
+            }
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_revoke_during_inference_waits_for_the_verdicts_then_answers_the_position() {
     let mut h = harness();
     h.push(record(0, 0, 0));
