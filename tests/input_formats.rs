@@ -3,6 +3,8 @@
 //! and structured mode, and optional fields that cannot be read left out
 //! with a warning instead of sending the post to the DLQ.
 
+mod support;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -14,7 +16,7 @@ use modstream::config::Mapping;
 use modstream::shutdown::Shutdown;
 use modstream::tools::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS};
 use modstream::tools::embedded::EmbeddedBroker;
-use modstream::tools::read::{self, ReadRecord};
+use modstream::tools::read::ReadRecord;
 
 const PARTITIONS: i32 = 2;
 
@@ -48,21 +50,6 @@ async fn produce(bootstrap: &str, records: &[Input]) {
     }
 }
 
-async fn read(
-    bootstrap: &str,
-    topic: &'static str,
-    partitions: i32,
-    want: usize,
-) -> Vec<ReadRecord> {
-    let b = bootstrap.to_string();
-    tokio::task::spawn_blocking(move || {
-        read::read_topic(&b, topic, partitions, want, Duration::from_secs(60))
-    })
-    .await
-    .unwrap()
-    .unwrap()
-}
-
 /// Run the pipeline with `mapping` until `verdicts` verdicts and `dlq`
 /// dead letters are out; returns them, by event id for the verdicts.
 async fn run(
@@ -84,9 +71,9 @@ async fn run(
     settings.validate().unwrap();
     let shutdown = Shutdown::new();
     let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
-    let out = read(&bootstrap, DEMO_VERDICTS, PARTITIONS, verdicts).await;
+    let out = support::read_records(&bootstrap, DEMO_VERDICTS, PARTITIONS, verdicts).await;
     let dead = if dlq > 0 {
-        read(&bootstrap, DEMO_DLQ, 1, dlq).await
+        support::read_records(&bootstrap, DEMO_DLQ, 1, dlq).await
     } else {
         Vec::new()
     };

@@ -53,21 +53,6 @@ fn committed_and_end(bootstrap: &str, group: &str) -> Vec<(i64, i64)> {
         .collect()
 }
 
-async fn read(
-    bootstrap: &str,
-    topic: &'static str,
-    partitions: i32,
-    want: usize,
-) -> Vec<ReadRecord> {
-    let b = bootstrap.to_string();
-    tokio::task::spawn_blocking(move || {
-        read::read_topic(&b, topic, partitions, want, Duration::from_secs(60))
-    })
-    .await
-    .unwrap()
-    .unwrap()
-}
-
 /// Reads a little past `want` so that duplicates would show.
 async fn read_settled(
     bootstrap: &str,
@@ -75,7 +60,7 @@ async fn read_settled(
     partitions: i32,
     want: usize,
 ) -> Vec<ReadRecord> {
-    let mut records = read(bootstrap, topic, partitions, want).await;
+    let mut records = support::read_records(bootstrap, topic, partitions, want).await;
     let b = bootstrap.to_string();
     let extra = tokio::task::spawn_blocking(move || {
         read::read_topic(&b, topic, partitions, usize::MAX, Duration::from_secs(2))
@@ -185,7 +170,9 @@ async fn clean_shutdown_mid_stream_then_restart_gives_every_event_one_verdict() 
     let first = tokio::spawn(modstream::pipeline::run(settings.clone(), shutdown.clone()));
     let started = Instant::now();
     loop {
-        let seen = read(&bootstrap, DEMO_VERDICTS, PARTITIONS, 200).await.len();
+        let seen = support::read_records(&bootstrap, DEMO_VERDICTS, PARTITIONS, 200)
+            .await
+            .len();
         if seen >= 200 || started.elapsed() > Duration::from_secs(60) {
             break;
         }

@@ -75,22 +75,6 @@ impl Running {
     }
 }
 
-/// Records of `topic` now, read to their end (JSON verdicts or DLQ records).
-async fn read_all(
-    bootstrap: &str,
-    topic: &'static str,
-    partitions: i32,
-    want: usize,
-) -> Vec<read::ReadRecord> {
-    let b = bootstrap.to_string();
-    tokio::task::spawn_blocking(move || {
-        read::read_topic(&b, topic, partitions, want, Duration::from_secs(60))
-    })
-    .await
-    .unwrap()
-    .unwrap()
-}
-
 /// How many records `topic` holds now.
 async fn count_now(bootstrap: &str, topic: &'static str) -> usize {
     let b = bootstrap.to_string();
@@ -163,7 +147,7 @@ async fn avro_evolved_mid_stream_and_bad_records_with_avro_verdicts_read_by_the_
     s.output.format = OutputFormat::Avro;
     s.output.cloudevents = CloudEventsOutput::Binary;
     let running = start(s);
-    let dlq = read_all(&bootstrap, DEMO_DLQ, 1, 3).await;
+    let dlq = support::read_records(&bootstrap, DEMO_DLQ, 1, 3).await;
     let (b, r) = (bootstrap.clone(), registry.clone());
     let verdicts = blocking(move || registry::avro_verdicts(&b, &r, DEMO_VERDICTS, 200)).await;
     let summary = running.stop().await;
@@ -222,10 +206,10 @@ async fn protobuf_and_json_schema_events_are_read_by_the_mapping() {
         let (b, r) = (bootstrap.clone(), registry.clone());
         blocking(move || registry::produce(&b, &r, DEMO_INPUT, format, 0, 100)).await;
         let running = start(settings(&bootstrap, &registry, input));
-        let verdicts = read_all(&bootstrap, DEMO_VERDICTS, 2, 100).await;
+        let verdicts = support::read_records(&bootstrap, DEMO_VERDICTS, 2, 100).await;
         let summary = running.stop().await;
         if summary.dlq > 0 {
-            let d = &read_all(&bootstrap, DEMO_DLQ, 1, 1).await[0];
+            let d = &support::read_records(&bootstrap, DEMO_DLQ, 1, 1).await[0];
             panic!(
                 "{format}: {}",
                 String::from_utf8_lossy(&d.headers["modstream.message"])
@@ -249,7 +233,12 @@ async fn a_registry_hung_for_20_s_dead_letters_nothing_and_the_partitions_resume
     let (b, r) = (bootstrap.clone(), registry.clone());
     blocking(move || registry::produce(&b, &r, DEMO_INPUT, "avro", 0, 100)).await;
     let running = start(settings(&bootstrap, &registry, InputFormat::Avro));
-    assert_eq!(read_all(&bootstrap, DEMO_VERDICTS, 2, 100).await.len(), 100);
+    assert_eq!(
+        support::read_records(&bootstrap, DEMO_VERDICTS, 2, 100)
+            .await
+            .len(),
+        100
+    );
     // A producer with schema v2's id in its cache; then the registry hangs
     // (SIGSTOP: connections open, no answer) and v2 records arrive.
     let (b, r) = (bootstrap.clone(), registry.clone());
@@ -272,7 +261,7 @@ async fn a_registry_hung_for_20_s_dead_letters_nothing_and_the_partitions_resume
     let dead = count_now(&bootstrap, DEMO_DLQ).await;
     assert_eq!(dead, 0, "nothing dead-lettered for the registry's outage");
     registry.signal("-CONT");
-    let verdicts = read_all(&bootstrap, DEMO_VERDICTS, 2, 200).await;
+    let verdicts = support::read_records(&bootstrap, DEMO_VERDICTS, 2, 200).await;
     assert_eq!(verdicts.len(), 200, "the partitions resumed");
     assert_eq!(
         running.health.registry_unreachable(),

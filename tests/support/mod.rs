@@ -545,3 +545,20 @@ pub fn log_of(dir: &Path, name: &str) -> String {
         std::env::var_os("MODSTREAM_TEST_LOGDIR").map_or_else(|| dir.to_path_buf(), Into::into);
     std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
 }
+
+/// `topic` read from its beginning until `want` records arrived or 60 s
+/// passed, off the async runtime.
+pub async fn read_records(
+    bootstrap: &str,
+    topic: &'static str,
+    partitions: i32,
+    want: usize,
+) -> Vec<modstream::tools::read::ReadRecord> {
+    let b = bootstrap.to_string();
+    tokio::task::spawn_blocking(move || {
+        modstream::tools::read::read_topic(&b, topic, partitions, want, Duration::from_secs(60))
+    })
+    .await
+    .unwrap()
+    .unwrap()
+}
