@@ -24,6 +24,7 @@ pub mod manifest;
 pub mod offsets;
 pub mod partition;
 pub mod pipeline;
+pub mod policy;
 pub mod producer;
 pub mod rebalance;
 pub mod record;

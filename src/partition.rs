@@ -14,11 +14,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use std::sync::Arc;
+
 use crate::batcher::{Batcher, CloseReason, ClosedBatch};
 use crate::event;
 use crate::offsets::OffsetTracker;
+use crate::policy::Ruleset;
 use crate::record::{Original, OutRecord};
 use crate::tp::Tp;
+use crate::verdict::Scorer;
 
 /// A valid event waiting for its verdict.
 #[derive(Debug)]
@@ -35,13 +39,29 @@ pub struct Pending {
     pub received_at: Instant,
     /// Its share of `limits.max_in_flight_bytes` (see [`crate::consumer::ByteBudget`]).
     pub bytes: Option<tokio::sync::OwnedSemaphorePermit>,
-    /// The model that scored it, when a reload switched from the one the
-    /// pipeline started with.
-    pub scored_by: Option<std::sync::Arc<crate::verdict::Scorer>>,
+    /// The rules in force when it arrived, and the one that decides it
+    /// (which models score it, and by which thresholds).
+    pub rules: Arc<Ruleset>,
+    pub rule: usize,
+    /// Each model that scored it so far, in the order they ran: (model
+    /// index, the model version's identity, probabilities).
+    pub scores: Vec<(usize, Arc<Scorer>, Vec<f32>)>,
+    /// Why a model could not score it: it goes to the DLQ, and the models
+    /// after that one skip it.
+    pub failed: Option<String>,
 }
 
-/// An event with its probabilities, or why the model could not score it.
-pub type Scored = (Pending, Result<Vec<f32>, String>);
+impl Pending {
+    /// Whether model `model` is still to score this event.
+    pub fn needs(&self, model: usize) -> bool {
+        self.failed.is_none()
+            && self
+                .rules
+                .rules
+                .get(self.rule)
+                .is_some_and(|r| r.runs(model))
+    }
+}
 
 /// An invalid event's dead-letter record, put in line with the partition's
 /// batches (exactly-once: records are handed over in offset order).
@@ -57,7 +77,8 @@ pub struct Rejected {
 /// What [`Partition::next_in_order`] hands back.
 #[derive(Debug)]
 pub enum Finished {
-    Scored(Vec<Scored>),
+    /// Every model that was to score them has (or one failed).
+    Scored(Vec<Pending>),
     Rejected(Box<Rejected>),
 }
 
@@ -159,7 +180,7 @@ impl Partition {
     }
 
     /// A batch came back from the model.
-    pub fn scored(&mut self, seq: u64, scored: Vec<Scored>) {
+    pub fn scored(&mut self, seq: u64, scored: Vec<Pending>) {
         self.finished.insert(seq, Finished::Scored(scored));
     }
 
@@ -215,7 +236,6 @@ impl Partition {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::sync::Arc;
 
     pub fn tp(partition: i32) -> Tp {
         Tp {
@@ -232,7 +252,10 @@ pub(crate) mod tests {
             original: Original::default(),
             received_at: Instant::now(),
             bytes: None,
-            scored_by: None,
+            rules: Arc::new(one_model_rules()),
+            rule: 0,
+            scores: Vec::new(),
+            failed: None,
             event: event::validate(
                 Some(format!(r#"{{"event_id":"e{offset}","text":"post {offset}"}}"#).as_bytes()),
                 &Default::default(),
@@ -241,16 +264,22 @@ pub(crate) mod tests {
         }
     }
 
-    fn score(batch: ReadyBatch) -> Vec<Scored> {
-        batch
-            .items
-            .into_iter()
-            .map(|p| (p, Ok(vec![0.1])))
-            .collect()
+    /// `[policy]`'s default rule over one model with one label.
+    pub fn one_model_rules() -> Ruleset {
+        let model = crate::policy::ModelLabels {
+            name: "default".into(),
+            labels: vec!["offensive".into()],
+            score_label: 0,
+        };
+        Ruleset::from_config(&Default::default(), &[model]).unwrap()
     }
 
-    fn offsets(scored: &[Scored]) -> Vec<i64> {
-        scored.iter().map(|(p, _)| p.offset).collect()
+    fn score(batch: ReadyBatch) -> Vec<Pending> {
+        batch.items
+    }
+
+    fn offsets(scored: &[Pending]) -> Vec<i64> {
+        scored.iter().map(|p| p.offset).collect()
     }
 
     #[tokio::test(start_paused = true)]

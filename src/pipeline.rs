@@ -24,11 +24,13 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::consumer::{self, ConsumerError};
 use crate::event::RejectReason;
-use crate::hub::{Deliver, Hub, Inputs};
+use crate::hub::{Deliver, Hub, Inputs, ModelLane};
 use crate::inference::{InferenceError, InferencePool};
+use crate::policy::{ModelLabels, Ruleset};
 use crate::producer::{ProducerError, Sink};
 use crate::record::OutRecord;
 use crate::record::RecordKind;
+use crate::reload::PolicySource;
 use crate::shutdown::Shutdown;
 use crate::telemetry::Health;
 use crate::telemetry::metric::{
@@ -86,17 +88,7 @@ pub async fn run_with_health(
     shutdown: Shutdown,
     health: Arc<Health>,
 ) -> Result<RunSummary, PipelineError> {
-    // What the sessions are loaded from, taken first: a change while they
-    // load is seen by the hot reload (at worst one reload too many).
-    let loaded_model = crate::reload::fingerprint(&settings.inference.model_dir);
-    let (results_tx, results) = mpsc::channel(settings.inference.worker_count() * 4);
-    let pool = InferencePool::start(
-        &settings.inference,
-        settings.batching.max_batch_size,
-        results_tx,
-    )?;
-    let scorer = Scorer::new(&pool.manifest, &settings.policy)?;
-    tracing::info!(model = %pool.manifest.name, version = %pool.manifest.version, workers = settings.inference.worker_count(), "model loaded");
+    let models = start_models(&settings)?;
     health.model_loaded.store(true, Ordering::SeqCst);
 
     let schemas =
@@ -120,7 +112,7 @@ pub async fn run_with_health(
     let watchdog = shutdown_watchdog(&shutdown, settings.kafka.shutdown_timeout);
     // Hot reload: a new model (or, on SIGHUP, policy) while running;
     // started last so that an early return leaves no task behind.
-    let (reloader, scorers) = spawn_reloader(&settings, &pool, loaded_model, &shutdown);
+    let (reloader, scorers, policies) = spawn_reloader(&settings, &models, &shutdown);
     let shadow = crate::shadow::Shadow::start(&settings);
     let records = schema_stage(
         &settings,
@@ -129,10 +121,11 @@ pub async fn run_with_health(
         &health,
         &shutdown,
     );
+    let lanes = models.lanes();
     let hub = Hub::new(
         settings,
-        scorer,
-        pool.jobs(),
+        lanes,
+        models.rules.clone(),
         sink.clone(),
         channels.positions,
         health.clone(),
@@ -143,8 +136,9 @@ pub async fn run_with_health(
     let inputs = Inputs {
         records,
         rebalances: channels.rebalances,
-        results,
+        results: models.results,
         scorers,
+        policies,
     };
     let (summary, producer_fatal) = hub.run(inputs).await;
     watchdog.abort();
@@ -153,7 +147,7 @@ pub async fn run_with_health(
     let stopped = Stopped {
         aborted: shutdown.abort.is_cancelled(),
         sink,
-        pool,
+        pools: models.pools,
         consumer,
         consumer_done,
     };
@@ -274,29 +268,104 @@ async fn start_transactions(
     }))
 }
 
-/// The hot reload task, and where the hub learns each new scorer.
+/// The models, loaded (before any connection), and the policy over them.
+struct Models {
+    specs: Vec<crate::config::ModelSpec>,
+    pools: Vec<InferencePool>,
+    /// What each model's sessions were loaded from, taken first: a change
+    /// while they load is seen by the hot reload (at worst one reload too many).
+    loaded: Vec<Option<crate::reload::Fingerprint>>,
+    results: mpsc::Receiver<crate::inference::InferenceResult>,
+    rules: Ruleset,
+}
+
+fn start_models(settings: &Settings) -> Result<Models, PipelineError> {
+    let specs = settings.models();
+    let loaded = specs
+        .iter()
+        .map(|m| crate::reload::fingerprint(&m.inference.model_dir))
+        .collect();
+    let workers: usize = specs.iter().map(|m| m.inference.worker_count()).sum();
+    let (results_tx, results) = mpsc::channel(workers * 4);
+    let mut pools = Vec::new();
+    for spec in &specs {
+        let pool = InferencePool::start(&spec.inference, spec.max_batch, results_tx.clone())?;
+        let m = &pool.manifest;
+        tracing::info!(model = %spec.name, name = %m.name, version = %m.version, workers = spec.inference.worker_count(), "model loaded");
+        pools.push(pool);
+    }
+    let labels: Vec<ModelLabels> = specs
+        .iter()
+        .zip(&pools)
+        .map(|(s, p)| ModelLabels::of(&s.name, &p.manifest))
+        .collect();
+    let rules = PolicySource::of(settings).rules(&labels)?;
+    tracing::info!(version = %rules.version, rules = ?rules.rule_ids().collect::<Vec<_>>(), "policy in force");
+    Ok(Models {
+        specs,
+        pools,
+        loaded,
+        results,
+        rules,
+    })
+}
+
+impl Models {
+    fn lanes(&self) -> Vec<ModelLane> {
+        self.specs
+            .iter()
+            .zip(&self.pools)
+            .map(|(spec, pool)| ModelLane {
+                scorer: Scorer::named(&spec.name, &pool.manifest),
+                jobs: pool.jobs(),
+                workers: spec.inference.worker_count(),
+                max_batch: spec.max_batch,
+            })
+            .collect()
+    }
+}
+
+/// The hot reload task, and where the hub learns each new model version
+/// and policy.
+#[allow(clippy::type_complexity)]
 fn spawn_reloader(
     settings: &Settings,
-    pool: &InferencePool,
-    loaded: Option<crate::reload::Fingerprint>,
+    models: &Models,
     shutdown: &Shutdown,
 ) -> (
     tokio::task::JoinHandle<()>,
     mpsc::Receiver<crate::verdict::NewScorer>,
+    mpsc::Receiver<Arc<Ruleset>>,
 ) {
     // Reloads are rare and the hub takes each at once (first in its loop).
     let (scorers_tx, scorers) = mpsc::channel(4);
-    let reloader = crate::reload::Reloader {
-        settings: settings.clone(),
-        max_batch: settings.batching.max_batch_size,
-        swaps: pool.swaps(),
-        scorers: scorers_tx,
-        loaded,
-        refused: None,
-        manifest: pool.manifest.clone(),
-        version: 0,
-    };
-    (tokio::spawn(reloader.run(shutdown.stop.clone())), scorers)
+    let (policies_tx, policies) = mpsc::channel(4);
+    let reloads = models
+        .specs
+        .iter()
+        .zip(&models.pools)
+        .zip(&models.loaded)
+        .map(|((spec, pool), loaded)| crate::reload::ModelReload {
+            spec: spec.clone(),
+            swaps: pool.swaps(),
+            loaded: loaded.clone(),
+            refused: None,
+            manifest: pool.manifest.clone(),
+            version: 0,
+        })
+        .collect();
+    let reloader = crate::reload::Reloader::new(
+        settings,
+        reloads,
+        models.rules.clone(),
+        scorers_tx,
+        policies_tx,
+    );
+    (
+        tokio::spawn(reloader.run(shutdown.stop.clone())),
+        scorers,
+        policies,
+    )
 }
 
 /// The consumer reached the cluster; check the producer does too (same
@@ -335,7 +404,7 @@ fn shutdown_watchdog(
 struct Stopped {
     aborted: bool,
     sink: Sink,
-    pool: InferencePool,
+    pools: Vec<InferencePool>,
     consumer: consumer::ConsumerThread,
     consumer_done: CancellationToken,
 }
@@ -347,7 +416,7 @@ impl Stopped {
         let Stopped {
             aborted,
             sink,
-            pool,
+            pools,
             consumer,
             consumer_done,
         } = self;
@@ -358,7 +427,9 @@ impl Stopped {
             } else {
                 let _ = sink.flush(std::time::Duration::from_secs(5));
             }
-            pool.shutdown();
+            for pool in pools {
+                pool.shutdown();
+            }
         })
         .await;
         consumer_done.cancel();
@@ -367,6 +438,26 @@ impl Stopped {
             .unwrap_or(Err(ConsumerError::Panicked));
         tracing::debug!("consumer thread joined");
         joined
+    }
+}
+
+/// The labelled series of the models: shadow agreement and failures, errors, events per model.
+fn register_model_zeroes(settings: &crate::config::Settings) {
+    use metrics::counter;
+    for live in Verdict::ALL {
+        for shadow in Verdict::ALL {
+            counter!(metric::SHADOW_AGREEMENT_TOTAL, "live" => live.as_str(), "shadow" => shadow.as_str())
+                .absolute(0);
+        }
+    }
+    for stage in ShadowStage::ALL {
+        counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => stage.as_str()).absolute(0);
+    }
+    for kind in ErrorKind::ALL {
+        counter!(metric::ERRORS_TOTAL, "kind" => kind.as_str()).absolute(0);
+    }
+    for model in settings.models() {
+        counter!(metric::MODEL_EVENTS_TOTAL, "model" => model.name).absolute(0);
     }
 }
 
@@ -406,18 +497,7 @@ pub fn register_zeroes(settings: &crate::config::Settings) {
         counter!(metric::MODEL_RELOADS_TOTAL, "outcome" => outcome).absolute(0);
         counter!(metric::POLICY_RELOADS_TOTAL, "outcome" => outcome).absolute(0);
     }
-    for live in Verdict::ALL {
-        for shadow in Verdict::ALL {
-            counter!(metric::SHADOW_AGREEMENT_TOTAL, "live" => live.as_str(), "shadow" => shadow.as_str())
-                .absolute(0);
-        }
-    }
-    for stage in ShadowStage::ALL {
-        counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => stage.as_str()).absolute(0);
-    }
-    for kind in ErrorKind::ALL {
-        counter!(metric::ERRORS_TOTAL, "kind" => kind.as_str()).absolute(0);
-    }
+    register_model_zeroes(settings);
     for m in metric::TABLE {
         // Those without labels; the labelled ones are above.
         let labelled = [
@@ -433,6 +513,9 @@ pub fn register_zeroes(settings: &crate::config::Settings) {
             metric::TRANSACTIONS_TOTAL,
             metric::MODEL_RELOADS_TOTAL,
             metric::POLICY_RELOADS_TOTAL,
+            // Per rule (the hub, from the policy) and per model (above).
+            metric::POLICY_VERDICTS_TOTAL,
+            metric::MODEL_EVENTS_TOTAL,
             metric::SHADOW_AGREEMENT_TOTAL,
             metric::SHADOW_FAILURES_TOTAL,
             metric::ERRORS_TOTAL,

@@ -21,16 +21,19 @@ use crate::tp::Tp;
 pub enum RecordKind {
     Verdict,
     Dlq,
+    /// An audit record for `output.decisions_topic`.
+    Decision,
 }
 
 impl RecordKind {
-    pub const ALL: [RecordKind; 2] = [RecordKind::Verdict, RecordKind::Dlq];
+    pub const ALL: [RecordKind; 3] = [RecordKind::Verdict, RecordKind::Dlq, RecordKind::Decision];
 
     /// The metric label value and log field.
     pub fn as_str(self) -> &'static str {
         match self {
             RecordKind::Verdict => "verdict",
             RecordKind::Dlq => "dlq",
+            RecordKind::Decision => "decision",
         }
     }
 }

@@ -1,21 +1,27 @@
-//! Hot reload: a new model, or a new policy, without stopping.
+//! Hot reload: a new model version, or a new policy, without stopping.
 //!
 //! Every `inference.reload_interval` (and at once on SIGHUP) the watcher
-//! looks at `inference.model_dir`: the directory it resolves to (a symlink
+//! looks at each model's directory: the directory it resolves to (a symlink
 //! swapped to another version directory) and the size and modification time
 //! of its manifest, model and tokenizer files. When they changed it loads
 //! the model from the resolved directory in new sessions, one per worker,
 //! beside the running ones, and warms each up (the same rule as at start: a
-//! failed warm-up is a warning); only when all loaded, and the policy
-//! accepts the new labels, does the hub learn the new version's scorer and
-//! each worker switch, at its next job (a batch boundary). The verdicts then
-//! carry the new model's name and version. A model that fails to load is
-//! refused: the old one keeps serving, the error is logged and counted
-//! (`modstream_model_reloads_total{outcome="refused"}`), /readyz stays ready,
-//! and the same files are not tried again until they change.
+//! failed warm-up is a warning); only when all loaded, and the policy still
+//! fits the new labels, does the hub learn the new version and each worker
+//! switch, at its next job (a batch boundary). The verdicts then carry the
+//! new model's name and version. A model that fails to load is refused: the
+//! old one keeps serving, the error is logged and counted
+//! (`modstream_model_reloads_total{outcome="refused"}`), /readyz stays
+//! ready, and the same files are not tried again until they change.
 //!
-//! SIGHUP also reads the configuration file again and applies its `policy`
-//! section (validated first; a bad one is refused the same way).
+//! The policy: `policy.file` is looked at on the same interval (its size
+//! and modification time) and read again on SIGHUP; without a file, SIGHUP
+//! reads the configuration's `[policy]` again. A new policy is checked
+//! against every loaded model before it takes over, and refused whole
+//! (logged, `modstream_policy_reloads_total{outcome="refused"}`) if any rule
+//! is wrong: the old one stays. The hub stamps each event with the policy
+//! in force when it arrived, so a change applies from one point of each
+//! partition on, never to part of an event.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,9 +30,10 @@ use std::time::SystemTime;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{InferenceSettings, Policy, Settings};
+use crate::config::{InferenceSettings, ModelSpec, Policy, Settings};
 use crate::inference::{self, Swap};
 use crate::manifest::Manifest;
+use crate::policy::{ModelLabels, Ruleset};
 use crate::score_cache::ScoreCache;
 use crate::telemetry::metric::{self, ReloadOutcome};
 use crate::verdict::{NewScorer, Scorer};
@@ -51,14 +58,41 @@ pub fn fingerprint(model_dir: &Path) -> Option<Fingerprint> {
     Some(Fingerprint { resolved, files })
 }
 
-/// The running model and policy, and the workers to switch.
-pub struct Reloader {
-    pub settings: Settings,
-    pub max_batch: usize,
+/// The policy file as it is now (size, modification time).
+fn file_stamp(path: &Path) -> Option<(u64, Option<SystemTime>)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.len(), meta.modified().ok()))
+}
+
+/// Where the policy comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PolicySource {
+    File(PathBuf),
+    /// The configuration's `[policy]` thresholds.
+    Config(Policy),
+}
+
+impl PolicySource {
+    pub fn of(settings: &Settings) -> PolicySource {
+        match &settings.policy.file {
+            Some(path) => PolicySource::File(path.clone()),
+            None => PolicySource::Config(settings.policy.clone()),
+        }
+    }
+
+    /// The ruleset for these models, checked.
+    pub fn rules(&self, models: &[ModelLabels]) -> Result<Ruleset, crate::policy::PolicyError> {
+        match self {
+            PolicySource::File(path) => Ruleset::load(path, models),
+            PolicySource::Config(policy) => Ruleset::from_config(policy, models),
+        }
+    }
+}
+
+/// One model's reload state.
+pub struct ModelReload {
+    pub spec: ModelSpec,
     pub swaps: Vec<Sender<Swap>>,
-    /// The hub learns each new version's scorer here, before any worker
-    /// can answer with it.
-    pub scorers: tokio::sync::mpsc::Sender<NewScorer>,
     /// What is loaded now (and what was last refused, not to retry it).
     pub loaded: Option<Fingerprint>,
     pub refused: Option<Fingerprint>,
@@ -67,7 +101,41 @@ pub struct Reloader {
     pub version: u64,
 }
 
+/// The running models and policy, and where to announce new ones.
+pub struct Reloader {
+    pub settings: Settings,
+    pub models: Vec<ModelReload>,
+    /// The hub learns each new version here, before any worker can answer
+    /// with it.
+    pub scorers: tokio::sync::mpsc::Sender<NewScorer>,
+    pub policies: tokio::sync::mpsc::Sender<Arc<Ruleset>>,
+    pub source: PolicySource,
+    pub rules: Ruleset,
+    /// The policy file's stamp when last read.
+    pub stamp: Option<(u64, Option<SystemTime>)>,
+}
+
 impl Reloader {
+    pub fn new(
+        settings: &Settings,
+        models: Vec<ModelReload>,
+        rules: Ruleset,
+        scorers: tokio::sync::mpsc::Sender<NewScorer>,
+        policies: tokio::sync::mpsc::Sender<Arc<Ruleset>>,
+    ) -> Reloader {
+        let source = PolicySource::of(settings);
+        let stamp = settings.policy.file.as_deref().and_then(file_stamp);
+        Reloader {
+            settings: settings.clone(),
+            models,
+            scorers,
+            policies,
+            source,
+            rules,
+            stamp,
+        }
+    }
+
     /// Watch until `stop`: on the interval and on SIGHUP.
     pub async fn run(mut self, stop: CancellationToken) {
         #[cfg(unix)]
@@ -97,123 +165,154 @@ impl Reloader {
                 _ = hup => true,
             };
             if sighup {
-                tracing::info!("SIGHUP: reading the configuration and the model again");
-                self.reread_policy().await;
+                tracing::info!("SIGHUP: reading the policy and the models again");
             }
-            self.check_model(sighup).await;
+            self.check_policy(sighup).await;
+            for l in 0..self.models.len() {
+                self.check_model(l, sighup).await;
+            }
         }
     }
 
-    /// SIGHUP: the configuration file's `policy`, validated, for the
-    /// current model.
-    async fn reread_policy(&mut self) {
-        let source = self.settings.source.clone();
-        let policy = Settings::load(source.as_deref()).map(|s| s.policy);
-        match policy.map_err(|e| e.to_string()).and_then(|p| {
-            Scorer::new(&self.manifest, &p)
-                .map(|scorer| (p, scorer))
-                .map_err(|e| e.to_string())
-        }) {
-            Ok((policy, _)) if policy == self.settings.policy => {}
-            Ok((policy, scorer)) => {
-                let version = self.announce(scorer).await;
-                for swap in &self.swaps {
-                    let _ = swap.send(Swap {
-                        model: None,
-                        cache: None,
-                        version,
-                    });
+    fn labels(&self) -> Vec<ModelLabels> {
+        self.models
+            .iter()
+            .map(|m| ModelLabels::of(&m.spec.name, &m.manifest))
+            .collect()
+    }
+
+    /// The policy file when it changed (or on SIGHUP); without a file, on
+    /// SIGHUP the configuration's `[policy]`.
+    async fn check_policy(&mut self, sighup: bool) {
+        let source = match &self.source {
+            PolicySource::File(path) => {
+                let now = file_stamp(path);
+                if !sighup && now == self.stamp {
+                    return;
                 }
-                tracing::info!(?policy, "policy reloaded");
+                self.stamp = now;
+                self.source.clone()
+            }
+            PolicySource::Config(_) if sighup => {
+                let config = Settings::load(self.settings.source.as_deref());
+                match config {
+                    Ok(s) => PolicySource::Config(s.policy),
+                    Err(error) => return refuse_policy(&error.to_string()),
+                }
+            }
+            PolicySource::Config(_) => return,
+        };
+        match source.rules(&self.labels()) {
+            Ok(rules) if rules == self.rules => {}
+            Ok(rules) => {
+                tracing::info!(version = %rules.version, rules = ?rules.rule_ids().collect::<Vec<_>>(), "policy reloaded");
                 metrics::counter!(metric::POLICY_RELOADS_TOTAL, "outcome" => ReloadOutcome::Loaded.as_str()).increment(1);
-                self.settings.policy = policy;
+                let _ = self.policies.send(Arc::new(rules.clone())).await;
+                self.rules = rules;
+                self.source = source;
             }
-            Err(error) => {
-                tracing::error!(%error, "new policy refused; the current one stays");
-                metrics::counter!(metric::POLICY_RELOADS_TOTAL, "outcome" => ReloadOutcome::Refused.as_str())
-                    .increment(1);
-            }
+            Err(error) => refuse_policy(&error.to_string()),
         }
     }
 
-    /// Tell the hub the next version's scorer; the workers are told after,
-    /// so the hub always knows a version before a result carries it.
-    async fn announce(&mut self, scorer: Scorer) -> u64 {
-        self.version += 1;
-        let _ = self.scorers.send((self.version, Arc::new(scorer))).await;
-        self.version
-    }
-
-    /// Load the model again if its files changed (or `force`).
-    async fn check_model(&mut self, force: bool) {
-        let Some(now) = fingerprint(&self.settings.inference.model_dir) else {
+    /// Load model `l` again if its files changed (or `force`).
+    async fn check_model(&mut self, l: usize, force: bool) {
+        let model = &self.models[l];
+        let Some(now) = fingerprint(&model.spec.inference.model_dir) else {
             return;
         };
-        if Some(&now) == self.loaded.as_ref() || (!force && Some(&now) == self.refused.as_ref()) {
+        if Some(&now) == model.loaded.as_ref() || (!force && Some(&now) == model.refused.as_ref()) {
             return;
         }
         let inference = InferenceSettings {
             model_dir: now.resolved.clone(),
-            ..self.settings.inference.clone()
+            ..model.spec.inference.clone()
         };
-        let (workers, max_batch, policy) = (
-            self.swaps.len(),
-            self.max_batch,
-            self.settings.policy.clone(),
-        );
+        let (workers, max_batch) = (model.swaps.len(), model.spec.max_batch);
         let loading = inference.clone();
-        let loaded =
-            tokio::task::spawn_blocking(move || load(&loading, &policy, workers, max_batch))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r);
-        match loaded {
-            Ok((models, scorer)) => {
-                let manifest = models[0].manifest.clone();
-                let cache = (inference.cache_bytes > 0)
-                    .then(|| Arc::new(ScoreCache::new(inference.cache_bytes)));
-                let version = self.announce(scorer).await;
-                for (swap, model) in self.swaps.iter().zip(models) {
-                    let _ = swap.send(Swap {
-                        model: Some((model, inference.clone())),
-                        cache: cache.clone(),
-                        version,
-                    });
-                }
-                tracing::info!(
-                    from = %format!("{} {}", self.manifest.name, self.manifest.version),
-                    to = %format!("{} {}", manifest.name, manifest.version),
-                    dir = %now.resolved.display(),
-                    "model reloaded; the workers switch at their next batch"
-                );
-                metrics::counter!(metric::MODEL_RELOADS_TOTAL, "outcome" => ReloadOutcome::Loaded.as_str()).increment(1);
-                self.manifest = manifest;
-                self.loaded = Some(now);
-                self.refused = None;
-            }
+        let loaded = tokio::task::spawn_blocking(move || {
+            inference::load_sessions(&loading, workers, max_batch).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r)
+        .and_then(|sessions| self.fits(l, sessions));
+        let model = &mut self.models[l];
+        let (sessions, rules) = match loaded {
+            Ok(loaded) => loaded,
             Err(error) => {
-                tracing::error!(dir = %now.resolved.display(), %error, "new model refused; the running one keeps serving");
+                tracing::error!(model = %model.spec.name, dir = %now.resolved.display(), %error, "new model refused; the running one keeps serving");
                 metrics::counter!(metric::MODEL_RELOADS_TOTAL, "outcome" => ReloadOutcome::Refused.as_str()).increment(1);
-                self.refused = Some(now);
+                model.refused = Some(now);
+                return;
             }
+        };
+        let manifest = sessions[0].manifest.clone();
+        let cache =
+            (inference.cache_bytes > 0).then(|| Arc::new(ScoreCache::new(inference.cache_bytes)));
+        model.version += 1;
+        let version = model.version;
+        // The hub learns the version (and a policy re-derived for its
+        // labels) before any worker can answer with it.
+        if let Some(rules) = rules {
+            let _ = self.policies.send(Arc::new(rules.clone())).await;
+            self.rules = rules;
         }
+        let model = &mut self.models[l];
+        let scorer = Arc::new(Scorer::named(&model.spec.name, &manifest));
+        let _ = self.scorers.send((l, version, scorer)).await;
+        for (swap, session) in model.swaps.iter().zip(sessions) {
+            let _ = swap.send(Swap {
+                model: Some((session, inference.clone())),
+                cache: cache.clone(),
+                version,
+            });
+        }
+        tracing::info!(
+            model = %model.spec.name,
+            from = %format!("{} {}", model.manifest.name, model.manifest.version),
+            to = %format!("{} {}", manifest.name, manifest.version),
+            dir = %now.resolved.display(),
+            "model reloaded; the workers switch at their next batch"
+        );
+        metrics::counter!(metric::MODEL_RELOADS_TOTAL, "outcome" => ReloadOutcome::Loaded.as_str())
+            .increment(1);
+        model.manifest = manifest;
+        model.loaded = Some(now);
+        model.refused = None;
+    }
+
+    /// Whether the policy fits model `l`'s new sessions: every label a rule
+    /// judges must be there. Without a policy file the rules follow the
+    /// new manifest (its score_label): returned to be announced.
+    #[allow(clippy::type_complexity)]
+    fn fits(
+        &self,
+        l: usize,
+        sessions: Vec<inference::Model>,
+    ) -> Result<(Vec<inference::Model>, Option<Ruleset>), String> {
+        let manifest = &sessions.first().ok_or("no worker to load for")?.manifest;
+        let mut labels = self.labels();
+        labels[l] = ModelLabels::of(&self.models[l].spec.name, manifest);
+        if let PolicySource::Config(_) = self.source {
+            let rules = self.source.rules(&labels).map_err(|e| e.to_string())?;
+            return Ok((sessions, (rules != self.rules).then_some(rules)));
+        }
+        let missing = self.rules.missing_labels(l, &manifest.labels);
+        if !missing.is_empty() {
+            return Err(format!(
+                "the policy (version {}) judges labels this model lacks: {missing:?} (it has {:?})",
+                self.rules.version, manifest.labels
+            ));
+        }
+        Ok((sessions, None))
     }
 }
 
-/// `workers` sessions of the model (loaded and warmed up by the same rule
-/// as at start: [`inference::load_sessions`]) and its scorer; any failure
-/// refuses the whole reload.
-fn load(
-    settings: &InferenceSettings,
-    policy: &Policy,
-    workers: usize,
-    max_batch: usize,
-) -> Result<(Vec<inference::Model>, Scorer), String> {
-    let models =
-        inference::load_sessions(settings, workers, max_batch).map_err(|e| e.to_string())?;
-    let manifest = &models.first().ok_or("no worker to load for")?.manifest;
-    let scorer = Scorer::new(manifest, policy).map_err(|e| e.to_string())?;
-    Ok((models, scorer))
+fn refuse_policy(error: &str) {
+    tracing::error!(%error, "new policy refused; the current one stays");
+    metrics::counter!(metric::POLICY_RELOADS_TOTAL, "outcome" => ReloadOutcome::Refused.as_str())
+        .increment(1);
 }
 
 #[cfg(test)]

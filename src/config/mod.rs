@@ -13,6 +13,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 mod delivery;
 mod input;
+mod models;
 mod properties;
 mod registry;
 #[cfg(test)]
@@ -21,6 +22,7 @@ mod validate;
 
 pub use delivery::DeliveryMode;
 pub use input::{FieldSource, InputSettings, Mapping, TimeUnit};
+pub use models::{ModelSettings, ModelSpec, SINGLE_MODEL};
 pub use properties::{Properties, REDACTED, is_secret};
 pub use registry::{CloudEventsOutput, InputFormat, OutputFormat, SchemaRegistrySettings};
 
@@ -155,6 +157,8 @@ pub struct OutputSettings {
     pub format: OutputFormat,
     /// Verdicts as CloudEvents.
     pub cloudevents: CloudEventsOutput,
+    /// One decision record per event (policy, rule, models, reasons), keyed by event id.
+    pub decisions_topic: Option<String>,
 }
 
 impl Default for OutputSettings {
@@ -165,6 +169,7 @@ impl Default for OutputSettings {
             shadow_topic: "moderation.shadow".to_string(),
             format: OutputFormat::default(),
             cloudevents: CloudEventsOutput::default(),
+            decisions_topic: None,
         }
     }
 }
@@ -291,6 +296,8 @@ pub struct InferenceSettings {
     #[serde(with = "humantime_serde")]
     pub reload_interval: Duration,
     pub shadow: ShadowSettings,
+    /// Several models, each scoring the events its policy rules name (see [`ModelSettings`]).
+    pub models: Vec<ModelSettings>,
 }
 
 impl Default for InferenceSettings {
@@ -312,6 +319,7 @@ impl Default for InferenceSettings {
             cache_bytes: 0,
             reload_interval: Duration::from_secs(5),
             shadow: ShadowSettings::default(),
+            models: Vec::new(),
         }
     }
 }
@@ -449,6 +457,8 @@ pub struct Policy {
     /// When set, every listed label is judged and the most severe verdict
     /// wins; when empty, the manifest's `score_label` with the thresholds above.
     pub labels: std::collections::BTreeMap<String, Thresholds>,
+    /// The policy file (rules per community over the models); it replaces the thresholds above.
+    pub file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq)]
@@ -464,6 +474,7 @@ impl Default for Policy {
             review_at: 0.5,
             block_at: 0.85,
             labels: Default::default(),
+            file: None,
         }
     }
 }
@@ -582,6 +593,7 @@ impl Settings {
         registry::validate(self)?;
         validate::batching_and_limits(&self.batching, &self.limits)?;
         validate::inference(&self.inference)?;
+        models::validate(self)?;
         validate::policy(&self.policy)
     }
 }

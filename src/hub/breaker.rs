@@ -1,4 +1,4 @@
-//! The hub's circuit breaker on the model (see [`Breaker`]).
+//! The hub's circuit breaker on each model (see [`Breaker`]).
 
 use tokio::time::Instant;
 
@@ -38,65 +38,79 @@ pub(super) struct Breaker {
 impl<D: Deliver> Hub<D> {
     /// Breaker open: when its time has come, try the model on one synthetic
     /// text.
-    pub(super) fn probe(&mut self, capacity: usize) {
-        let due = self.breaker.next_probe.is_some_and(|t| Instant::now() >= t);
-        if self.breaker.probe.is_some() || !due || self.in_inference.len() >= capacity {
+    pub(super) fn probe(&mut self, l: usize) {
+        let lane = &mut self.lanes[l];
+        let breaker = &mut lane.breaker;
+        let due = breaker.next_probe.is_some_and(|t| Instant::now() >= t);
+        if breaker.probe.is_some() || !due || lane.running >= lane.capacity {
             return;
         }
         let id = self.next_job_id;
         self.next_job_id += 1;
-        let text = self.breaker.last_scored.clone();
+        let text = breaker.last_scored.clone();
         let job = InferenceJob {
             id,
             texts: vec![text.unwrap_or_else(|| PROBE_TEXT.to_string())],
         };
-        if self.jobs.try_send(job).is_ok() {
-            self.breaker.probe = Some(id);
+        if lane.jobs.try_send(job).is_ok() {
+            breaker.probe = Some(id);
         }
     }
 
-    pub(super) fn on_probe(&mut self, result: InferenceResult) {
-        self.breaker.probe = None;
+    pub(super) fn on_probe(&mut self, l: usize, result: InferenceResult) {
+        let lane = &mut self.lanes[l];
+        let model = lane.scorer.id.clone();
+        lane.breaker.probe = None;
         if result.scores.iter().any(Result::is_ok) {
             tracing::info!(
-                held = self.ready.iter().map(|b| b.items.len()).sum::<usize>(),
+                model,
+                held = lane.queued(),
                 "the model scores again; closing the circuit breaker"
             );
-            self.breaker = Breaker {
-                last_scored: self.breaker.last_scored.take(),
+            lane.breaker = Breaker {
+                last_scored: lane.breaker.last_scored.take(),
                 ..Breaker::default()
             };
+            let open = self.any_breaker_open();
             self.health
                 .model_failing
-                .store(false, std::sync::atomic::Ordering::SeqCst);
-            metrics::gauge!(metric::INFERENCE_BREAKER_OPEN).set(0.0);
+                .store(open, std::sync::atomic::Ordering::SeqCst);
+            metrics::gauge!(metric::INFERENCE_BREAKER_OPEN).set(f64::from(u8::from(open)));
             return;
         }
-        self.breaker.delay = (self.breaker.delay * 2).clamp(FIRST_PROBE_DELAY, MAX_PROBE_DELAY);
-        self.breaker.next_probe = Some(Instant::now() + self.breaker.delay);
+        let breaker = &mut lane.breaker;
+        breaker.delay = (breaker.delay * 2).clamp(FIRST_PROBE_DELAY, MAX_PROBE_DELAY);
+        breaker.next_probe = Some(Instant::now() + breaker.delay);
         let error = result
             .scores
             .into_iter()
             .find_map(Result::err)
             .unwrap_or_default();
-        tracing::warn!(error = %error, retry_in_s = self.breaker.delay.as_secs(), "the model still fails");
+        tracing::warn!(model, error = %error, retry_in_s = breaker.delay.as_secs(), "the model still fails");
     }
 
     /// A run in which every event failed, the breaker's limit reached (or
     /// the breaker already open): the model is taken as broken. The batch
     /// goes back to the front of the queue (texts restored), nothing more
     /// goes to the DLQ.
-    pub(super) fn hold_back(&mut self, mut segments: Vec<ReadyBatch>, result: InferenceResult) {
+    pub(super) fn hold_back(
+        &mut self,
+        l: usize,
+        mut segments: Vec<ReadyBatch>,
+        result: InferenceResult,
+    ) {
         let error = result
             .scores
             .into_iter()
             .find_map(Result::err)
             .unwrap_or_default();
-        if !self.breaker.open {
-            tracing::error!(runs = self.breaker.dead_runs, error = %error, "the model fails every event; holding events back and retrying it (circuit breaker open)");
-            self.breaker.open = true;
-            self.breaker.delay = FIRST_PROBE_DELAY;
-            self.breaker.next_probe = Some(Instant::now() + FIRST_PROBE_DELAY);
+        let lane = &mut self.lanes[l];
+        let breaker = &mut lane.breaker;
+        if !breaker.open {
+            tracing::error!(model = %lane.scorer.id, runs = breaker.dead_runs, error = %error, "the model fails every event; holding events back and retrying it (circuit breaker open)");
+            breaker.open = true;
+            breaker.delay = FIRST_PROBE_DELAY;
+            breaker.next_probe = Some(Instant::now() + FIRST_PROBE_DELAY);
             self.health
                 .model_failing
                 .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -104,19 +118,24 @@ impl<D: Deliver> Hub<D> {
         }
         let mut texts = result.texts.into_iter();
         for segment in &mut segments {
-            for pending in &mut segment.items {
+            for pending in segment.items.iter_mut().filter(|p| p.needs(l)) {
                 pending.event.text = texts.next().unwrap_or_default();
             }
         }
         for segment in segments.into_iter().rev() {
-            self.ready.push_front(segment);
+            lane.ready.push_front(segment);
         }
     }
 
     /// Shutdown gave up while the breaker holds events: they stay
     /// uncommitted for the restart.
     pub(super) fn give_up_held(&mut self) {
-        let held: usize = self.ready.drain(..).map(|b| b.items.len()).sum();
+        let held: usize = self
+            .lanes
+            .iter_mut()
+            .flat_map(|l| l.ready.drain(..))
+            .map(|b| b.items.len())
+            .sum();
         tracing::warn!(
             held,
             "shutdown timeout with the model failing; held events stay uncommitted"

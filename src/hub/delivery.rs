@@ -1,7 +1,7 @@
 //! Delivery: verdicts (or dead-letter records) produced in offset order,
 //! acknowledgements, and the positions they let the consumer store.
 
-use super::{Ack, Deliver, Hub, Outcome};
+use super::{Ack, Decided, Deliver, Hub, Outcome, Outgoing};
 use crate::event::{self, RejectReason};
 use crate::partition::{Finished, Partition, Pending};
 use crate::producer::ProducerError;
@@ -9,6 +9,7 @@ use crate::rebalance::Positions;
 use crate::record::{self, OutRecord};
 use crate::telemetry::metric;
 use crate::tp::Tp;
+use crate::verdict::{self, Answer, Judged};
 use tokio::time::Instant;
 
 impl<D: Deliver> Hub<D> {
@@ -24,92 +25,122 @@ impl<D: Deliver> Hub<D> {
                 Finished::Rejected(r) => {
                     let r = *r;
                     let at = (tp.clone(), self.partition_generation(tp), r.offset);
-                    self.deliver(at, r.out, Outcome::Dlq(r.reason), (r.received_at, r.bytes));
+                    let held = (r.received_at, r.bytes);
+                    self.deliver(at, r.out.into(), Outcome::Dlq(r.reason), held);
                     continue;
                 }
             };
-            for (mut pending, score) in scored {
+            for mut pending in scored {
                 let at = (pending.tp.clone(), pending.generation, pending.offset);
                 let held = (pending.received_at, pending.bytes.take());
-                let (out, outcome) = self.outcome(pending, score);
+                let (out, outcome) = self.outcome(pending);
                 self.deliver(at, out, outcome, held);
             }
         }
     }
 
-    /// The verdict record of a scored event, or its dead-letter record.
-    pub(super) fn outcome(
-        &self,
-        mut pending: Pending,
-        score: Result<Vec<f32>, String>,
-    ) -> (OutRecord, Outcome) {
-        match score {
-            Ok(probabilities) => {
-                // The model that scored it (a reload may have switched it).
-                let scorer = pending
-                    .scored_by
-                    .clone()
-                    .unwrap_or_else(|| self.scorer.clone());
-                if let Some(shadow) = &self.shadow
-                    && shadow.samples(&pending.event.event_id)
-                {
-                    shadow.offer(crate::shadow::ShadowJob {
-                        event_id: pending.event.event_id.clone(),
-                        text: std::mem::take(&mut pending.event.text),
-                        source: (
-                            pending.tp.topic.clone(),
-                            pending.tp.partition,
-                            pending.offset,
-                        ),
-                        live_probabilities: probabilities.clone(),
-                        live: scorer.clone(),
-                    });
-                }
-                let (mut out, label) = scorer.verdict_record(
-                    &self.settings.output.topic,
-                    &pending.tp,
+    /// The records of a scored event (its verdict, the copies its rule
+    /// routes, its decision record), or its dead-letter record.
+    pub(super) fn outcome(&self, mut pending: Pending) -> (Outgoing, Outcome) {
+        if let Some(message) = pending.failed.take() {
+            metrics::counter!(metric::INFERENCE_FAILURES_TOTAL).increment(1);
+            let rejection = event::Rejection {
+                reason: RejectReason::InferenceFailed,
+                message,
+            };
+            let out = self.dead_letter(pending, &rejection);
+            return (out.into(), Outcome::Dlq(RejectReason::InferenceFailed));
+        }
+        let rules = pending.rules.clone();
+        let rule = &rules.rules[pending.rule];
+        let decision = rule.judge(|m| {
+            pending
+                .scores
+                .iter()
+                .find(|(i, _, _)| *i == m)
+                .map(|(_, s, p)| (s.labels(), p.as_slice()))
+        });
+        self.offer_shadow(&mut pending);
+        let judged = Judged {
+            rules: &pending.rules,
+            rule: pending.rule,
+            decision: &decision,
+            models: pending
+                .scores
+                .iter()
+                .map(|(i, s, p)| (*i, s.as_ref(), p.as_slice()))
+                .collect(),
+        };
+        let answer = Answer {
+            source: &pending.tp,
+            offset: pending.offset,
+            key: pending.original.key.clone(),
+            event: &pending.event,
+            timestamp_ms: pending.original.timestamp_ms,
+        };
+        let mut main = verdict::verdict_record(&self.settings.output.topic, &answer, &judged, None);
+        let event_id = &pending.event.event_id;
+        if let Err(e) = self.dress(&mut main, event_id, &pending.tp, pending.offset) {
+            tracing::error!(error = %e, "a verdict does not fit the output format; dead-lettered");
+            let rejection = event::Rejection {
+                reason: RejectReason::Undecodable,
+                message: format!("the verdict could not be written as output.format: {e}"),
+            };
+            let out = self.dead_letter(pending, &rejection);
+            return (out.into(), Outcome::Dlq(RejectReason::Undecodable));
+        }
+        let mut also = Vec::new();
+        for route in rule.routes_for(decision.verdict) {
+            let priority = route.priority.as_deref();
+            let mut copy = verdict::verdict_record(&route.topic, &answer, &judged, priority);
+            // The same format as the verdict, which just fitted it.
+            let _ = self.dress(&mut copy, event_id, &pending.tp, pending.offset);
+            also.push(copy);
+        }
+        if let Some(topic) = &self.settings.output.decisions_topic {
+            also.push(verdict::decision_record(topic, &answer, &judged));
+        }
+        let decided = Decided {
+            verdict: decision.verdict,
+            event_time_ms: event::event_time_ms(pending.original.timestamp_ms, &pending.event),
+            rules: pending.rules.clone(),
+            rule: pending.rule,
+            models: pending.scores.iter().map(|(i, _, _)| *i).collect(),
+        };
+        (Outgoing { main, also }, Outcome::Verdict(decided))
+    }
+
+    fn dead_letter(&self, pending: Pending, rejection: &event::Rejection) -> OutRecord {
+        record::dead_letter(
+            &self.settings.output.dlq_topic,
+            &pending.tp,
+            pending.offset,
+            pending.original,
+            rejection,
+        )
+    }
+
+    /// The shadow model gets a sample of the first model's live verdicts
+    /// (by `[policy]`, as it judges its own).
+    fn offer_shadow(&self, pending: &mut Pending) {
+        let Some(shadow) = &self.shadow else {
+            return;
+        };
+        let Some((_, live, probabilities)) = pending.scores.iter().find(|(i, _, _)| *i == 0) else {
+            return;
+        };
+        if shadow.samples(&pending.event.event_id) {
+            shadow.offer(crate::shadow::ShadowJob {
+                event_id: pending.event.event_id.clone(),
+                text: std::mem::take(&mut pending.event.text),
+                source: (
+                    pending.tp.topic.clone(),
+                    pending.tp.partition,
                     pending.offset,
-                    pending.original.key.clone(),
-                    &pending.event,
-                    &probabilities,
-                    pending.original.timestamp_ms,
-                );
-                let event_id = &pending.event.event_id;
-                if let Err(e) = self.dress(&mut out, event_id, &pending.tp, pending.offset) {
-                    tracing::error!(error = %e, "a verdict does not fit the output format; dead-lettered");
-                    let rejection = event::Rejection {
-                        reason: RejectReason::Undecodable,
-                        message: format!("the verdict could not be written as output.format: {e}"),
-                    };
-                    let dlq = &self.settings.output.dlq_topic;
-                    let out = record::dead_letter(
-                        dlq,
-                        &pending.tp,
-                        pending.offset,
-                        pending.original,
-                        &rejection,
-                    );
-                    return (out, Outcome::Dlq(RejectReason::Undecodable));
-                }
-                let event_time =
-                    event::event_time_ms(pending.original.timestamp_ms, &pending.event);
-                (out, Outcome::Verdict(label, event_time))
-            }
-            Err(message) => {
-                metrics::counter!(metric::INFERENCE_FAILURES_TOTAL).increment(1);
-                let rejection = event::Rejection {
-                    reason: RejectReason::InferenceFailed,
-                    message,
-                };
-                let out = record::dead_letter(
-                    &self.settings.output.dlq_topic,
-                    &pending.tp,
-                    pending.offset,
-                    pending.original,
-                    &rejection,
-                );
-                (out, Outcome::Dlq(RejectReason::InferenceFailed))
-            }
+                ),
+                live_probabilities: probabilities.clone(),
+                live: live.clone(),
+            });
         }
     }
 
@@ -119,7 +150,7 @@ impl<D: Deliver> Hub<D> {
     pub(super) fn deliver(
         &mut self,
         (tp, generation, offset): (Tp, u64, i64),
-        out: OutRecord,
+        out: Outgoing,
         outcome: Outcome,
         (received_at, bytes): (Instant, Option<tokio::sync::OwnedSemaphorePermit>),
     ) {
@@ -138,14 +169,23 @@ impl<D: Deliver> Hub<D> {
             txn.records += 1;
             epoch = txn.epoch;
         }
-        let kind = out.kind;
-        let delivery = self
+        let kind = out.main.kind;
+        let source = (tp.clone(), offset);
+        let main = self
             .outbox
-            .deliver(out, (tp.clone(), offset), self.abort.clone());
+            .deliver(out.main, source.clone(), self.abort.clone());
+        let also: Vec<_> = out
+            .also
+            .into_iter()
+            .map(|r| self.outbox.deliver(r, source.clone(), self.abort.clone()))
+            .collect();
         let acks = self.acks_tx.clone();
         let started = Instant::now();
         self.deliveries.spawn(async move {
-            let outcome = delivery.await.map(|()| outcome);
+            // The offset is done when all its records are acknowledged.
+            let (main, also) = futures::future::join(main, futures::future::join_all(also)).await;
+            let delivered = also.into_iter().find(Result::is_err).unwrap_or(main);
+            let outcome = delivered.map(|()| outcome);
             drop(bytes);
             let _ = acks
                 .send(Ack {
@@ -210,19 +250,26 @@ impl<D: Deliver> Hub<D> {
             }
         };
         match outcome {
-            Outcome::Verdict(label, event_time_ms) => {
+            Outcome::Verdict(decided) => {
+                let (label, event_time_ms) = (decided.verdict, decided.event_time_ms);
                 self.summary.verdicts += 1;
                 metrics::counter!(metric::VERDICTS_TOTAL, "verdict" => label.as_str()).increment(1);
+                if let Some(rule) = decided.rules.rules.get(decided.rule) {
+                    metrics::counter!(metric::POLICY_VERDICTS_TOTAL, "rule" => rule.id.clone(), "verdict" => label.as_str())
+                        .increment(1);
+                }
                 let in_hub = ack.received_at.elapsed();
                 let end_to_end = event_time_ms.map(|t| {
                     let ms = (chrono::Utc::now().timestamp_millis() - t).max(0);
                     metrics::histogram!(metric::END_TO_END_SECONDS).record(ms as f64 / 1000.0);
                     std::time::Duration::from_millis(ms as u64)
                 });
-                if let Some(controller) = self.slo.as_mut() {
-                    // Without a record timestamp only the part in the hub is known.
-                    let end_to_end = end_to_end.unwrap_or(in_hub).max(in_hub);
-                    controller.delivered(end_to_end, end_to_end - in_hub, ack.took);
+                // Without a record timestamp only the part in the hub is known.
+                let end_to_end = end_to_end.unwrap_or(in_hub).max(in_hub);
+                for &l in &decided.models {
+                    if let Some(controller) = self.lanes.get_mut(l).and_then(|l| l.slo.as_mut()) {
+                        controller.delivered(end_to_end, end_to_end - in_hub, ack.took);
+                    }
                 }
             }
             Outcome::Dlq(reason) => {

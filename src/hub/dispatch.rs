@@ -1,32 +1,49 @@
-//! Dispatch: ready batches coalesced into model runs for the workers, and
-//! the results taken back to their partitions.
+//! Dispatch: each model's waiting batches coalesced into its runs, and the
+//! results taken back to the batches (then on to the next model, or to
+//! their partitions).
 
 use super::{Deliver, Hub};
 use crate::inference::{InferenceJob, InferenceResult};
-use crate::partition::Scored;
+use crate::partition::ReadyBatch;
 use crate::telemetry::metric;
 
+/// Events of a batch that model `lane` is to score.
+fn needing(batch: &ReadyBatch, lane: usize) -> usize {
+    batch.items.iter().filter(|p| p.needs(lane)).count()
+}
+
 impl<D: Deliver> Hub<D> {
-    /// Coalesce ready batches (possibly of several partitions) into model runs
-    /// of at most `max_batch_size` events, while the workers' queue has room.
+    /// Every model's runs, while its workers' queue has room.
     pub(super) fn dispatch(&mut self) {
-        let max = self.batch.size;
-        let capacity = self.dispatch_capacity;
-        if self.breaker.open {
-            self.probe(capacity);
+        for lane in 0..self.lanes.len() {
+            self.dispatch_lane(lane);
+        }
+    }
+
+    /// Coalesce ready batches (possibly of several partitions) into runs of
+    /// at most the model's run size, counting the events it is to score.
+    fn dispatch_lane(&mut self, l: usize) {
+        if self.lanes[l].breaker.open {
+            self.probe(l);
             return;
         }
-        while !self.ready.is_empty() && self.in_inference.len() < capacity {
+        loop {
+            let lane = &mut self.lanes[l];
+            if lane.ready.is_empty() || lane.running >= lane.capacity {
+                return;
+            }
+            let max = lane.batch.size;
             let mut segments = Vec::new();
             let mut size = 0;
-            while let Some(next) = self.ready.front() {
-                if size > 0 && size + next.items.len() > max {
+            while let Some(next) = lane.ready.front() {
+                let n = needing(next, l);
+                if size > 0 && size + n > max {
                     break;
                 }
-                let Some(batch) = self.ready.pop_front() else {
+                let Some(batch) = lane.ready.pop_front() else {
                     break;
                 };
-                size += batch.items.len();
+                size += n;
                 segments.push(batch);
             }
             let texts = segments
@@ -34,9 +51,12 @@ impl<D: Deliver> Hub<D> {
                 .flat_map(|s| {
                     s.items
                         .iter_mut()
+                        .filter(|p| p.needs(l))
                         .map(|p| std::mem::take(&mut p.event.text))
                 })
                 .collect();
+            lane.running += 1;
+            let jobs = lane.jobs.clone();
             let id = self.next_job_id;
             self.next_job_id += 1;
             metrics::histogram!(metric::BATCH_SIZE).record(size as f64);
@@ -45,15 +65,16 @@ impl<D: Deliver> Hub<D> {
                 sizes.resize(size + 1, 0);
             }
             sizes[size] += 1;
-            self.in_inference.insert(id, segments);
-            if let Err(e) = self.jobs.try_send(InferenceJob { id, texts }) {
-                // Cannot happen while in_inference bounds the queue; keep
-                // the events anyway (scored as failed).
+            self.in_inference.insert(id, (l, segments));
+            if let Err(e) = jobs.try_send(InferenceJob { id, texts }) {
+                // Cannot happen while `running` bounds the queue; keep the
+                // events anyway (scored as failed).
                 tracing::error!("inference queue full despite the bound");
+                let texts = e.into_inner().texts;
                 self.on_inference_result(InferenceResult {
                     id,
                     scores: vec![],
-                    texts: e.into_inner().texts,
+                    texts,
                     elapsed: std::time::Duration::ZERO,
                     tokens: Default::default(),
                     version: 0,
@@ -63,29 +84,35 @@ impl<D: Deliver> Hub<D> {
     }
 
     pub(super) fn on_inference_result(&mut self, result: InferenceResult) {
-        if self.breaker.probe == Some(result.id) {
-            self.on_probe(result);
+        if let Some(l) = self
+            .lanes
+            .iter()
+            .position(|lane| lane.breaker.probe == Some(result.id))
+        {
+            self.on_probe(l, result);
             return;
         }
-        let Some(segments) = self.in_inference.remove(&result.id) else {
+        let Some((l, segments)) = self.in_inference.remove(&result.id) else {
             return;
         };
+        let lane = &mut self.lanes[l];
+        lane.running = lane.running.saturating_sub(1);
         let dead = !result.scores.is_empty() && result.scores.iter().all(Result::is_err);
         if !dead {
-            self.breaker.dead_runs = 0;
+            lane.breaker.dead_runs = 0;
             if let Some(i) = result.scores.iter().position(Result::is_ok) {
-                self.breaker.last_scored = result.texts.get(i).cloned();
+                lane.breaker.last_scored = result.texts.get(i).cloned();
             }
         } else {
-            self.breaker.dead_runs += 1;
+            lane.breaker.dead_runs += 1;
             let limit = self.settings.inference.breaker_after;
-            if limit > 0 && (self.breaker.open || self.breaker.dead_runs >= limit) {
-                self.hold_back(segments, result);
+            if limit > 0 && (lane.breaker.open || lane.breaker.dead_runs >= limit) {
+                self.hold_back(l, segments, result);
                 return;
             }
         }
         metrics::histogram!(metric::INFERENCE_SECONDS).record(result.elapsed.as_secs_f64());
-        if let Some(controller) = self.slo.as_mut() {
+        if let Some(controller) = lane.slo.as_mut() {
             controller.model_run(result.scores.len(), result.elapsed);
         }
         self.summary.batches += 1;
@@ -94,35 +121,22 @@ impl<D: Deliver> Hub<D> {
         self.summary.padded_tokens += result.tokens.padded;
         metrics::counter!(metric::TOKENS_REAL_TOTAL).increment(result.tokens.real);
         metrics::counter!(metric::TOKENS_PADDED_TOTAL).increment(result.tokens.padded);
-        // The model that scored it (a reload may have switched it).
-        let scorer = self.reloaded.get(&result.version).cloned();
+        // The model version that scored it (a reload may have switched it).
+        let scorer = lane.scorer_of(result.version);
+        metrics::counter!(metric::MODEL_EVENTS_TOTAL, "model" => scorer.id.clone())
+            .increment(result.scores.len() as u64);
         let mut scores = result.scores.into_iter();
-        // The shadow model needs the texts back (they went to the workers).
-        let mut texts = self.shadow.is_some().then(|| result.texts.into_iter());
-        for segment in segments {
-            let scored: Vec<Scored> = segment
-                .items
-                .into_iter()
-                .map(|mut p| {
-                    p.scored_by = scorer.clone();
-                    if let Some(text) = texts.as_mut().and_then(Iterator::next) {
-                        p.event.text = text;
-                    }
-                    let s = scores
-                        .next()
-                        .unwrap_or_else(|| Err("no score returned".to_string()));
-                    (p, s)
-                })
-                .collect();
-            match self.partitions.get_mut(&segment.tp) {
-                Some(partition) if partition.generation() == segment.generation => {
-                    partition.scored(segment.seq, scored);
+        let mut texts = result.texts.into_iter();
+        for mut segment in segments {
+            for p in segment.items.iter_mut().filter(|p| p.needs(l)) {
+                p.event.text = texts.next().unwrap_or_default();
+                match scores.next() {
+                    Some(Ok(probabilities)) => p.scores.push((l, scorer.clone(), probabilities)),
+                    Some(Err(e)) => p.failed = Some(e),
+                    None => p.failed = Some("no score returned".to_string()),
                 }
-                // Revoked meanwhile and the drain gave up: the next owner
-                // reprocesses these events.
-                _ => self.release(scored.len()),
             }
-            self.emit_in_order(&segment.tp);
+            self.send_on(segment, l + 1);
         }
     }
 }

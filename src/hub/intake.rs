@@ -57,9 +57,7 @@ impl<D: Deliver> Hub<D> {
         ) {
             Ok(event) => {
                 let urgent = event.priority == Priority::Urgent;
-                if let Some(controller) = self.slo.as_mut() {
-                    controller.arrived(1);
-                }
+                let (rules, rule) = self.rule_for(&record.tp.topic, &event);
                 let pending = Pending {
                     tp: record.tp,
                     generation,
@@ -68,11 +66,12 @@ impl<D: Deliver> Hub<D> {
                     event,
                     received_at: record.received_at,
                     bytes: record.bytes,
-                    scored_by: None,
+                    rules,
+                    rule,
+                    scores: Vec::new(),
+                    failed: None,
                 };
-                if let Some(batch) = partition.push(pending, urgent, record.received_at) {
-                    self.enqueue(batch);
-                }
+                self.accept(pending, urgent);
             }
             Err(rejection) => {
                 let out = record::dead_letter(
@@ -94,6 +93,37 @@ impl<D: Deliver> Hub<D> {
         }
     }
 
+    /// A valid event joins its partition's open batch.
+    fn accept(&mut self, pending: Pending, urgent: bool) {
+        let Some(partition) = self.partitions.get_mut(&pending.tp) else {
+            return;
+        };
+        let at = pending.received_at;
+        if let Some(batch) = partition.push(pending, urgent, at) {
+            self.enqueue(batch);
+        }
+    }
+
+    /// The policy in force now and the rule that decides this event: it is
+    /// judged by them from its first model to its verdict. The latency
+    /// controllers of the models it names count its arrival.
+    fn rule_for(
+        &mut self,
+        topic: &str,
+        event: &event::Event,
+    ) -> (std::sync::Arc<crate::policy::Ruleset>, usize) {
+        let rules = self.rules.clone();
+        let rule = rules.rule_for(topic, event);
+        for (l, lane) in self.lanes.iter_mut().enumerate() {
+            if let Some(controller) = lane.slo.as_mut()
+                && rules.rules[rule].runs(l)
+            {
+                controller.arrived(1);
+            }
+        }
+        (rules, rule)
+    }
+
     /// An invalid event's dead-letter record goes out at once; with
     /// exactly-once in offset order with the verdicts, behind its
     /// partition's open batch (see [`super::transaction`]).
@@ -110,23 +140,19 @@ impl<D: Deliver> Hub<D> {
         }
         self.deliver(
             (tp, generation, rejected.offset),
-            rejected.out,
+            rejected.out.into(),
             Outcome::Dlq(rejected.reason),
             (rejected.received_at, rejected.bytes),
         );
     }
 
-    /// A closed batch joins the dispatch queue; urgent ones go first.
+    /// A closed batch goes to its first model's queue; urgent ones go first.
     pub(super) fn enqueue(&mut self, batch: ReadyBatch) {
         let waited = batch.waited.as_secs_f64();
         metrics::histogram!(metric::BATCH_WAIT_SECONDS).record(waited);
         self.summary.batch_wait_seconds += waited;
         self.summary.closed_batches += 1;
-        if batch.urgent {
-            self.ready.push_front(batch);
-        } else {
-            self.ready.push_back(batch);
-        }
+        self.send_on(batch, 0);
     }
 
     pub(super) fn close_expired(&mut self) {

@@ -18,7 +18,7 @@
 //! partitions (the consumer thread learns them by message) and the revokes
 //! in progress ([`Revokes`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
@@ -29,8 +29,9 @@ use tokio_util::task::TaskTracker;
 use crate::config::Settings;
 use crate::consumer::Ingested;
 use crate::event::RejectReason;
-use crate::inference::{InferenceJob, InferenceResult};
+use crate::inference::InferenceResult;
 use crate::partition::{Partition, ReadyBatch};
+use crate::policy::Ruleset;
 use crate::producer::ProducerError;
 use crate::rebalance::{Positions, RebalanceEvent, Revokes};
 use crate::record::{OutRecord, RecordKind};
@@ -38,7 +39,7 @@ use crate::shutdown::Shutdown;
 use crate::slo::{self, Choice};
 use crate::telemetry::{Health, StallKind, StallReporter, metric};
 use crate::tp::{Source, Tp};
-use crate::verdict::{NewScorer, Scorer, Verdict};
+use crate::verdict::{NewScorer, Verdict};
 use std::sync::Arc;
 
 mod batching;
@@ -47,11 +48,13 @@ mod delivery;
 mod dispatch;
 mod formats;
 mod intake;
+mod lanes;
 mod revoke;
 mod transaction;
 mod watchdog;
 
-use breaker::Breaker;
+use lanes::Lane;
+pub use lanes::ModelLane;
 use watchdog::STALL_CHECK;
 
 /// How soon the hub tries again to hand positions to the consumer thread
@@ -136,10 +139,36 @@ pub struct Ack {
 }
 
 enum Outcome {
-    /// The verdict, and when the event happened (ms; see
-    /// [`crate::event::event_time_ms`]).
-    Verdict(Verdict, Option<i64>),
+    Verdict(Decided),
     Dlq(RejectReason),
+}
+
+/// The records that answer one input offset: the verdict (or dead-letter
+/// record) and what goes with it (routed copies, the decision record).
+#[derive(Debug)]
+struct Outgoing {
+    main: OutRecord,
+    also: Vec<OutRecord>,
+}
+
+impl From<OutRecord> for Outgoing {
+    fn from(main: OutRecord) -> Self {
+        Outgoing {
+            main,
+            also: Vec::new(),
+        }
+    }
+}
+
+/// What a delivered verdict counts in: its verdict and rule (metrics by
+/// rule), when the event happened (ms; see [`crate::event::event_time_ms`]),
+/// and the models that scored it (their latency controllers).
+struct Decided {
+    verdict: Verdict,
+    event_time_ms: Option<i64>,
+    rules: Arc<Ruleset>,
+    rule: usize,
+    models: Vec<usize>,
 }
 
 /// The hub's inputs.
@@ -147,20 +176,22 @@ pub struct Inputs {
     pub records: mpsc::Receiver<Ingested>,
     pub rebalances: mpsc::Receiver<RebalanceEvent>,
     pub results: mpsc::Receiver<InferenceResult>,
-    /// New scorers from the hot reload, each before any result carries its
-    /// version.
+    /// New model versions from the hot reload, each before any result
+    /// carries its version.
     pub scorers: mpsc::Receiver<NewScorer>,
+    /// New policies (the policy file changed, or SIGHUP): events accepted
+    /// from then on are judged by it.
+    pub policies: mpsc::Receiver<Arc<Ruleset>>,
 }
 
 pub struct Hub<D: Deliver> {
     settings: Settings,
-    /// The scorer of the model the pipeline started with (version 0), and
-    /// of each version a hot reload added since.
-    scorer: Arc<Scorer>,
-    reloaded: HashMap<u64, Arc<Scorer>>,
+    /// One lane per model, in the order they score an event.
+    lanes: Vec<Lane>,
+    /// The policy new events are judged by.
+    rules: Arc<Ruleset>,
     /// The candidate model offered the live verdicts, if one is configured.
     shadow: Option<crate::shadow::Shadow>,
-    jobs: async_channel::Sender<InferenceJob>,
     outbox: D,
     /// Positions for the consumer thread to store.
     positions_tx: async_channel::Sender<Positions>,
@@ -174,8 +205,8 @@ pub struct Hub<D: Deliver> {
     /// handed to the consumer thread (its channel was full).
     positions: HashMap<Tp, i64>,
     unsent_positions: HashMap<Tp, i64>,
-    ready: VecDeque<ReadyBatch>,
-    in_inference: HashMap<u64, Vec<ReadyBatch>>,
+    /// Runs in inference: the lane and the batches whose events it scores.
+    in_inference: HashMap<u64, (usize, Vec<ReadyBatch>)>,
     next_job_id: u64,
     /// Events accepted and not yet acknowledged (or abandoned).
     in_flight: usize,
@@ -183,18 +214,13 @@ pub struct Hub<D: Deliver> {
     acks_rx: Option<mpsc::Receiver<Ack>>,
     deliveries: TaskTracker,
     summary: RunSummary,
-    breaker: Breaker,
     /// The watchdog: partitions stalled now, and when it looks next.
     health: std::sync::Arc<Health>,
     stalls: StallReporter,
     next_stall_check: Instant,
-    /// The batch size and deadline now: fixed, or chosen by the latency
-    /// target's controller when `batching.target_p99` is set.
+    /// The partitions' batch size and deadline now (from the lanes'
+    /// choices: fixed, or their latency controllers').
     batch: Choice,
-    slo: Option<slo::Controller>,
-    /// Model runs dispatched at most at once (two per worker). Resolved
-    /// once: `workers = "auto"` reads the cgroup's CPU limit from files.
-    dispatch_capacity: usize,
     /// With `kafka.delivery = "exactly_once"`: the open transaction's state.
     txn: Option<transaction::TxnState>,
     /// Reads events from records, by each topic's mapping.
@@ -206,10 +232,12 @@ pub struct Hub<D: Deliver> {
 }
 
 impl<D: Deliver> Hub<D> {
+    /// `models`: one per model, in the order they score an event; `rules`:
+    /// the policy at start.
     pub fn new(
         settings: Settings,
-        scorer: Scorer,
-        jobs: async_channel::Sender<InferenceJob>,
+        models: Vec<ModelLane>,
+        rules: Ruleset,
         outbox: D,
         positions_tx: async_channel::Sender<Positions>,
         health: std::sync::Arc<Health>,
@@ -218,39 +246,28 @@ impl<D: Deliver> Hub<D> {
         let (acks_tx, acks_rx) = mpsc::channel(settings.limits.max_in_flight);
         let settings_eos = settings.kafka.exactly_once();
         let decoder = crate::event::Decoder::new(&settings.input, &settings.limits);
-        let b = &settings.batching;
-        let workers = settings.inference.worker_count();
-        let slo = b.target_p99.map(|target| {
-            slo::Controller::new(
-                target,
-                b.max_batch_size,
-                b.max_batch_delay,
-                workers,
-                Instant::now(),
-            )
-        });
-        let batch = slo.as_ref().map_or(
-            Choice {
-                size: b.max_batch_size,
-                delay: b.max_batch_delay,
-            },
-            slo::Controller::choice,
-        );
+        let lanes: Vec<Lane> = models
+            .into_iter()
+            .map(|m| Lane::new(m, &settings.batching))
+            .collect();
+        let batch = lanes::partition_choice(&lanes);
         batching::export_choice(batch);
         metrics::gauge!(metric::LATENCY_TARGET_MISSED).set(0.0);
         let summary = RunSummary {
-            batch_choices: slo
-                .as_ref()
+            batch_choices: settings
+                .batching
+                .target_p99
                 .map(|_| vec![(std::time::Instant::now(), batch)])
                 .unwrap_or_default(),
             ..Default::default()
         };
+        let rules = Arc::new(rules);
+        policy_loaded(&rules);
         Hub {
             settings,
-            scorer: Arc::new(scorer),
-            reloaded: HashMap::new(),
+            lanes,
+            rules,
             shadow: None,
-            jobs,
             outbox,
             positions_tx,
             abort: shutdown.abort.clone(),
@@ -260,7 +277,6 @@ impl<D: Deliver> Hub<D> {
             revokes: Revokes::default(),
             positions: HashMap::new(),
             unsent_positions: HashMap::new(),
-            ready: VecDeque::new(),
             in_inference: HashMap::new(),
             next_job_id: 0,
             in_flight: 0,
@@ -270,11 +286,8 @@ impl<D: Deliver> Hub<D> {
             summary,
             stalls: StallReporter::new(StallKind::Undelivered, health.clone()),
             health,
-            breaker: Breaker::default(),
             next_stall_check: Instant::now() + STALL_CHECK,
             batch,
-            slo,
-            dispatch_capacity: workers * 2,
             txn: settings_eos.then(transaction::TxnState::default),
             decoder,
             schemas: None,
@@ -311,16 +324,19 @@ impl<D: Deliver> Hub<D> {
         let abort = self.abort.clone();
         loop {
             let wake_at = self.next_wake();
-            let accepting = input_open
-                && self.in_flight < self.settings.limits.max_in_flight
-                && !self.breaker.open;
-            let holding = self.breaker.open && !self.ready.is_empty();
+            let open = self.any_breaker_open();
+            let accepting =
+                input_open && self.in_flight < self.settings.limits.max_in_flight && !open;
+            let holding = open && self.queued() > 0;
             tokio::select! {
                 biased;
                 Some(event) = inputs.rebalances.recv() => self.on_rebalance(event),
-                Some((version, scorer)) = inputs.scorers.recv() => {
-                    self.reloaded.insert(version, scorer);
+                Some((lane, version, scorer)) = inputs.scorers.recv() => {
+                    if let Some(lane) = self.lanes.get_mut(lane) {
+                        lane.reloaded.insert(version, scorer);
+                    }
                 }
+                Some(rules) = inputs.policies.recv() => self.on_policy(rules),
                 Some(ack) = acks_rx.recv() => self.on_ack(ack),
                 Some(result) = inputs.results.recv() => self.on_inference_result(result),
                 _ = abort.cancelled(), if holding => self.give_up_held(),
@@ -358,11 +374,7 @@ impl<D: Deliver> Hub<D> {
         if Instant::now() >= self.next_stall_check {
             self.check_stalls();
         }
-        if self
-            .slo
-            .as_ref()
-            .is_some_and(|c| Instant::now() >= c.next_tick())
-        {
+        if self.next_slo_tick().is_some_and(|t| Instant::now() >= t) {
             self.adjust_batching();
         }
     }
@@ -375,11 +387,12 @@ impl<D: Deliver> Hub<D> {
             .min();
         let watchdog =
             (self.in_flight > 0 || !self.stalls.is_empty()).then_some(self.next_stall_check);
-        let slo = self.slo.as_ref().map(slo::Controller::next_tick);
+        let slo = self.next_slo_tick();
         let probe = self
-            .breaker
-            .next_probe
-            .filter(|_| self.breaker.probe.is_none());
+            .lanes
+            .iter()
+            .filter_map(|l| l.breaker.next_probe.filter(|_| l.breaker.probe.is_none()))
+            .min();
         // Positions waiting for the consumer thread to take the last batch.
         let positions =
             (!self.unsent_positions.is_empty()).then(|| Instant::now() + POSITIONS_RETRY);
@@ -394,6 +407,34 @@ impl<D: Deliver> Hub<D> {
             .chain(slo)
             .min()
     }
+
+    /// The earliest tick of a lane's latency controller.
+    fn next_slo_tick(&self) -> Option<Instant> {
+        self.lanes
+            .iter()
+            .filter_map(|l| l.slo.as_ref().map(slo::Controller::next_tick))
+            .min()
+    }
+
+    /// A new policy takes over: events accepted from now on are judged by
+    /// it (events already accepted keep theirs).
+    fn on_policy(&mut self, rules: Arc<Ruleset>) {
+        tracing::info!(from = %self.rules.version, to = %rules.version, rules = rules.rules.len(), "policy in force");
+        policy_loaded(&rules);
+        self.rules = rules;
+    }
+}
+
+/// Every rule × verdict series at 0, and when this policy took over.
+fn policy_loaded(rules: &Ruleset) {
+    for rule in rules.rule_ids() {
+        for verdict in Verdict::ALL {
+            metrics::counter!(metric::POLICY_VERDICTS_TOTAL, "rule" => rule.to_string(), "verdict" => verdict.as_str())
+                .increment(0);
+        }
+    }
+    metrics::gauge!(metric::POLICY_LOADED_TIMESTAMP_SECONDS)
+        .set(chrono::Utc::now().timestamp_millis() as f64 / 1000.0);
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -81,13 +81,15 @@ impl<D: Deliver> Hub<D> {
     /// be scored); returns how many events they held.
     pub(super) fn drop_queued(&mut self, tps: &HashSet<&Tp>) -> usize {
         let mut dropped = 0;
-        self.ready.retain(|b| {
-            let keep = !tps.contains(&b.tp);
-            if !keep {
-                dropped += b.items.len();
-            }
-            keep
-        });
+        for lane in &mut self.lanes {
+            lane.ready.retain(|b| {
+                let keep = !tps.contains(&b.tp);
+                if !keep {
+                    dropped += b.items.len();
+                }
+                keep
+            });
+        }
         dropped
     }
 }

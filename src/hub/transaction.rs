@@ -19,7 +19,6 @@ use std::collections::HashSet;
 
 use super::{Deliver, Hub, Outcome};
 use crate::rebalance::Sealed;
-use crate::record::OutRecord;
 use crate::tp::Tp;
 use tokio::time::Instant;
 
@@ -41,7 +40,7 @@ pub(super) enum Seal {
 /// A record ready while sealed, with what [`Hub::deliver`] needs.
 pub(super) struct Held {
     pub at: (Tp, u64, i64),
-    pub out: OutRecord,
+    pub out: super::Outgoing,
     pub outcome: Outcome,
     pub held: (Instant, Option<tokio::sync::OwnedSemaphorePermit>),
 }

@@ -55,6 +55,13 @@ metric_table! {
     /// Records the broker refused for good (also cut down): their offsets
     /// are committed so that the partition goes on. Labels: kind.
     UNDELIVERABLE_TOTAL = "modstream_undeliverable_total", Counter, Count, "records the broker refused for good, also cut down; their offsets are committed";
+    /// Verdicts acknowledged, by the policy rule that decided them. Labels:
+    /// rule (the ids of the policy file, never event data), verdict.
+    POLICY_VERDICTS_TOTAL = "modstream_policy_verdicts_total", Counter, Count, "verdicts acknowledged, by the policy rule that decided them";
+    /// When the policy in force took over (Unix seconds).
+    POLICY_LOADED_TIMESTAMP_SECONDS = "modstream_policy_loaded_timestamp_seconds", Gauge, Seconds, "when the policy in force took over, Unix time";
+    /// Events scored, per model. Labels: model (inference.models names).
+    MODEL_EVENTS_TOTAL = "modstream_model_events_total", Counter, Count, "events scored, per model";
     /// Events per model run.
     BATCH_SIZE = "modstream_batch_size", Histogram, Count, "events per model run";
     /// From a batch's first event to its close, seconds.

@@ -342,15 +342,16 @@ impl Scoring {
 
     /// The verdict of a scored event, enqueued at once.
     fn verdict(&mut self, item: Item, probabilities: &[f32], report: &mut RescoreReport) {
-        let (out, label) = self.scorer.verdict_record(
-            &self.output_topic,
-            &item.tp,
-            item.offset,
-            item.key,
-            &item.event,
-            probabilities,
-            item.timestamp_ms,
-        );
+        let answer = crate::verdict::Answer {
+            source: &item.tp,
+            offset: item.offset,
+            key: item.key,
+            event: &item.event,
+            timestamp_ms: item.timestamp_ms,
+        };
+        let (out, label) = self
+            .scorer
+            .verdict_record(&self.output_topic, answer, probabilities);
         *report.verdicts.entry(label.to_string()).or_default() += 1;
         if self.keep_labels {
             self.labels.insert(item.event.event_id.clone(), label);

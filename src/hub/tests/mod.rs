@@ -2,9 +2,10 @@ use super::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::inference::TokenStats;
+use crate::inference::{InferenceJob, TokenStats};
 use crate::manifest::Manifest;
 use crate::partition::tests::tp;
+use crate::verdict::Scorer;
 
 /// Stands in for the producer: records what it was handed, in order,
 /// and acknowledges at once (or, with `refuse_dlq`, refuses dead-letter
@@ -92,14 +93,21 @@ fn harness_with(kafka: &str) -> Harness {
         "output": "p", "labels": ["offensive"], "score_label": "offensive",
     }))
     .unwrap();
-    let scorer = Scorer::new(&manifest, &settings.policy).unwrap();
     let (jobs_tx, jobs) = async_channel::bounded(2);
+    let lane = ModelLane {
+        scorer: Scorer::named("default", &manifest),
+        jobs: jobs_tx,
+        workers: 1,
+        max_batch: 2,
+    };
+    let labels = [crate::policy::ModelLabels::of("default", &manifest)];
+    let rules = Ruleset::from_config(&settings.policy, &labels).unwrap();
     let (positions_tx, positions) = async_channel::bounded(64);
     let outbox = Outbox::default();
     let mut hub = Hub::new(
         settings,
-        scorer,
-        jobs_tx,
+        vec![lane],
+        rules,
         outbox.clone(),
         positions_tx,
         Arc::default(),
@@ -437,7 +445,7 @@ async fn a_model_that_fails_everything_is_retried_instead_of_flooding_the_dlq() 
             .model_failing
             .load(std::sync::atomic::Ordering::SeqCst)
     );
-    assert!(h.hub.breaker.open, "no input is taken meanwhile");
+    assert!(h.hub.lanes[0].breaker.open, "no input is taken meanwhile");
     h.result(failed(&third));
     assert!(h.jobs.try_recv().is_err(), "no batch goes to the model");
     // A probe after 1 s; it fails, the next comes 2 s later.
@@ -490,7 +498,7 @@ async fn events_held_by_the_breaker_are_given_up_uncommitted_at_the_shutdown_tim
     h.push(record(0, 1, 0));
     let job = h.jobs.try_recv().unwrap();
     h.result(failed(&job));
-    assert!(h.hub.breaker.open);
+    assert!(h.hub.lanes[0].breaker.open);
     assert_eq!(h.hub.in_flight, 2);
     // kafka.shutdown_timeout passed: the watchdog cancelled `abort`.
     h.hub.give_up_held();

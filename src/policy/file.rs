@@ -1,0 +1,320 @@
+//! The policy file (`policy.file`, TOML or YAML by its extension): read,
+//! checked against the loaded models, and refused whole if any rule is
+//! wrong.
+//!
+//! ```toml
+//! version = "2026-12-01.1"
+//!
+//! [[rules]]
+//! id = "kids"
+//! when = { tenant = ["kids", "kids-es"] }   # tenant, topic, lang, priority, user_id, metadata.KEY
+//! human_review = false                      # true: every verdict at least "review"
+//! models.profanity.is_offensive = { review_at = 0.2, block_at = 0.5 }
+//! models.minilm.toxic = { review_at = 0.3, block_at = 0.6 }
+//! routes = [{ verdicts = ["review"], topic = "kids-review", priority = "high" }]
+//!
+//! [[rules]]
+//! id = "default"                            # the last rule has no `when`
+//! models.profanity.is_offensive = { review_at = 0.5, block_at = 0.85 }
+//! ```
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::{Field, Judge, Match, Route, Rule, Ruleset, Verdict};
+use crate::config::Thresholds;
+
+/// A policy that cannot take over: where in the file, and why.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+#[error("invalid policy: {at}: {message}")]
+pub struct PolicyError {
+    pub at: String,
+    pub message: String,
+}
+
+impl PolicyError {
+    pub fn new(at: impl Into<String>, message: impl Into<String>) -> PolicyError {
+        PolicyError {
+            at: at.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// What the policy needs to know of a loaded model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelLabels {
+    /// The name the configuration gives it (`inference.models[].name`).
+    pub name: String,
+    pub labels: Vec<String>,
+    /// Index of the manifest's `score_label`.
+    pub score_label: usize,
+}
+
+impl ModelLabels {
+    pub fn of(name: &str, manifest: &crate::manifest::Manifest) -> ModelLabels {
+        ModelLabels {
+            name: name.to_string(),
+            labels: manifest.labels.clone(),
+            score_label: manifest.score_index(),
+        }
+    }
+
+    pub fn index(&self, label: &str) -> Option<usize> {
+        self.labels.iter().position(|l| l == label)
+    }
+
+    pub fn no_such_label(&self, label: &str) -> String {
+        format!(
+            "model {} has no label {label:?} (it has {:?})",
+            self.name, self.labels
+        )
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSpec {
+    version: String,
+    rules: Vec<RuleSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleSpec {
+    id: String,
+    #[serde(default)]
+    when: BTreeMap<String, OneOrMany>,
+    models: BTreeMap<String, BTreeMap<String, Thresholds>>,
+    #[serde(default)]
+    human_review: bool,
+    #[serde(default)]
+    routes: Vec<RouteSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteSpec {
+    verdicts: Vec<String>,
+    topic: String,
+    priority: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Ruleset {
+    /// Read and check a policy file; any wrong rule refuses the whole file.
+    pub fn load(path: &Path, models: &[ModelLabels]) -> Result<Ruleset, PolicyError> {
+        let at = path.display().to_string();
+        let format = match path.extension().and_then(|e| e.to_str()) {
+            Some("toml") => config::FileFormat::Toml,
+            Some("yaml" | "yml") => config::FileFormat::Yaml,
+            _ => {
+                return Err(PolicyError::new(
+                    at,
+                    "a policy file ends in .toml, .yaml or .yml",
+                ));
+            }
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| PolicyError::new(&at, format!("cannot read it: {e}")))?;
+        Ruleset::parse(&text, format, models)
+            .map_err(|e| PolicyError::new(format!("{at}: {}", e.at), e.message))
+    }
+
+    pub fn parse(
+        text: &str,
+        format: config::FileFormat,
+        models: &[ModelLabels],
+    ) -> Result<Ruleset, PolicyError> {
+        let spec: FileSpec = match format {
+            config::FileFormat::Toml => {
+                toml::from_str(text).map_err(|e| PolicyError::new("file", e.to_string()))?
+            }
+            // YAML through the configuration's own reader.
+            _ => config::Config::builder()
+                .add_source(config::File::from_str(text, format))
+                .build()
+                .and_then(config::Config::try_deserialize)
+                .map_err(|e| PolicyError::new("file", e.to_string()))?,
+        };
+        spec.check(models)
+    }
+}
+
+impl FileSpec {
+    fn check(self, models: &[ModelLabels]) -> Result<Ruleset, PolicyError> {
+        if self.version.trim().is_empty() {
+            return Err(PolicyError::new("version", "must not be empty"));
+        }
+        if self.rules.is_empty() {
+            return Err(PolicyError::new("rules", "at least the default rule"));
+        }
+        let mut ids = HashSet::new();
+        let last = self.rules.len() - 1;
+        let mut rules = Vec::new();
+        for (i, spec) in self.rules.into_iter().enumerate() {
+            let at = format!("rules[{i}] ({:?})", spec.id);
+            let rule = spec.check(models).map_err(|(key, m)| {
+                PolicyError::new(
+                    format!("{at}{}{key}", if key.is_empty() { "" } else { "." }),
+                    m,
+                )
+            })?;
+            if !ids.insert(rule.id.clone()) {
+                return Err(PolicyError::new(at, "a rule id may appear once"));
+            }
+            match (rule.when.is_empty(), i == last) {
+                (false, true) => {
+                    return Err(PolicyError::new(
+                        at,
+                        "the last rule is the default: it has no `when` (it matches every event)",
+                    ));
+                }
+                (true, false) => {
+                    return Err(PolicyError::new(
+                        at,
+                        "only the last rule may leave out `when`: the rules after this one could never match",
+                    ));
+                }
+                _ => {}
+            }
+            rules.push(rule);
+        }
+        Ok(Ruleset {
+            version: self.version,
+            rules,
+        })
+    }
+}
+
+type SpecError = (String, String);
+
+impl RuleSpec {
+    fn check(self, models: &[ModelLabels]) -> Result<Rule, SpecError> {
+        let id_ok = !self.id.is_empty()
+            && self.id.len() <= 64
+            && self
+                .id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+        if !id_ok {
+            return Err((
+                "id".into(),
+                "1 to 64 characters of A-Z a-z 0-9 _ - .".into(),
+            ));
+        }
+        let fields = check_when(self.when)?;
+        if self.models.is_empty() {
+            return Err(("models".into(), "at least one model judges".into()));
+        }
+        let mut judges = Vec::new();
+        for (name, labels) in self.models {
+            let key = format!("models.{name}");
+            let Some(model) = models.iter().position(|m| m.name == name) else {
+                let known: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
+                return Err((key, format!("no such model (the models are {known:?})")));
+            };
+            if labels.is_empty() {
+                return Err((key, "at least one label with its thresholds".into()));
+            }
+            let mut judged = Vec::new();
+            for (label, t) in labels {
+                let key = format!("{key}.{label}");
+                if models[model].index(&label).is_none() {
+                    return Err((key, models[model].no_such_label(&label)));
+                }
+                let valid = |x: f32| (0.0..=1.0).contains(&x);
+                if !valid(t.review_at) || !valid(t.block_at) || t.review_at > t.block_at {
+                    return Err((
+                        key,
+                        "thresholds within 0..=1 and review_at <= block_at".into(),
+                    ));
+                }
+                judged.push((label, t));
+            }
+            judges.push(Judge {
+                model,
+                labels: judged,
+            });
+        }
+        judges.sort_by_key(|j| j.model);
+        let routes = self
+            .routes
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| r.check().map_err(|m| (format!("routes[{i}]"), m)))
+            .collect::<Result<_, _>>()?;
+        Ok(Rule {
+            id: self.id,
+            when: Match { fields },
+            judges,
+            human_review: self.human_review,
+            routes,
+        })
+    }
+}
+
+/// `when`: each field known, each with at least one value.
+fn check_when(when: BTreeMap<String, OneOrMany>) -> Result<Vec<(Field, Vec<String>)>, SpecError> {
+    let mut fields = Vec::new();
+    for (name, values) in when {
+        let key = format!("when.{name}");
+        let field = Field::parse(&name).ok_or_else(|| {
+            (
+                key.clone(),
+                "not a field: tenant, topic, lang, priority, user_id or metadata.KEY".into(),
+            )
+        })?;
+        let values = match values {
+            OneOrMany::One(v) => vec![v],
+            OneOrMany::Many(v) => v,
+        };
+        if values.is_empty() {
+            return Err((key, "at least one value".into()));
+        }
+        if field == Field::Priority
+            && let Some(bad) = values
+                .iter()
+                .find(|v| !["normal", "urgent"].contains(&v.as_str()))
+        {
+            return Err((
+                key,
+                format!("{bad:?}: a priority is \"normal\" or \"urgent\""),
+            ));
+        }
+        fields.push((field, values));
+    }
+    Ok(fields)
+}
+
+impl RouteSpec {
+    fn check(self) -> Result<Route, String> {
+        if self.topic.trim().is_empty() {
+            return Err("topic must not be empty".into());
+        }
+        if self.verdicts.is_empty() {
+            return Err("verdicts: at least one of allow, review, block".into());
+        }
+        let verdicts = self
+            .verdicts
+            .iter()
+            .map(|v| {
+                Verdict::parse(v)
+                    .ok_or_else(|| format!("verdicts: {v:?} is not allow, review or block"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Route {
+            verdicts,
+            topic: self.topic,
+            priority: self.priority,
+        })
+    }
+}

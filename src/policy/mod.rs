@@ -1,0 +1,336 @@
+//! Policies: which models judge an event, by which thresholds, and why.
+//!
+//! A [`Ruleset`] is an ordered list of rules with a version: the first rule
+//! whose `when` matches the event decides (the last rule matches every
+//! event, so one always does). A rule names the models that judge the
+//! event, each with thresholds per label; only those models run on it. The
+//! verdict is the most severe over the judged labels (`score >= block_at`
+//! blocks, `score >= review_at` goes to review), raised to review when the
+//! rule asks for a human on every event; [`Decision`] keeps which labels
+//! crossed which threshold, for the verdict's `reason`. A rule may also
+//! send copies of some verdicts to other topics ([`Route`]).
+//!
+//! The ruleset comes from `policy.file` ([`file`]) or, without one, from
+//! the configuration's `[policy]` thresholds ([`Ruleset::from_config`]).
+//! The hub stamps each event with the ruleset in force when it arrived, so
+//! one event is judged by one version from its first model to its verdict.
+
+use crate::config::Thresholds;
+use crate::event::{Event, Priority};
+
+pub mod file;
+
+pub use file::{ModelLabels, PolicyError};
+
+/// A verdict, in order of severity (`Ord`: the most severe is the greatest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Allow,
+    Review,
+    Block,
+}
+
+impl Verdict {
+    pub const ALL: [Verdict; 3] = [Verdict::Allow, Verdict::Review, Verdict::Block];
+
+    /// As written in verdict records and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allow => "allow",
+            Verdict::Review => "review",
+            Verdict::Block => "block",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Verdict> {
+        Verdict::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `score >= block_at` blocks, `score >= review_at` goes to review.
+pub fn decide(t: &Thresholds, score: f32) -> Verdict {
+    if score >= t.block_at {
+        Verdict::Block
+    } else if score >= t.review_at {
+        Verdict::Review
+    } else {
+        Verdict::Allow
+    }
+}
+
+/// The rules in force, in order, and their version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ruleset {
+    pub version: String,
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    pub id: String,
+    pub when: Match,
+    /// The models that judge, in the order they run (model index order).
+    pub judges: Vec<Judge>,
+    /// Every verdict of this rule needs a human: at least `review`.
+    pub human_review: bool,
+    pub routes: Vec<Route>,
+}
+
+/// One model's part in a rule: (label, thresholds) per judged label. By
+/// name, so that a model version with its labels in another order is
+/// judged the same (a version that lacks one is refused by the reload).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judge {
+    pub model: usize,
+    pub labels: Vec<(String, Thresholds)>,
+}
+
+/// A copy of the verdicts in `verdicts` also goes to `topic`, with the
+/// rule's `priority` for the queue that reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    pub verdicts: Vec<Verdict>,
+    pub topic: String,
+    pub priority: Option<String>,
+}
+
+/// Event fields a rule matches on: every field named must hold one of its
+/// values (an event without the field does not match). Empty: every event.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Match {
+    pub fields: Vec<(Field, Vec<String>)>,
+}
+
+/// What a rule can look at.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Field {
+    Tenant,
+    Topic,
+    Lang,
+    Priority,
+    UserId,
+    /// `metadata.KEY`: a value of the event's metadata object (strings as
+    /// they are, numbers and booleans as written in JSON).
+    Metadata(String),
+}
+
+impl Field {
+    pub fn parse(name: &str) -> Option<Field> {
+        Some(match name {
+            "tenant" => Field::Tenant,
+            "topic" => Field::Topic,
+            "lang" => Field::Lang,
+            "priority" => Field::Priority,
+            "user_id" => Field::UserId,
+            _ => Field::Metadata(name.strip_prefix("metadata.")?.to_string()),
+        })
+    }
+
+    fn value(&self, topic: &str, event: &Event) -> Option<String> {
+        match self {
+            Field::Tenant => event.tenant.clone(),
+            Field::Topic => Some(topic.to_string()),
+            Field::Lang => event.lang.clone(),
+            Field::Priority => Some(
+                match event.priority {
+                    Priority::Normal => "normal",
+                    Priority::Urgent => "urgent",
+                }
+                .to_string(),
+            ),
+            Field::UserId => event.user_id.clone(),
+            Field::Metadata(key) => match event.metadata.as_ref()?.get(key)? {
+                serde_json::Value::String(s) => Some(s.clone()),
+                v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_)) => {
+                    Some(v.to_string())
+                }
+                _ => None,
+            },
+        }
+    }
+}
+
+impl Match {
+    pub fn is_empty(&self) -> bool {
+        self.fields.is_empty()
+    }
+
+    pub fn matches(&self, topic: &str, event: &Event) -> bool {
+        self.fields.iter().all(|(field, values)| {
+            field
+                .value(topic, event)
+                .is_some_and(|v| values.contains(&v))
+        })
+    }
+}
+
+/// A label that crossed a threshold: its score, the threshold crossed
+/// (`block_at` for a block, `review_at` for a review) and what it means.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Crossing {
+    pub model: usize,
+    pub label: String,
+    pub score: f32,
+    pub threshold: f32,
+    pub verdict: Verdict,
+}
+
+/// How a rule judged one event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub verdict: Verdict,
+    /// The verdict the scores alone gave (before `human_review`).
+    pub by_score: Verdict,
+    pub human_review: bool,
+    pub crossings: Vec<Crossing>,
+}
+
+impl Ruleset {
+    /// Without `policy.file`: one rule, `default`, in which every model
+    /// judges its manifest's `score_label` by `[policy]`'s thresholds; with
+    /// `[policy.labels]` (one model only, checked by the configuration) the
+    /// listed labels instead.
+    pub fn from_config(
+        policy: &crate::config::Policy,
+        models: &[ModelLabels],
+    ) -> Result<Ruleset, PolicyError> {
+        let global = Thresholds {
+            review_at: policy.review_at,
+            block_at: policy.block_at,
+        };
+        let mut judges = Vec::new();
+        for (i, m) in models.iter().enumerate() {
+            let labels = if policy.labels.is_empty() || i > 0 {
+                let label = m.labels.get(m.score_label).cloned().unwrap_or_default();
+                vec![(label, global)]
+            } else {
+                policy
+                    .labels
+                    .iter()
+                    .map(|(label, t)| match m.index(label) {
+                        Some(_) => Ok((label.clone(), *t)),
+                        None => Err(PolicyError::new(
+                            format!("policy.labels.{label}"),
+                            m.no_such_label(label),
+                        )),
+                    })
+                    .collect::<Result<_, _>>()?
+            };
+            judges.push(Judge { model: i, labels });
+        }
+        Ok(Ruleset {
+            version: "config".to_string(),
+            rules: vec![Rule {
+                id: "default".to_string(),
+                when: Match::default(),
+                judges,
+                human_review: false,
+                routes: Vec::new(),
+            }],
+        })
+    }
+
+    /// The index of the rule that decides this event (the first that
+    /// matches; the last matches every event).
+    pub fn rule_for(&self, topic: &str, event: &Event) -> usize {
+        self.rules
+            .iter()
+            .position(|r| r.when.matches(topic, event))
+            .unwrap_or(self.rules.len().saturating_sub(1))
+    }
+
+    /// Every label a rule judges of model `model` that `labels` lacks.
+    pub fn missing_labels(&self, model: usize, labels: &[String]) -> Vec<&str> {
+        let mut missing: Vec<&str> = self
+            .rules
+            .iter()
+            .flat_map(|r| r.judges.iter().filter(|j| j.model == model))
+            .flat_map(|j| j.labels.iter().map(|(l, _)| l.as_str()))
+            .filter(|l| !labels.iter().any(|have| have == l))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        missing
+    }
+
+    /// Rule ids, for metric labels (they come from the file, never from
+    /// event data).
+    pub fn rule_ids(&self) -> impl Iterator<Item = &str> {
+        self.rules.iter().map(|r| r.id.as_str())
+    }
+}
+
+impl Rule {
+    /// Whether model `model` scores the events of this rule.
+    pub fn runs(&self, model: usize) -> bool {
+        self.judges.iter().any(|j| j.model == model)
+    }
+
+    /// The verdict from each judging model's labels and probabilities
+    /// (`scores(model)`; a model without scores judges nothing).
+    pub fn judge<'a>(
+        &self,
+        scores: impl Fn(usize) -> Option<(&'a [String], &'a [f32])>,
+    ) -> Decision {
+        let mut crossings = Vec::new();
+        for judge in &self.judges {
+            let Some((names, probabilities)) = scores(judge.model) else {
+                continue;
+            };
+            for (label, t) in &judge.labels {
+                let score = names
+                    .iter()
+                    .position(|n| n == label)
+                    .and_then(|i| probabilities.get(i))
+                    .copied()
+                    .unwrap_or(0.0);
+                let verdict = decide(t, score);
+                let threshold = match verdict {
+                    Verdict::Block => t.block_at,
+                    Verdict::Review => t.review_at,
+                    Verdict::Allow => continue,
+                };
+                crossings.push(Crossing {
+                    model: judge.model,
+                    label: label.clone(),
+                    score,
+                    threshold,
+                    verdict,
+                });
+            }
+        }
+        let by_score = crossings
+            .iter()
+            .map(|c| c.verdict)
+            .max()
+            .unwrap_or(Verdict::Allow);
+        let verdict = if self.human_review {
+            by_score.max(Verdict::Review)
+        } else {
+            by_score
+        };
+        Decision {
+            verdict,
+            by_score,
+            human_review: self.human_review,
+            crossings,
+        }
+    }
+
+    /// The routes a verdict of this rule takes besides the output topic.
+    pub fn routes_for(&self, verdict: Verdict) -> impl Iterator<Item = &Route> {
+        self.routes
+            .iter()
+            .filter(move |r| r.verdicts.contains(&verdict))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,270 @@
+use super::*;
+use config::FileFormat;
+
+fn models() -> Vec<ModelLabels> {
+    vec![
+        ModelLabels {
+            name: "profanity".into(),
+            labels: vec!["is_offensive".into()],
+            score_label: 0,
+        },
+        ModelLabels {
+            name: "minilm".into(),
+            labels: vec!["Toxic".into(), "clean".into()],
+            score_label: 0,
+        },
+    ]
+}
+
+const THREE: &str = r#"
+version = "v1"
+
+[[rules]]
+id = "kids"
+when = { tenant = ["kids", "kids-es"] }
+models.profanity.is_offensive = { review_at = 0.2, block_at = 0.5 }
+models.minilm.Toxic = { review_at = 0.3, block_at = 0.6 }
+routes = [{ verdicts = ["review"], topic = "kids-review", priority = "high" }]
+
+[[rules]]
+id = "debate"
+when = { "metadata.community" = "debate", lang = "en" }
+human_review = true
+models.profanity.is_offensive = { review_at = 0.9, block_at = 0.99 }
+
+[[rules]]
+id = "default"
+models.profanity.is_offensive = { review_at = 0.5, block_at = 0.85 }
+"#;
+
+fn event(json: serde_json::Value) -> Event {
+    crate::event::validate(Some(json.to_string().as_bytes()), &Default::default()).unwrap()
+}
+
+#[test]
+fn the_first_matching_rule_decides_and_only_its_models_run() {
+    let rules = Ruleset::parse(THREE, FileFormat::Toml, &models()).unwrap();
+    assert_eq!(rules.version, "v1");
+    let kids = event(serde_json::json!({"event_id": "1", "text": "t", "tenant": "kids-es"}));
+    let debate = event(
+        serde_json::json!({"event_id": "2", "text": "t", "lang": "en",
+        "metadata": {"community": "debate"}}),
+    );
+    let debate_fr = event(
+        serde_json::json!({"event_id": "3", "text": "t", "lang": "fr",
+        "metadata": {"community": "debate"}}),
+    );
+    let other = event(serde_json::json!({"event_id": "4", "text": "t"}));
+    let ids: Vec<&str> = [&kids, &debate, &debate_fr, &other]
+        .iter()
+        .map(|e| rules.rules[rules.rule_for("posts", e)].id.as_str())
+        .collect();
+    assert_eq!(ids, ["kids", "debate", "default", "default"]);
+    let kids_rule = &rules.rules[0];
+    assert!(kids_rule.runs(0) && kids_rule.runs(1));
+    assert!(rules.rules[1].runs(0) && !rules.rules[1].runs(1));
+
+    // Profanity 0.3 crosses kids' review_at 0.2; MiniLM Toxic 0.7 its block_at 0.6.
+    let p = [0.3f32];
+    let m = [0.7f32, 0.3];
+    let (pl, ml) = (
+        ["is_offensive".to_string()],
+        ["Toxic".to_string(), "clean".to_string()],
+    );
+    let decision = kids_rule.judge(|i| match i {
+        0 => Some((&pl[..], &p[..])),
+        1 => Some((&ml[..], &m[..])),
+        _ => None,
+    });
+    assert_eq!(decision.verdict, Verdict::Block);
+    assert_eq!(
+        decision.crossings,
+        vec![
+            Crossing {
+                model: 0,
+                label: "is_offensive".into(),
+                score: 0.3,
+                threshold: 0.2,
+                verdict: Verdict::Review
+            },
+            Crossing {
+                model: 1,
+                label: "Toxic".into(),
+                score: 0.7,
+                threshold: 0.6,
+                verdict: Verdict::Block
+            },
+        ]
+    );
+    assert_eq!(kids_rule.routes_for(Verdict::Review).count(), 1);
+    assert_eq!(kids_rule.routes_for(Verdict::Block).count(), 0);
+    // human_review raises an allow to review, and says so.
+    let low = [0.1f32];
+    let d = rules.rules[1].judge(|_| Some((&pl[..], &low[..])));
+    assert_eq!(
+        (d.verdict, d.by_score, d.human_review),
+        (Verdict::Review, Verdict::Allow, true)
+    );
+    assert!(d.crossings.is_empty());
+}
+
+#[test]
+fn yaml_reads_the_same_rules() {
+    let yaml = r#"
+version: v1
+rules:
+  - id: kids
+    when: { tenant: [kids, kids-es] }
+    models:
+      profanity: { is_offensive: { review_at: 0.2, block_at: 0.5 } }
+      minilm: { Toxic: { review_at: 0.3, block_at: 0.6 } }
+    routes: [{ verdicts: [review], topic: kids-review, priority: high }]
+  - id: debate
+    when: { metadata.community: debate, lang: en }
+    human_review: true
+    models:
+      profanity: { is_offensive: { review_at: 0.9, block_at: 0.99 } }
+  - id: default
+    models:
+      profanity: { is_offensive: { review_at: 0.5, block_at: 0.85 } }
+"#;
+    let from_yaml = Ruleset::parse(yaml, FileFormat::Yaml, &models()).unwrap();
+    let from_toml = Ruleset::parse(THREE, FileFormat::Toml, &models()).unwrap();
+    assert_eq!(from_yaml, from_toml);
+}
+
+#[test]
+fn a_wrong_rule_refuses_the_whole_file_and_says_where() {
+    let cases = [
+        (
+            "models.minilm.toxic = { review_at = 0.3, block_at = 0.6 }",
+            "models.minilm.toxic",
+            "no label",
+        ),
+        (
+            "models.bert.x = { review_at = 0.3, block_at = 0.6 }",
+            "models.bert",
+            "no such model",
+        ),
+        (
+            "models.profanity.is_offensive = { review_at = 0.7, block_at = 0.6 }",
+            "is_offensive",
+            "review_at <= block_at",
+        ),
+        (
+            "models.profanity.is_offensive = { review_at = 0.3, block_at = 1.6 }",
+            "is_offensive",
+            "0..=1",
+        ),
+        (
+            "when = { colour = \"red\" }\nmodels.profanity.is_offensive = { review_at = 0.3, block_at = 0.6 }",
+            "when.colour",
+            "not a field",
+        ),
+        (
+            "when = { priority = \"high\" }\nmodels.profanity.is_offensive = { review_at = 0.3, block_at = 0.6 }",
+            "when.priority",
+            "normal",
+        ),
+        ("models = {}", "models", "at least one model"),
+        (
+            "routes = [{ verdicts = [\"later\"], topic = \"q\" }]\nmodels.profanity.is_offensive = { review_at = 0.3, block_at = 0.6 }",
+            "routes[0]",
+            "not allow",
+        ),
+    ];
+    for (body, at, why) in cases {
+        let text = format!(
+            "version = \"v2\"\n[[rules]]\nid = \"r\"\nwhen = {{ tenant = \"t\" }}\n{body}\n[[rules]]\nid = \"default\"\nmodels.profanity.is_offensive = {{ review_at = 0.5, block_at = 0.85 }}\n"
+        )
+        .replacen("when = { tenant = \"t\" }\nwhen", "when", 1);
+        let e = Ruleset::parse(&text, FileFormat::Toml, &models()).expect_err(body);
+        let shown = e.to_string();
+        assert!(shown.contains(at) && shown.contains(why), "{body}: {shown}");
+    }
+    let default_first = "version = \"v\"\n[[rules]]\nid = \"a\"\nmodels.profanity.is_offensive = { review_at = 0.5, block_at = 0.8 }\n[[rules]]\nid = \"b\"\nwhen = { tenant = \"t\" }\nmodels.profanity.is_offensive = { review_at = 0.5, block_at = 0.8 }\n";
+    let e = Ruleset::parse(default_first, FileFormat::Toml, &models()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("only the last rule may leave out `when`"),
+        "{e}"
+    );
+    let no_default = "version = \"v\"\n[[rules]]\nid = \"a\"\nwhen = { tenant = \"t\" }\nmodels.profanity.is_offensive = { review_at = 0.5, block_at = 0.8 }\n";
+    let e = Ruleset::parse(no_default, FileFormat::Toml, &models()).unwrap_err();
+    assert!(
+        e.to_string().contains("the last rule is the default"),
+        "{e}"
+    );
+    let twice = "version = \"v\"\n[[rules]]\nid = \"a\"\nwhen = { tenant = \"t\" }\nmodels.profanity.is_offensive = { review_at = 0.5, block_at = 0.8 }\n[[rules]]\nid = \"a\"\nmodels.profanity.is_offensive = { review_at = 0.5, block_at = 0.8 }\n";
+    assert!(
+        Ruleset::parse(twice, FileFormat::Toml, &models())
+            .unwrap_err()
+            .to_string()
+            .contains("once")
+    );
+    let bad_id = THREE.replace("id = \"kids\"", "id = \"kids community\"");
+    assert!(Ruleset::parse(&bad_id, FileFormat::Toml, &models()).is_err());
+    let no_version = THREE.replace("version = \"v1\"", "version = \" \"");
+    assert!(Ruleset::parse(&no_version, FileFormat::Toml, &models()).is_err());
+}
+
+#[test]
+fn without_a_file_the_configuration_thresholds_make_the_default_rule() {
+    let mut policy = crate::config::Policy::default();
+    let rules = Ruleset::from_config(&policy, &models()).unwrap();
+    assert_eq!(rules.rules.len(), 1);
+    let rule = &rules.rules[0];
+    assert_eq!(
+        (rule.id.as_str(), rules.version.as_str()),
+        ("default", "config")
+    );
+    assert!(rule.runs(0) && rule.runs(1));
+    let p = [0.9f32];
+    let m = [0.1f32, 0.9];
+    let (pl, ml) = (
+        ["is_offensive".to_string()],
+        ["Toxic".to_string(), "clean".to_string()],
+    );
+    let d = rule.judge(|i| {
+        Some(if i == 0 {
+            (&pl[..], &p[..])
+        } else {
+            (&ml[..], &m[..])
+        })
+    });
+    assert_eq!(d.verdict, Verdict::Block);
+    assert_eq!(d.crossings.len(), 1, "MiniLM's score_label (Toxic) is 0.1");
+    policy.labels.insert(
+        "nope".into(),
+        Thresholds {
+            review_at: 0.1,
+            block_at: 0.2,
+        },
+    );
+    let e = Ruleset::from_config(&policy, &models()).unwrap_err();
+    assert!(e.to_string().contains("policy.labels.nope"), "{e}");
+    // A new model version must have every label the rules judge.
+    let rules = Ruleset::parse(THREE, FileFormat::Toml, &models()).unwrap();
+    assert_eq!(rules.missing_labels(1, &["toxic".into()]), vec!["Toxic"]);
+    assert!(
+        rules
+            .missing_labels(1, &["clean".into(), "Toxic".into()])
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_missing_or_strange_file_is_refused_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Ruleset::load(&dir.path().join("policy.toml"), &models()).unwrap_err();
+    assert!(
+        e.to_string().contains("policy.toml") && e.to_string().contains("cannot read"),
+        "{e}"
+    );
+    let e = Ruleset::load(&dir.path().join("policy.json"), &models()).unwrap_err();
+    assert!(e.to_string().contains(".toml, .yaml"), "{e}");
+    let path = dir.path().join("p.toml");
+    std::fs::write(&path, "version = \"v1\"\nrules = 3\n").unwrap();
+    let e = Ruleset::load(&path, &models()).unwrap_err();
+    assert!(e.to_string().contains("p.toml"), "{e}");
+}

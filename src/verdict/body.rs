@@ -1,0 +1,164 @@
+//! The verdict and decision records as written, serialized from borrowed
+//! parts (no `serde_json::Value` per record). Fields and score labels are
+//! in name order, as they always were.
+
+use super::{Judged, Scorer};
+use crate::policy::Verdict;
+
+#[derive(serde::Serialize)]
+pub(super) struct VerdictBody<'a> {
+    pub event_id: &'a str,
+    pub latency_ms: Option<i64>,
+    pub model: ModelRef<'a>,
+    pub processed_at: &'a str,
+    pub reason: Reason<'a>,
+    /// Only in a routed copy: the priority its rule gives it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub review_priority: Option<&'a str>,
+    pub scores: Scores<'a>,
+    pub source: SourceRef<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<&'a str>,
+    pub verdict: Verdict,
+    /// Optional fields of the event left out, and why (only when some were).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// One event's audit record for `output.decisions_topic`.
+#[derive(serde::Serialize)]
+pub(super) struct DecisionBody<'a> {
+    pub decided_at: &'a str,
+    pub event_id: &'a str,
+    /// When the event happened (ms since the epoch), if known.
+    pub event_time_ms: Option<i64>,
+    pub human_review: bool,
+    pub models: Vec<ModelRef<'a>>,
+    pub policy: &'a str,
+    pub reasons: Vec<CrossedRef<'a>>,
+    pub rule: &'a str,
+    pub source: SourceRef<'a>,
+    pub tenant: Option<&'a str>,
+    pub verdict: Verdict,
+}
+
+#[derive(serde::Serialize)]
+pub(super) struct ModelRef<'a> {
+    /// The configuration's name for the model (only in reasons and decisions).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<&'a str>,
+    pub name: &'a str,
+    pub version: &'a str,
+}
+
+#[derive(serde::Serialize)]
+pub(super) struct SourceRef<'a> {
+    pub offset: i64,
+    pub partition: i32,
+    pub topic: &'a str,
+}
+
+/// The verdict's `reason`: the policy version and rule that decided, and
+/// per judging model its identity, scores and the thresholds crossed.
+#[derive(serde::Serialize)]
+pub(super) struct Reason<'a> {
+    pub human_review: bool,
+    pub models: Vec<ModelReason<'a>>,
+    pub policy: &'a str,
+    pub rule: &'a str,
+}
+
+#[derive(serde::Serialize)]
+pub(super) struct ModelReason<'a> {
+    pub crossed: Vec<CrossedRef<'a>>,
+    pub id: &'a str,
+    pub name: &'a str,
+    pub scores: Scores<'a>,
+    pub version: &'a str,
+}
+
+#[derive(serde::Serialize)]
+pub(super) struct CrossedRef<'a> {
+    pub label: &'a str,
+    /// Only in decision records (a verdict's reason sits under its model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<&'a str>,
+    pub score: f64,
+    pub threshold: f64,
+    pub verdict: Verdict,
+}
+
+/// `{label: probability}` in label name order; probabilities written as the
+/// f64 of the f32 (as `serde_json::Value` did).
+pub(super) struct Scores<'a> {
+    /// None: no model judged (`{}`).
+    pub scorer: Option<&'a Scorer>,
+    pub probabilities: &'a [f32],
+}
+
+impl serde::Serialize for Scores<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        let Some(scorer) = self.scorer else {
+            return map.end();
+        };
+        for &i in &scorer.sorted_labels {
+            if let (Some(label), Some(p)) = (scorer.labels.get(i), self.probabilities.get(i)) {
+                map.serialize_entry(label, &f64::from(*p))?;
+            }
+        }
+        map.end()
+    }
+}
+
+impl<'a> Judged<'a> {
+    /// The crossings of one model (or, `model` = None, of all, each
+    /// naming its model).
+    pub(super) fn crossed(&self, model: Option<usize>) -> Vec<CrossedRef<'a>> {
+        self.decision
+            .crossings
+            .iter()
+            .filter(|c| model.is_none_or(|m| m == c.model))
+            .filter_map(|c| {
+                let (_, scorer, _) = self.models.iter().find(|(m, _, _)| *m == c.model)?;
+                Some(CrossedRef {
+                    label: &c.label,
+                    model: model.is_none().then_some(scorer.id.as_str()),
+                    score: f64::from(c.score),
+                    threshold: f64::from(c.threshold),
+                    verdict: c.verdict,
+                })
+            })
+            .collect()
+    }
+
+    pub(super) fn reason(&self) -> Reason<'a> {
+        Reason {
+            human_review: self.decision.human_review,
+            models: self
+                .models
+                .iter()
+                .map(|&(model, scorer, probabilities)| ModelReason {
+                    crossed: self.crossed(Some(model)),
+                    id: &scorer.id,
+                    name: &scorer.model_name,
+                    scores: Scores {
+                        scorer: Some(scorer),
+                        probabilities,
+                    },
+                    version: &scorer.model_version,
+                })
+                .collect(),
+            policy: &self.rules.version,
+            rule: self.rule_id(),
+        }
+    }
+
+    pub(super) fn rule_id(&self) -> &'a str {
+        self.rules
+            .rules
+            .get(self.rule)
+            .map_or("", |r| r.id.as_str())
+    }
+}

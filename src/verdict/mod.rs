@@ -1,0 +1,289 @@
+//! Verdicts: a policy's decision on a model's (or several models')
+//! probabilities, written as the verdict record, the decision record and
+//! routed copies.
+//!
+//! Verdict (JSON, keyed like the input event), fields in name order:
+//! `{"event_id", "latency_ms", "model": {"name", "version"}, "processed_at",
+//!   "reason": {"human_review", "models": [{"crossed": [{"label", "score",
+//!   "threshold", "verdict"}], "id", "name", "scores", "version"}],
+//!   "policy", "rule"}, "review_priority"?, "scores": {label: p},
+//!   "source": {"topic", "partition", "offset"}, "tenant"?, "verdict":
+//!   "allow"|"review"|"block", "warnings"?}`.
+//! `model` and `scores` are those of the first model that judged the event
+//! (the only one in a single-model configuration); `reason` has every
+//! judging model. `tenant` when the event has one, `warnings` when optional
+//! fields were left out, `review_priority` only in a copy a rule routed to
+//! another topic. `latency_ms` runs from the input record's Kafka timestamp
+//! (or the event's `created_at` when the record has none) to when the
+//! verdict was made.
+//!
+//! Dead-letter records are in [`crate::record`].
+
+use crate::config::{Policy, Thresholds};
+use crate::event::{self, Event};
+use crate::manifest::Manifest;
+use crate::policy::{Decision, Judge, Match, Rule, Ruleset};
+use crate::record::{OutRecord, RecordKind};
+use crate::tp::Tp;
+
+mod body;
+
+use body::{DecisionBody, ModelRef, Scores, SourceRef, VerdictBody};
+
+pub use crate::policy::{Verdict, decide};
+
+/// A new model version for the hub (from a hot reload): the model's index,
+/// the version the workers' results carry from their next job on, and the
+/// model's identity.
+pub type NewScorer = (usize, u64, std::sync::Arc<Scorer>);
+
+/// A loaded model's identity and labels (and, for the tools that judge one
+/// model alone, the configuration's `[policy]` thresholds for it).
+#[derive(Debug)]
+pub struct Scorer {
+    /// The configuration's name for it (`inference.models[].name`).
+    pub id: String,
+    labels: Vec<String>,
+    model_name: String,
+    model_version: String,
+    /// Label indices in name order (the order of `scores` in a verdict).
+    sorted_labels: Vec<usize>,
+    /// One rule: this model by `[policy]` (shadow, rescore, bench).
+    alone: Ruleset,
+}
+
+/// One model's judgement of an event (for shadow comparison records).
+#[derive(serde::Serialize)]
+pub struct Judgement<'a> {
+    model: ModelRef<'a>,
+    scores: Scores<'a>,
+    pub verdict: Verdict,
+}
+
+pub use crate::policy::PolicyError;
+
+/// An event judged: the rules in force when it arrived, the rule that
+/// decided, its decision, and each judging model (index, identity,
+/// probabilities) in the order they ran.
+pub struct Judged<'a> {
+    pub rules: &'a Ruleset,
+    pub rule: usize,
+    pub decision: &'a Decision,
+    pub models: Vec<(usize, &'a Scorer, &'a [f32])>,
+}
+
+/// Where a verdict comes from and what it answers.
+pub struct Answer<'a> {
+    pub source: &'a Tp,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub event: &'a Event,
+    /// The input record's Kafka timestamp.
+    pub timestamp_ms: Option<i64>,
+}
+
+impl Scorer {
+    /// Fails when `policy.labels` names a label the model does not have.
+    pub fn new(manifest: &Manifest, policy: &Policy) -> Result<Scorer, PolicyError> {
+        let labels = crate::policy::ModelLabels::of(&manifest.name, manifest);
+        let alone = Ruleset::from_config(policy, std::slice::from_ref(&labels))?;
+        Ok(Scorer::with_rules(&manifest.name, manifest, alone))
+    }
+
+    /// The identity of model `id` (its policy comes from the ruleset).
+    pub fn named(id: &str, manifest: &Manifest) -> Scorer {
+        let labels = crate::policy::ModelLabels::of(id, manifest);
+        let t = Thresholds {
+            review_at: 0.5,
+            block_at: 0.85,
+        };
+        let alone = Ruleset {
+            version: "config".into(),
+            rules: vec![Rule {
+                id: "default".into(),
+                when: Match::default(),
+                judges: vec![Judge {
+                    model: 0,
+                    labels: vec![(
+                        labels
+                            .labels
+                            .get(labels.score_label)
+                            .cloned()
+                            .unwrap_or_default(),
+                        t,
+                    )],
+                }],
+                human_review: false,
+                routes: Vec::new(),
+            }],
+        };
+        Scorer::with_rules(id, manifest, alone)
+    }
+
+    fn with_rules(id: &str, manifest: &Manifest, alone: Ruleset) -> Scorer {
+        let mut sorted_labels: Vec<usize> = (0..manifest.labels.len()).collect();
+        sorted_labels.sort_by_key(|&i| &manifest.labels[i]);
+        Scorer {
+            id: id.to_string(),
+            sorted_labels,
+            labels: manifest.labels.clone(),
+            model_name: manifest.name.clone(),
+            model_version: manifest.version.clone(),
+            alone,
+        }
+    }
+
+    pub fn labels(&self) -> &[String] {
+        &self.labels
+    }
+
+    /// "name version" of the manifest.
+    pub fn model(&self) -> (&str, &str) {
+        (&self.model_name, &self.model_version)
+    }
+
+    /// The verdict, scores and model of `probabilities`, serializable.
+    pub fn judge<'a>(&'a self, probabilities: &'a [f32]) -> Judgement<'a> {
+        Judgement {
+            model: ModelRef {
+                id: None,
+                name: &self.model_name,
+                version: &self.model_version,
+            },
+            scores: Scores {
+                scorer: Some(self),
+                probabilities,
+            },
+            verdict: self.decide(probabilities),
+        }
+    }
+
+    /// This model alone by `[policy]`: the most severe verdict over the
+    /// judged labels.
+    pub fn decide(&self, probabilities: &[f32]) -> Verdict {
+        self.decision(probabilities).verdict
+    }
+
+    fn decision(&self, probabilities: &[f32]) -> Decision {
+        self.alone.rules[0].judge(|_| Some((&self.labels, probabilities)))
+    }
+
+    /// The verdict record of this model alone by `[policy]` (rescore).
+    pub fn verdict_record(
+        &self,
+        topic: &str,
+        answer: Answer<'_>,
+        probabilities: &[f32],
+    ) -> (OutRecord, Verdict) {
+        let decision = self.decision(probabilities);
+        let judged = Judged {
+            rules: &self.alone,
+            rule: 0,
+            decision: &decision,
+            models: vec![(0, self, probabilities)],
+        };
+        (
+            verdict_record(topic, &answer, &judged, None),
+            decision.verdict,
+        )
+    }
+}
+
+/// The verdict record (`priority`: the route's, in a routed copy).
+pub fn verdict_record(
+    topic: &str,
+    answer: &Answer<'_>,
+    judged: &Judged<'_>,
+    priority: Option<&str>,
+) -> OutRecord {
+    let now = chrono::Utc::now();
+    let started = event::event_time_ms(answer.timestamp_ms, answer.event);
+    let latency_ms = started.map(|t| (now.timestamp_millis() - t).max(0));
+    let processed_at = now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let first = judged.models.first();
+    let model = ModelRef {
+        id: None,
+        name: first.map_or("", |(_, s, _)| &s.model_name),
+        version: first.map_or("", |(_, s, _)| &s.model_version),
+    };
+    let body = VerdictBody {
+        event_id: &answer.event.event_id,
+        latency_ms,
+        model,
+        processed_at: &processed_at,
+        reason: judged.reason(),
+        review_priority: priority,
+        scores: Scores {
+            scorer: first.map(|(_, s, _)| *s),
+            probabilities: first.map_or(&[], |(_, _, p)| p),
+        },
+        source: source_ref(answer),
+        tenant: answer.event.tenant.as_deref(),
+        verdict: judged.decision.verdict,
+        warnings: answer
+            .event
+            .warnings
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+    };
+    record(topic, answer.key.clone(), &body, RecordKind::Verdict)
+}
+
+/// The compact audit record for `output.decisions_topic`, keyed by event id
+/// (a compacted topic keeps the last decision per event).
+pub fn decision_record(topic: &str, answer: &Answer<'_>, judged: &Judged<'_>) -> OutRecord {
+    let decided_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let body = DecisionBody {
+        decided_at: &decided_at,
+        event_id: &answer.event.event_id,
+        event_time_ms: event::event_time_ms(answer.timestamp_ms, answer.event),
+        human_review: judged.decision.human_review,
+        models: judged
+            .models
+            .iter()
+            .map(|(_, s, _)| ModelRef {
+                id: Some(&s.id),
+                name: &s.model_name,
+                version: &s.model_version,
+            })
+            .collect(),
+        policy: &judged.rules.version,
+        reasons: judged.crossed(None),
+        rule: judged.rule_id(),
+        source: source_ref(answer),
+        tenant: answer.event.tenant.as_deref(),
+        verdict: judged.decision.verdict,
+    };
+    let key = Some(answer.event.event_id.clone().into_bytes());
+    record(topic, key, &body, RecordKind::Decision)
+}
+
+fn source_ref<'a>(answer: &Answer<'a>) -> SourceRef<'a> {
+    SourceRef {
+        offset: answer.offset,
+        partition: answer.source.partition,
+        topic: &answer.source.topic,
+    }
+}
+
+fn record(
+    topic: &str,
+    key: Option<Vec<u8>>,
+    body: &impl serde::Serialize,
+    kind: RecordKind,
+) -> OutRecord {
+    // Serializing these structs cannot fail; an empty body would be a bug.
+    let payload = serde_json::to_vec(body).unwrap_or_default();
+    OutRecord {
+        topic: topic.to_string(),
+        key,
+        payload: Some(payload),
+        headers: Vec::new(),
+        timestamp_ms: None,
+        kind,
+    }
+}
+
+#[cfg(test)]
+mod tests;
