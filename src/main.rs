@@ -99,6 +99,12 @@ enum Command {
         #[command(flatten)]
         options: modstream::tools::rescore::RescoreOptions,
     },
+    /// Find an event in a topic and show how the current policy and models
+    /// judge it, and why.
+    Explain {
+        #[command(flatten)]
+        options: modstream::tools::explain::ExplainOptions,
+    },
     /// How many instances and partitions for a rate at a p99, from a bench
     /// report of your own hardware (`modstream bench`).
     Plan {
@@ -184,6 +190,7 @@ fn main() -> ExitCode {
         Command::Bench { options, .. } => bench(*options),
         Command::Plan { options } => modstream::tools::plan::run(&options),
         Command::Rescore { options } => rescore(options),
+        Command::Explain { options } => explain(&options),
         Command::Demo {
             rate: Some(rate),
             seconds,
@@ -377,6 +384,15 @@ fn rescore(opts: modstream::tools::rescore::RescoreOptions) -> anyhow::Result<()
     } else {
         report.print();
     }
+    Ok(())
+}
+
+fn explain(opts: &modstream::tools::explain::ExplainOptions) -> anyhow::Result<()> {
+    modstream::telemetry::init_logging(&TelemetrySettings {
+        log_level: "warn".into(),
+        ..Default::default()
+    });
+    print!("{}", modstream::tools::explain::run(opts)?);
     Ok(())
 }
 

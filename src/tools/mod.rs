@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod demo;
 pub mod embedded;
+pub mod explain;
 pub mod generator;
 pub mod plan;
 pub mod read;

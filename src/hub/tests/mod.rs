@@ -42,13 +42,15 @@ impl Deliver for Outbox {
 }
 
 impl Outbox {
-    /// Source offsets of the verdicts handed over so far.
+    /// Source offsets of the verdicts handed over so far (to the verdict
+    /// topic: routed copies left out).
     fn offsets(&self) -> Vec<i64> {
         self.0
             .lock()
             .unwrap()
             .iter()
             .filter(|r| r.kind == crate::record::RecordKind::Verdict)
+            .filter(|r| r.topic == "moderation.verdicts")
             .map(|r| {
                 let v: serde_json::Value =
                     serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
@@ -512,3 +514,4 @@ async fn events_held_by_the_breaker_are_given_up_uncommitted_at_the_shutdown_tim
 }
 
 mod exactly_once;
+mod policy;

@@ -1,0 +1,264 @@
+//! `modstream explain`: find an event in a topic and show how the current
+//! policy and models judge it, and why.
+//!
+//! It reads the topic from its first to its last offset (as of the start)
+//! with its own consumer, assigned and never committing (the live group is
+//! not touched), keeps every record whose event id is the one asked for
+//! (read by the topic's mapping), loads each model the configuration names
+//! (one session each) and the policy (`policy.file` or `[policy]`), and
+//! judges each found record as the pipeline would: the rule that matches,
+//! every model that rule names, the thresholds crossed. It prints that, and
+//! the verdict record the pipeline would write.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+use crate::client::{self, ConsumerRole};
+use crate::config::{InputFormat, Settings};
+use crate::event::{Event, RecordParts};
+use crate::inference;
+use crate::policy::ModelLabels;
+use crate::reload::PolicySource;
+use crate::tp::Tp;
+use crate::verdict::{self, Answer, Judged, Scorer};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExplainOptions {
+    /// The event id to look for.
+    #[arg(long)]
+    pub event_id: String,
+    /// The topic to look in (an input topic: the event is read by its mapping).
+    #[arg(long)]
+    pub topic: String,
+    /// Configuration file (brokers, mapping, models, policy).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// How long to read at most before giving up.
+    #[arg(long, default_value = "60s", value_parser = humantime_serde::re::humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+/// One record of the event, found and judged.
+pub struct Found {
+    pub tp: Tp,
+    pub offset: i64,
+    pub timestamp_ms: Option<i64>,
+    pub key: Option<Vec<u8>>,
+    pub event: Event,
+}
+
+/// Read the topic and judge every record of the event; the text to print.
+pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
+    let settings = Settings::load(opts.config.as_deref())?;
+    anyhow::ensure!(
+        settings.input.format == InputFormat::Json,
+        "explain reads JSON and CloudEvents input; input.format {:?} needs the schema registry, which explain does not read yet",
+        settings.input.format
+    );
+    let found = find(&settings, opts)?;
+    anyhow::ensure!(
+        !found.is_empty(),
+        "no event {:?} in {} (read from the first offset to the end of every partition)",
+        opts.event_id,
+        opts.topic
+    );
+    let specs = settings.models();
+    let mut models = Vec::new();
+    for spec in &specs {
+        let mut sessions = inference::load_sessions(&spec.inference, 1, 1)?;
+        anyhow::ensure!(!sessions.is_empty(), "model {} did not load", spec.name);
+        models.push((
+            Scorer::named(&spec.name, &sessions[0].manifest),
+            sessions.remove(0),
+        ));
+    }
+    let labels: Vec<ModelLabels> = specs
+        .iter()
+        .zip(&models)
+        .map(|(s, (_, m))| ModelLabels::of(&s.name, &m.manifest))
+        .collect();
+    let rules = PolicySource::of(&settings).rules(&labels)?;
+    let mut out = String::new();
+    for f in found {
+        let rule_index = rules.rule_for(&opts.topic, &f.event);
+        let rule = &rules.rules[rule_index];
+        let mut scores = Vec::new();
+        for (i, (scorer, model)) in models.iter_mut().enumerate() {
+            if rule.runs(i) {
+                let mut texts = [f.event.text.clone()];
+                let p = model.score(&mut texts)?.pop().unwrap_or_default();
+                scores.push((i, &*scorer, p));
+            }
+        }
+        let decision = rule.judge(|m| {
+            scores
+                .iter()
+                .find(|(i, _, _)| *i == m)
+                .map(|(_, s, p)| (s.labels(), p.as_slice()))
+        });
+        let judged = Judged {
+            rules: &rules,
+            rule: rule_index,
+            decision: &decision,
+            models: scores
+                .iter()
+                .map(|(i, s, p)| (*i, *s, p.as_slice()))
+                .collect(),
+        };
+        let answer = Answer {
+            source: &f.tp,
+            offset: f.offset,
+            key: f.key.clone(),
+            event: &f.event,
+            timestamp_ms: f.timestamp_ms,
+        };
+        out.push_str(&describe(&f, &judged));
+        let record = verdict::verdict_record(&settings.output.topic, &answer, &judged, None);
+        let body: serde_json::Value =
+            serde_json::from_slice(record.payload.as_deref().unwrap_or_default())?;
+        out.push_str(&serde_json::to_string_pretty(&body)?);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// The judgement in words.
+fn describe(f: &Found, judged: &Judged<'_>) -> String {
+    let rule = &judged.rules.rules[judged.rule];
+    let mut s = format!(
+        "event {} at {}/{}@{}{}\npolicy {}, rule {:?}{}\n",
+        f.event.event_id,
+        f.tp.topic,
+        f.tp.partition,
+        f.offset,
+        f.event
+            .tenant
+            .as_deref()
+            .map(|t| format!(" (tenant {t})"))
+            .unwrap_or_default(),
+        judged.rules.version,
+        rule.id,
+        if rule.when.is_empty() {
+            " (the default)"
+        } else {
+            ""
+        },
+    );
+    for (i, scorer, probabilities) in &judged.models {
+        let (name, version) = scorer.model();
+        let scores: Vec<String> = scorer
+            .labels()
+            .iter()
+            .zip(probabilities.iter())
+            .map(|(l, p)| format!("{l}={p:.3}"))
+            .collect();
+        s.push_str(&format!(
+            "  {} ({name} {version}): {}\n",
+            scorer.id,
+            scores.join(" ")
+        ));
+        for c in judged.decision.crossings.iter().filter(|c| c.model == *i) {
+            let which = if c.verdict == verdict::Verdict::Block {
+                "block_at"
+            } else {
+                "review_at"
+            };
+            s.push_str(&format!(
+                "    {} {:.3} >= {which} {:.3}: {}\n",
+                c.label, c.score, c.threshold, c.verdict
+            ));
+        }
+    }
+    if judged.decision.human_review {
+        s.push_str("  the rule sends every verdict to human review\n");
+    }
+    s.push_str(&format!("verdict: {}\n", judged.decision.verdict));
+    s
+}
+
+/// Every record of the topic whose event id is the one asked for.
+fn find(settings: &Settings, opts: &ExplainOptions) -> anyhow::Result<Vec<Found>> {
+    let group = format!("modstream-explain-{}", std::process::id());
+    let consumer: BaseConsumer =
+        client::consumer(&settings.kafka, ConsumerRole::RangeReader, &group).create()?;
+    let timeout = Duration::from_secs(30);
+    let metadata = consumer.fetch_metadata(Some(&opts.topic), timeout)?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == opts.topic)
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    anyhow::ensure!(!partitions.is_empty(), "topic {} not found", opts.topic);
+    let mut remaining = HashMap::new();
+    let mut assignment = TopicPartitionList::new();
+    for p in partitions {
+        let (low, high) = consumer.fetch_watermarks(&opts.topic, p, timeout)?;
+        if high > low {
+            remaining.insert(p, high);
+            assignment.add_partition_offset(&opts.topic, p, Offset::Offset(low))?;
+        }
+    }
+    consumer.assign(&assignment)?;
+    let decoder = crate::event::Decoder::new(&settings.input, &settings.limits);
+    let deadline = std::time::Instant::now() + opts.timeout;
+    let mut found = Vec::new();
+    while !remaining.is_empty() {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the topic was not read to its end within --timeout ({:?})",
+            opts.timeout
+        );
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            // A partition whose position reached its end is done even if its
+            // last offsets held no record (transaction markers, compaction).
+            if let Ok(positions) = consumer.position() {
+                for e in positions.elements() {
+                    if let Offset::Offset(o) = e.offset()
+                        && remaining.get(&e.partition()).is_some_and(|end| o >= *end)
+                    {
+                        remaining.remove(&e.partition());
+                    }
+                }
+            }
+            continue;
+        };
+        let m = message?;
+        if remaining
+            .get(&m.partition())
+            .is_some_and(|end| m.offset() + 1 >= *end)
+        {
+            remaining.remove(&m.partition());
+        }
+        let headers: Vec<(String, Option<Vec<u8>>)> = m
+            .headers()
+            .map(|hs| {
+                rdkafka::message::Headers::iter(hs)
+                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let parts = RecordParts {
+            key: m.key(),
+            payload: m.payload(),
+            headers: &headers,
+        };
+        if let Ok(event) = decoder.decode(&opts.topic, parts)
+            && event.event_id == opts.event_id
+        {
+            found.push(Found {
+                tp: Tp::new(&opts.topic, m.partition()),
+                offset: m.offset(),
+                timestamp_ms: m.timestamp().to_millis(),
+                key: m.key().map(<[u8]>::to_vec),
+                event,
+            });
+        }
+    }
+    Ok(found)
+}
