@@ -21,6 +21,18 @@ pub const VERDICT_SCHEMA: &str = r#"{
       {"name": "offset", "type": "long"}]}},
     {"name": "latency_ms", "type": ["null", "long"], "default": null},
     {"name": "processed_at", "type": "string"},
+    {"name": "reason", "type": {"type": "record", "name": "Reason", "fields": [
+      {"name": "human_review", "type": "boolean"},
+      {"name": "models", "type": {"type": "array", "items": {"type": "record", "name": "ModelReason", "fields": [
+        {"name": "crossed", "type": {"type": "array", "items": {"type": "record", "name": "Crossing", "fields": [
+          {"name": "label", "type": "string"}, {"name": "score", "type": "double"},
+          {"name": "threshold", "type": "double"}, {"name": "verdict", "type": "string"}]}}},
+        {"name": "id", "type": "string"}, {"name": "name", "type": "string"},
+        {"name": "scores", "type": {"type": "map", "values": "double"}},
+        {"name": "version", "type": "string"}]}}},
+      {"name": "policy", "type": "string"}, {"name": "rule", "type": "string"}]},
+     "default": {"human_review": false, "models": [], "policy": "", "rule": ""}},
+    {"name": "review_priority", "type": ["null", "string"], "default": null},
     {"name": "tenant", "type": ["null", "string"], "default": null},
     {"name": "warnings", "type": {"type": "array", "items": "string"}, "default": []}
   ]
@@ -84,7 +96,10 @@ mod tests {
             serde_json::json!({"event_id": "e", "verdict": "block", "scores": {"offensive": 0.9, "clean": 0.1},
                 "model": {"name": "m", "version": "1"}, "source": {"topic": "t", "partition": 1, "offset": 5},
                 "latency_ms": 12, "processed_at": "2026-12-01T00:00:00.000Z", "tenant": "kids",
-                "warnings": ["created_at: x"]}),
+                "warnings": ["created_at: x"], "review_priority": "high",
+                "reason": {"human_review": false, "policy": "v1", "rule": "kids", "models": [
+                    {"id": "p", "name": "m", "version": "1", "scores": {"offensive": 0.9, "clean": 0.1},
+                     "crossed": [{"label": "offensive", "score": 0.9, "threshold": 0.6, "verdict": "block"}]}]}}),
             serde_json::json!({"event_id": "e2", "verdict": "allow", "scores": {"offensive": 0.0},
                 "model": {"name": "m", "version": "1"}, "source": {"topic": "t", "partition": 0, "offset": 0},
                 "latency_ms": null, "processed_at": "2026-12-01T00:00:00.000Z"}),
@@ -104,6 +119,11 @@ mod tests {
                 back["tenant"],
                 verdict.get("tenant").cloned().unwrap_or(Value::Null)
             );
+            // The reason as written, or (a verdict without one) its default.
+            let reason = verdict.get("reason").cloned().unwrap_or_else(
+                || serde_json::json!({"human_review": false, "models": [], "policy": "", "rule": ""}),
+            );
+            assert_eq!(back["reason"], reason);
         }
     }
 }

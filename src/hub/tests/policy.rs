@@ -118,6 +118,16 @@ fn on(outbox: &Outbox, topic: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Keys of the records handed over to `topic`.
+fn keys_on(outbox: &Outbox, topic: &str) -> Vec<Option<Vec<u8>>> {
+    let records = outbox.0.lock().unwrap();
+    records
+        .iter()
+        .filter(|r| r.topic == topic)
+        .map(|r| r.key.clone())
+        .collect()
+}
+
 #[tokio::test(start_paused = true)]
 async fn each_event_is_scored_by_the_models_of_its_rule_and_says_why() {
     let (mut h, big) = two_models();
@@ -181,15 +191,7 @@ async fn each_event_is_scored_by_the_models_of_its_rule_and_says_why() {
     assert_eq!(decisions[0]["rule"], "kids");
     assert_eq!(decisions[0]["models"][1]["id"], "big");
     assert_eq!(decisions[0]["reasons"][1]["model"], "big");
-    let keys: Vec<Option<Vec<u8>>> = h
-        .outbox
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|r| r.topic == "decisions")
-        .map(|r| r.key.clone())
-        .collect();
+    let keys = keys_on(&h.outbox, "decisions");
     assert_eq!(
         keys,
         [Some(b"e0".to_vec()), Some(b"e1".to_vec())],
