@@ -281,6 +281,34 @@ async fn the_format_sweep_measures_every_input_format_on_the_same_events() {
     assert!(modstream::tools::bench::markdown(&report).contains("**Input formats**"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_sweep_measures_one_model_against_two_on_the_same_events() {
+    let second =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/profanity-check");
+    let report = tiny_bench(BenchOptions {
+        second_model: Some(second),
+        ..tiny_options()
+    })
+    .await;
+    let shares: Vec<f64> = report.models.iter().map(|r| r.second_share).collect();
+    assert_eq!(shares, [0.0, 1.0, 1.0, 0.25]);
+    for r in &report.models {
+        // Every event judged (the sweep fails on a dead letter).
+        assert!(
+            r.saturation_per_s > 0.0 && r.model_us_per_verdict > 0.0,
+            "{r:?}"
+        );
+        assert!(r.p50_ms <= r.p99_ms, "{r:?}");
+    }
+    // Two models on every event spend more time in model runs per verdict.
+    assert!(
+        report.models[1].model_us_per_verdict > report.models[0].model_us_per_verdict,
+        "{:?}",
+        report.models
+    );
+    assert!(modstream::tools::bench::markdown(&report).contains("**One model against two**"));
+}
+
 /// One batch size, one delay, one latency point of 1 s, no overload run.
 fn tiny_options() -> BenchOptions {
     BenchOptions {
@@ -309,6 +337,7 @@ fn tiny_options() -> BenchOptions {
         commit_interval_ms: None,
         formats: vec![],
         registry_url: None,
+        second_model: None,
         encoding: Default::default(),
         out_dir: PathBuf::new(),
     }

@@ -26,25 +26,60 @@ const AVRO: &str = r#"{"type": "record", "name": "Post", "namespace": "bench", "
   {"name": "community", "type": "string"}]}"#;
 const PROTO: &str = "syntax = \"proto3\"; package bench; message Post { string id = 1; string title = 2; string body = 3; double created_utc = 4; string community = 5; }";
 
-/// How the bench's events are written for one contender (set by the sweep).
+/// How the bench's events are written, and which models judge them, for
+/// one contender of a sweep (set by the format and model sweeps).
 #[derive(Clone, Default)]
-pub struct Encoding(Option<Arc<Encoder>>);
+pub struct Encoding {
+    encoder: Option<Arc<Encoder>>,
+    models: Option<Arc<ModelSetup>>,
+}
+
+/// Several models and a policy over them (`--second-model`): every
+/// `tenant_every`-th event gets the tenant the policy gives the second
+/// model (1: every event).
+#[derive(Debug)]
+pub struct ModelSetup {
+    pub models: Vec<crate::config::ModelSettings>,
+    pub policy: std::path::PathBuf,
+    pub tenant_every: usize,
+}
+
+/// The tenant whose events the second model scores.
+pub const SECOND_MODEL_TENANT: &str = "second";
 
 impl std::fmt::Debug for Encoding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match &self.0 {
-            None => "json",
-            Some(_) => "encoded",
+        f.write_str(match (&self.encoder, &self.models) {
+            (None, None) => "json",
+            (Some(_), _) => "encoded",
+            (None, Some(_)) => "json, several models",
         })
     }
 }
 
 impl Encoding {
+    pub fn with_models(setup: ModelSetup) -> Encoding {
+        Encoding {
+            encoder: None,
+            models: Some(Arc::new(setup)),
+        }
+    }
+
     /// The events with their payloads rewritten.
     pub fn apply(&self, mut events: Vec<GeneratedEvent>) -> Vec<GeneratedEvent> {
-        if let Some(e) = &self.0 {
+        if let Some(e) = &self.encoder {
             for event in &mut events {
                 event.payload = e.encode(&event.payload);
+            }
+        }
+        if let Some(m) = self.models.as_ref().filter(|m| m.tenant_every > 0) {
+            for (i, event) in events.iter_mut().enumerate() {
+                if i % m.tenant_every == 0
+                    && let Ok(Value::Object(mut o)) = serde_json::from_slice(&event.payload)
+                {
+                    o.insert("tenant".into(), SECOND_MODEL_TENANT.into());
+                    event.payload = Value::Object(o).to_string().into_bytes();
+                }
             }
         }
         events
@@ -52,7 +87,11 @@ impl Encoding {
 
     /// The settings that read them.
     pub fn configure(&self, s: &mut Settings) {
-        let Some(e) = &self.0 else {
+        if let Some(m) = &self.models {
+            s.inference.models = m.models.clone();
+            s.policy.file = Some(m.policy.clone());
+        }
+        let Some(e) = &self.encoder else {
             return;
         };
         s.input.format = e.input_format();
@@ -151,7 +190,7 @@ impl Encoder {
 /// (the bench's topics are fresh per run; the subject is shared by name).
 pub async fn encoding(format: BenchFormat, registry: Option<&str>) -> anyhow::Result<Encoding> {
     if format == BenchFormat::Json {
-        return Ok(Encoding(None));
+        return Ok(Encoding::default());
     }
     let mut e = Encoder {
         format,
@@ -163,7 +202,12 @@ pub async fn encoding(format: BenchFormat, registry: Option<&str>) -> anyhow::Re
     let (schema_type, text) = match format {
         BenchFormat::Avro => ("AVRO", AVRO),
         BenchFormat::Protobuf => ("PROTOBUF", PROTO),
-        _ => return Ok(Encoding(Some(Arc::new(e)))),
+        _ => {
+            return Ok(Encoding {
+                encoder: Some(Arc::new(e)),
+                models: None,
+            });
+        }
     };
     let url =
         registry.ok_or_else(|| anyhow::anyhow!("--formats avro,protobuf need --registry-url"))?;
@@ -194,7 +238,10 @@ pub async fn encoding(format: BenchFormat, registry: Option<&str>) -> anyhow::Re
         }
         Codec::JsonSchema => {}
     }
-    Ok(Encoding(Some(Arc::new(e))))
+    Ok(Encoding {
+        encoder: Some(Arc::new(e)),
+        models: None,
+    })
 }
 
 /// Each of `opts.formats` on the default cell (64 / 20 ms): saturation on

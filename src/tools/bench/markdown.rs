@@ -249,6 +249,7 @@ fn extras(out: &mut String, report: &Report) {
     }
     delivery(out, report);
     formats(out, report);
+    models(out, report);
     if let Some(o) = &report.overload {
         let _ = writeln!(
             out,
@@ -310,6 +311,30 @@ fn delivery(out: &mut String, report: &Report) {
             r.p50_ms,
             r.p99_ms,
             r.max_ms
+        );
+    }
+    let _ = writeln!(out);
+}
+
+fn models(out: &mut String, report: &Report) {
+    let Some(one) = report.models.first() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "**One model against two** (batch 64 / 20 ms; the same events; saturation, then paced at half of it; model time: every model's runs summed, per verdict)\n\n| models | second model scores | verdicts/s at saturation | ÷ first | p50 ms | p99 ms | µs in model runs per verdict |\n|---|---|---|---|---|---|---|"
+    );
+    for r in &report.models {
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} % | {:.0} | {:.2} | {:.1} | {:.1} | {:.0} |",
+            r.contender,
+            r.second_share * 100.0,
+            r.saturation_per_s,
+            r.saturation_per_s / one.saturation_per_s,
+            r.p50_ms,
+            r.p99_ms,
+            r.model_us_per_verdict
         );
     }
     let _ = writeln!(out);

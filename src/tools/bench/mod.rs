@@ -17,6 +17,7 @@ mod chart;
 pub mod formats;
 mod markdown;
 mod measure;
+pub mod models;
 mod report;
 
 use std::path::{Path, PathBuf};
@@ -117,6 +118,11 @@ pub struct BenchOptions {
     /// The Schema Registry (Confluent API) for `--formats avro,protobuf`.
     #[arg(long)]
     pub registry_url: Option<String>,
+    /// A second model: the default cell with the model alone, then with a
+    /// copy of it and with this one on every event, then this one on a
+    /// quarter (absent: skip).
+    #[arg(long)]
+    pub second_model: Option<PathBuf>,
     /// Set by the format sweep for its runs.
     #[arg(skip)]
     pub encoding: formats::Encoding,
@@ -166,6 +172,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     } else {
         formats::rows(&opts).await?
     };
+    let models = models::rows(&opts).await?;
     let baseline = match &opts.python {
         Some(python) => {
             let row = baseline::run(&opts, python).await?;
@@ -198,6 +205,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         shadow,
         delivery,
         formats,
+        models,
     };
     write_report(&report, &opts.out_dir)?;
     Ok(report)

@@ -118,6 +118,35 @@ pub struct Report {
     /// Input formats on the same events (`--formats`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub formats: Vec<FormatRow>,
+    /// One model against two on the same events (`--second-model`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<ModelRow>,
+}
+
+/// A contender of the model sweep: which models, the share of the events
+/// the second one scores, saturation, latency at half of it, and the time
+/// spent in model runs per verdict (every model's runs summed).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModelRow {
+    pub contender: String,
+    pub second_share: f64,
+    pub saturation_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub model_us_per_verdict: f64,
+}
+
+impl ModelRow {
+    pub fn print(&self) {
+        eprintln!(
+            "{}: {:.0}/s at saturation; at half of it p50 {:.1} ms, p99 {:.1} ms; {:.0} µs in model runs per verdict",
+            self.contender,
+            self.saturation_per_s,
+            self.p50_ms,
+            self.p99_ms,
+            self.model_us_per_verdict
+        );
+    }
 }
 
 /// A contender of the format sweep (`--formats`).
