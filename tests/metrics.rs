@@ -85,6 +85,18 @@ fn metrics_match_what_happened_and_prometheus_scrapes_them() {
         "dlq_total == malformed events"
     );
     assert!(exposition.contains("modstream_dlq_total{reason=\"invalid_json\"} 7"));
+    // By the rule that decided (the configuration's thresholds: "default"),
+    // and per model.
+    assert_eq!(sum(&exposition, "modstream_policy_verdicts_total"), 500.0);
+    for verdict in ["allow", "review", "block"] {
+        assert!(
+            exposition.contains(&format!(
+                "modstream_policy_verdicts_total{{rule=\"default\",verdict=\"{verdict}\"}}"
+            )),
+            "{verdict}"
+        );
+    }
+    assert!(exposition.contains("modstream_model_events_total{model=\"default\"} 500"));
     assert_eq!(sum(&exposition, "modstream_events_consumed_total"), 507.0);
     let batches = sum(&exposition, "modstream_batch_size_count");
     assert!(batches >= 1.0);
