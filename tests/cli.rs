@@ -45,6 +45,52 @@ fn invalid_config_names_the_key_and_connects_to_nothing() {
 }
 
 #[test]
+fn a_bad_policy_file_fails_at_start_naming_the_rule_and_rescore_refuses_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        "version = \"v1\"\n[[rules]]\nid = \"kids\"\nwhen = { tenant = \"kids\" }\nmodels.default.toxic = { review_at = 0.2, block_at = 0.5 }\n[[rules]]\nid = \"default\"\nmodels.default.offensive = { review_at = 0.5, block_at = 0.85 }\n",
+    )
+    .unwrap();
+    let path = dir.path().join("modstream.toml");
+    std::fs::write(
+        &path,
+        format!("[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n[input]\ntopics = [\"posts\"]\n[policy]\nfile = {policy:?}\n"),
+    )
+    .unwrap();
+    // The shipped model has no label "toxic": refused before any connection.
+    let out = modstream()
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("rules[0] (\"kids\").models.default.toxic"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("has no label \"toxic\""), "{stderr}");
+    let out = modstream()
+        .args([
+            "rescore",
+            "--topic",
+            "posts",
+            "--from",
+            "0",
+            "--output-topic",
+            "again",
+            "--config",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("rescore does not apply yet"));
+}
+
+#[test]
 fn a_missing_model_fails_at_start_with_its_path() {
     let dir = tempfile::tempdir().unwrap();
     let out = modstream()

@@ -123,6 +123,12 @@ struct Item {
 
 pub async fn run(opts: RescoreOptions) -> anyhow::Result<RescoreReport> {
     let mut settings = Settings::load(opts.config.as_deref())?;
+    // One model judged by [policy]: a policy file's rules (and the models
+    // they name) would be ignored, so say so instead.
+    anyhow::ensure!(
+        settings.policy.file.is_none() && settings.inference.models.is_empty(),
+        "rescore judges with one model by [policy]'s thresholds; this configuration sets policy.file or [[inference.models]], which rescore does not apply yet"
+    );
     if let Some(dir) = &opts.model {
         settings.inference.model_dir = dir.clone();
     }
