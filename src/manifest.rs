@@ -44,6 +44,22 @@ pub struct Manifest {
     /// Token models: longer texts are truncated to this many tokens.
     #[serde(default)]
     pub max_length: Option<usize>,
+    /// A quantized model: how, and how far its scores are from the
+    /// reference it was quantized from (as its build measured them).
+    #[serde(default)]
+    pub quantization: Option<Quantization>,
+}
+
+/// What a quantized model's manifest records of its build.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct Quantization {
+    pub method: String,
+    pub reference: String,
+    pub held_out_posts: usize,
+    /// Share of the held-out posts whose verdict at 0.5 agrees with the reference.
+    pub verdict_agreement: f64,
+    /// Largest difference of a probability from the reference's.
+    pub max_probability_difference: f64,
 }
 
 /// What a model is fed (manifest `input_kind`).

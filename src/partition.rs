@@ -55,11 +55,14 @@ impl Pending {
     /// Whether model `model` is still to score this event.
     pub fn needs(&self, model: usize) -> bool {
         self.failed.is_none()
-            && self
-                .rules
-                .rules
-                .get(self.rule)
-                .is_some_and(|r| r.runs(model))
+            && self.rules.rules.get(self.rule).is_some_and(|r| {
+                r.runs_after(model, |m| {
+                    self.scores
+                        .iter()
+                        .find(|(i, _, _)| *i == m)
+                        .map(|(_, s, p)| (s.labels(), p.as_slice()))
+                })
+            })
     }
 }
 

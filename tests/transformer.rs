@@ -221,3 +221,78 @@ async fn the_pipeline_moderates_with_the_transformer() {
     assert_eq!(summary.verdicts as usize, valid.len());
     assert!(summary.real_tokens > 0 && summary.real_tokens <= summary.padded_tokens);
 }
+
+/// The int8 copy (scripts/quantize_minilm_model.py, run by the build script)
+/// against fp32, through modstream, on held-out posts built as the script
+/// builds them: the labelled posts and posts of every length. Bounds: the
+/// verdict at 0.5 agrees on at least 95 % of them and no probability moves
+/// by more than 0.2; the manifest records the script's own numbers, which
+/// must be within the same bounds.
+#[test]
+fn the_int8_model_stays_close_to_fp32_within_stated_bounds() {
+    let int8_dir = model_dir().with_file_name("minilm-l6-int8");
+    let int8 = InferenceSettings {
+        model_dir: int8_dir.clone(),
+        ..settings("longest")
+    };
+    let mut q = Model::load(&int8).unwrap();
+    let mut f = Model::load(&settings("longest")).unwrap();
+    assert_eq!(q.manifest.version, format!("{}-int8", f.manifest.version));
+    let recorded = q
+        .manifest
+        .quantization
+        .clone()
+        .expect("the manifest records its quantization");
+    let posts: Vec<String> = generator::sample_posts()
+        .iter()
+        .map(|(_, t)| t.to_string())
+        .collect();
+    let words: Vec<&str> = posts.iter().flat_map(|p| p.split_whitespace()).collect();
+    let mut texts = posts.clone();
+    for n in (1..161).step_by(3) {
+        let start = (n * 7) % words.len();
+        texts.push(
+            words
+                .iter()
+                .cycle()
+                .skip(start)
+                .take(n)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+    }
+    assert_eq!(
+        texts.len(),
+        recorded.held_out_posts,
+        "the same held-out set as the script"
+    );
+    let fp = f.score(&mut texts.clone()).unwrap();
+    let qs = q.score(&mut texts).unwrap();
+    let agree = fp
+        .iter()
+        .zip(&qs)
+        .filter(|(a, b)| (a[1] >= 0.5) == (b[1] >= 0.5))
+        .count() as f64
+        / texts.len() as f64;
+    let max_diff = fp
+        .iter()
+        .zip(&qs)
+        .flat_map(|(a, b)| a.iter().zip(b).map(|(x, y)| (x - y).abs()))
+        .fold(0.0f32, f32::max);
+    eprintln!(
+        "int8 vs fp32 through modstream: {} posts, agreement {:.1} %, max |diff| {max_diff:.4}; recorded by the build: {:.1} %, {:.4}",
+        texts.len(),
+        agree * 100.0,
+        recorded.verdict_agreement * 100.0,
+        recorded.max_probability_difference
+    );
+    assert!(
+        agree >= 0.95 && recorded.verdict_agreement >= 0.95,
+        "{agree} {recorded:?}"
+    );
+    assert!(
+        max_diff <= 0.15 && recorded.max_probability_difference <= 0.15,
+        "{max_diff} {recorded:?}"
+    );
+}

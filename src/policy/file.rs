@@ -92,6 +92,17 @@ struct RuleSpec {
     human_review: bool,
     #[serde(default)]
     routes: Vec<RouteSpec>,
+    /// `cascade.MODEL = { after = "MODEL", label = "LABEL", band = [from, to] }`.
+    #[serde(default)]
+    cascade: BTreeMap<String, CascadeSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CascadeSpec {
+    after: String,
+    label: String,
+    band: [f32; 2],
 }
 
 #[derive(Debug, Deserialize)]
@@ -252,12 +263,18 @@ impl RuleSpec {
             .enumerate()
             .map(|(i, r)| r.check().map_err(|m| (format!("routes[{i}]"), m)))
             .collect::<Result<_, _>>()?;
+        let cascade = self
+            .cascade
+            .into_iter()
+            .map(|(name, c)| c.check(&name, &judges, models))
+            .collect::<Result<_, _>>()?;
         Ok(Rule {
             id: self.id,
             when: Match { fields },
             judges,
             human_review: self.human_review,
             routes,
+            cascade,
         })
     }
 }
@@ -293,6 +310,66 @@ fn check_when(when: BTreeMap<String, OneOrMany>) -> Result<Vec<(Field, Vec<Strin
         fields.push((field, values));
     }
     Ok(fields)
+}
+
+impl CascadeSpec {
+    /// Both models judge in the rule, `after` runs first, the label is
+    /// `after`'s, the band within 0..=1.
+    fn check(
+        self,
+        name: &str,
+        judges: &[Judge],
+        models: &[ModelLabels],
+    ) -> Result<super::Cascade, SpecError> {
+        let key = format!("cascade.{name}");
+        let judging = |n: &str| {
+            models
+                .iter()
+                .position(|m| m.name == n)
+                .filter(|i| judges.iter().any(|j| j.model == *i))
+        };
+        let model = judging(name).ok_or_else(|| {
+            (
+                key.clone(),
+                format!("{name} is not one of this rule's models"),
+            )
+        })?;
+        let after = judging(&self.after).ok_or_else(|| {
+            (
+                format!("{key}.after"),
+                format!("{} is not one of this rule's models", self.after),
+            )
+        })?;
+        if after >= model {
+            return Err((
+                format!("{key}.after"),
+                format!(
+                    "{} must run before {name}: earlier in [[inference.models]]",
+                    self.after
+                ),
+            ));
+        }
+        if models[after].index(&self.label).is_none() {
+            return Err((
+                format!("{key}.label"),
+                models[after].no_such_label(&self.label),
+            ));
+        }
+        let [from, to] = self.band;
+        if !(0.0..=1.0).contains(&from) || !(0.0..=1.0).contains(&to) || from > to {
+            return Err((
+                format!("{key}.band"),
+                "[from, to] within 0..=1, from <= to".into(),
+            ));
+        }
+        Ok(super::Cascade {
+            model,
+            after,
+            label: self.label,
+            from,
+            to,
+        })
+    }
 }
 
 impl RouteSpec {

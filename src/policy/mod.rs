@@ -81,6 +81,21 @@ pub struct Rule {
     /// Every verdict of this rule needs a human: at least `review`.
     pub human_review: bool,
     pub routes: Vec<Route>,
+    /// Models that run only where an earlier one is unsure.
+    pub cascade: Vec<Cascade>,
+}
+
+/// A model of the rule that runs only where an earlier model of the rule
+/// is unsure: when `after`'s score of `label` is within `from..to`. When it
+/// ran, it decides in `after`'s place (`after`'s thresholds are not
+/// applied; its scores stay in the reason, marked deferred).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cascade {
+    pub model: usize,
+    pub after: usize,
+    pub label: String,
+    pub from: f32,
+    pub to: f32,
 }
 
 /// One model's part in a rule: (label, thresholds) per judged label. By
@@ -186,6 +201,9 @@ pub struct Crossing {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     pub verdict: Verdict,
+    /// Models whose thresholds were not applied: a later model of a
+    /// cascade ran where they were unsure.
+    pub deferred: Vec<usize>,
     /// The verdict the scores alone gave (before `human_review`).
     pub by_score: Verdict,
     pub human_review: bool,
@@ -233,6 +251,7 @@ impl Ruleset {
                 judges,
                 human_review: false,
                 routes: Vec::new(),
+                cascade: Vec::new(),
             }],
         })
     }
@@ -267,10 +286,34 @@ impl Ruleset {
     }
 }
 
+/// A label's score in one model's (labels, probabilities).
+fn score_of(scores: Option<(&[String], &[f32])>, label: &str) -> Option<f32> {
+    let (names, probabilities) = scores?;
+    let i = names.iter().position(|n| n == label)?;
+    probabilities.get(i).copied()
+}
+
 impl Rule {
-    /// Whether model `model` scores the events of this rule.
+    /// Whether model `model` may score the events of this rule (a cascaded
+    /// one only where the model before it is unsure: [`Rule::runs_after`]).
     pub fn runs(&self, model: usize) -> bool {
         self.judges.iter().any(|j| j.model == model)
+    }
+
+    /// Whether model `model` is to score an event of this rule, given the
+    /// scores of the models that ran before it (`scores(model)`).
+    pub fn runs_after<'a>(
+        &self,
+        model: usize,
+        scores: impl Fn(usize) -> Option<(&'a [String], &'a [f32])>,
+    ) -> bool {
+        if !self.runs(model) {
+            return false;
+        }
+        match self.cascade.iter().find(|c| c.model == model) {
+            None => true,
+            Some(c) => score_of(scores(c.after), &c.label).is_some_and(|s| s >= c.from && s < c.to),
+        }
     }
 
     /// The verdict from each judging model's labels and probabilities
@@ -279,8 +322,14 @@ impl Rule {
         &self,
         scores: impl Fn(usize) -> Option<(&'a [String], &'a [f32])>,
     ) -> Decision {
+        let deferred: Vec<usize> = self
+            .cascade
+            .iter()
+            .filter(|c| scores(c.model).is_some())
+            .map(|c| c.after)
+            .collect();
         let mut crossings = Vec::new();
-        for judge in &self.judges {
+        for judge in self.judges.iter().filter(|j| !deferred.contains(&j.model)) {
             let Some((names, probabilities)) = scores(judge.model) else {
                 continue;
             };
@@ -318,6 +367,7 @@ impl Rule {
         };
         Decision {
             verdict,
+            deferred,
             by_score,
             human_review: self.human_review,
             crossings,

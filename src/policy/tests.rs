@@ -268,3 +268,80 @@ fn a_missing_or_strange_file_is_refused_with_its_path() {
     let e = Ruleset::load(&path, &models()).unwrap_err();
     assert!(e.to_string().contains("p.toml"), "{e}");
 }
+
+const CASCADE: &str = r#"
+version = "c1"
+
+[[rules]]
+id = "default"
+models.profanity.is_offensive = { review_at = 0.5, block_at = 0.85 }
+models.minilm.Toxic = { review_at = 0.6, block_at = 0.9 }
+cascade.minilm = { after = "profanity", label = "is_offensive", band = [0.2, 0.8] }
+"#;
+
+#[test]
+fn a_cascaded_model_runs_only_where_the_first_is_unsure_and_then_decides() {
+    let rules = Ruleset::parse(CASCADE, FileFormat::Toml, &models()).unwrap();
+    let rule = &rules.rules[0];
+    let pl = ["is_offensive".to_string()];
+    let ml = ["Toxic".to_string(), "clean".to_string()];
+    let runs = |p: f32| {
+        let probs = [p];
+        rule.runs_after(1, |m| (m == 0).then_some((&pl[..], &probs[..])))
+    };
+    assert!(!runs(0.1) && runs(0.2) && runs(0.5) && !runs(0.8) && !runs(0.95));
+    assert!(
+        !rule.runs_after(1, |_| None),
+        "not before the first model scored"
+    );
+    assert!(rule.runs_after(0, |_| None), "the first model always runs");
+    // Unsure (0.7 would be a review by profanity's thresholds); MiniLM says
+    // allow, and decides.
+    let p = [0.7f32];
+    let m = [0.1f32, 0.9];
+    let d = rule.judge(|i| match i {
+        0 => Some((&pl[..], &p[..])),
+        1 => Some((&ml[..], &m[..])),
+        _ => None,
+    });
+    assert_eq!((d.verdict, d.deferred.clone()), (Verdict::Allow, vec![0]));
+    assert!(d.crossings.is_empty());
+    // Sure: MiniLM did not run, profanity's thresholds apply.
+    let p = [0.9f32];
+    let d = rule.judge(|i| (i == 0).then_some((&pl[..], &p[..])));
+    assert_eq!((d.verdict, d.deferred.len()), (Verdict::Block, 0));
+}
+
+#[test]
+fn a_wrong_cascade_is_refused_with_its_key() {
+    let cases = [
+        (
+            "band = [0.2, 0.8]",
+            "band = [0.8, 0.2]",
+            "cascade.minilm.band",
+        ),
+        (
+            "after = \"profanity\"",
+            "after = \"minilm\"",
+            "cascade.minilm.after",
+        ),
+        (
+            "label = \"is_offensive\"",
+            "label = \"Toxic\"",
+            "cascade.minilm.label",
+        ),
+        ("cascade.minilm", "cascade.bert", "cascade.bert"),
+    ];
+    for (from, to, at) in cases {
+        let text = CASCADE.replace(from, to);
+        let e = Ruleset::parse(&text, FileFormat::Toml, &models()).expect_err(to);
+        assert!(e.to_string().contains(at), "{to}: {e}");
+    }
+    // The earlier model must come first in [[inference.models]].
+    let swapped = CASCADE
+        .replace("after = \"profanity\"", "after = \"minilm\"")
+        .replace("cascade.minilm", "cascade.profanity")
+        .replace("label = \"is_offensive\"", "label = \"Toxic\"");
+    let e = Ruleset::parse(&swapped, FileFormat::Toml, &models()).unwrap_err();
+    assert!(e.to_string().contains("must run before profanity"), "{e}");
+}

@@ -27,6 +27,7 @@ pub const VERDICT_SCHEMA: &str = r#"{
         {"name": "crossed", "type": {"type": "array", "items": {"type": "record", "name": "Crossing", "fields": [
           {"name": "label", "type": "string"}, {"name": "score", "type": "double"},
           {"name": "threshold", "type": "double"}, {"name": "verdict", "type": "string"}]}}},
+        {"name": "deferred", "type": "boolean", "default": false},
         {"name": "id", "type": "string"}, {"name": "name", "type": "string"},
         {"name": "scores", "type": {"type": "map", "values": "double"}},
         {"name": "version", "type": "string"}]}}},
@@ -98,7 +99,7 @@ mod tests {
                 "latency_ms": 12, "processed_at": "2026-12-01T00:00:00.000Z", "tenant": "kids",
                 "warnings": ["created_at: x"], "review_priority": "high",
                 "reason": {"human_review": false, "policy": "v1", "rule": "kids", "models": [
-                    {"id": "p", "name": "m", "version": "1", "scores": {"offensive": 0.9, "clean": 0.1},
+                    {"id": "p", "name": "m", "version": "1", "scores": {"offensive": 0.9, "clean": 0.1}, "deferred": false,
                      "crossed": [{"label": "offensive", "score": 0.9, "threshold": 0.6, "verdict": "block"}]}]}}),
             serde_json::json!({"event_id": "e2", "verdict": "allow", "scores": {"offensive": 0.0},
                 "model": {"name": "m", "version": "1"}, "source": {"topic": "t", "partition": 0, "offset": 0},

@@ -87,9 +87,15 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
     for f in found {
         let rule_index = rules.rule_for(&opts.topic, &f.event);
         let rule = &rules.rules[rule_index];
-        let mut scores = Vec::new();
+        let mut scores: Vec<(usize, &Scorer, Vec<f32>)> = Vec::new();
         for (i, (scorer, model)) in models.iter_mut().enumerate() {
-            if rule.runs(i) {
+            let ran = |m: usize| {
+                scores
+                    .iter()
+                    .find(|(j, _, _)| *j == m)
+                    .map(|(_, s, p)| (s.labels(), p.as_slice()))
+            };
+            if rule.runs_after(i, ran) {
                 let mut texts = [f.event.text.clone()];
                 let p = model.score(&mut texts)?.pop().unwrap_or_default();
                 scores.push((i, &*scorer, p));
@@ -151,14 +157,20 @@ fn describe(f: &Found, judged: &Judged<'_>) -> String {
     );
     for (i, scorer, probabilities) in &judged.models {
         let (name, version) = scorer.model();
+        let deferred = judged.decision.deferred.contains(i);
         let scores: Vec<String> = scorer
             .labels()
             .iter()
             .zip(probabilities.iter())
             .map(|(l, p)| format!("{l}={p:.3}"))
             .collect();
+        let note = if deferred {
+            " (unsure: a later model decides)"
+        } else {
+            ""
+        };
         s.push_str(&format!(
-            "  {} ({name} {version}): {}\n",
+            "  {} ({name} {version}): {}{note}\n",
             scorer.id,
             scores.join(" ")
         ));

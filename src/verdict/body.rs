@@ -71,6 +71,10 @@ pub(super) struct Reason<'a> {
 #[derive(serde::Serialize)]
 pub(super) struct ModelReason<'a> {
     pub crossed: Vec<CrossedRef<'a>>,
+    /// Its thresholds were not applied: a later model of a cascade ran
+    /// where it was unsure, and decided.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub deferred: bool,
     pub id: &'a str,
     pub name: &'a str,
     pub scores: Scores<'a>,
@@ -141,6 +145,7 @@ impl<'a> Judged<'a> {
                 .iter()
                 .map(|&(model, scorer, probabilities)| ModelReason {
                     crossed: self.crossed(Some(model)),
+                    deferred: self.decision.deferred.contains(&model),
                     id: &scorer.id,
                     name: &scorer.model_name,
                     scores: Scores {

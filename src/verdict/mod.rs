@@ -115,6 +115,7 @@ impl Scorer {
                 }],
                 human_review: false,
                 routes: Vec::new(),
+                cascade: Vec::new(),
             }],
         };
         Scorer::with_rules(id, manifest, alone)

@@ -281,3 +281,53 @@ async fn a_failure_of_the_second_model_dead_letters_the_event_and_keeps_order() 
         "e0 first: {kinds:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_cascade_sends_only_unsure_events_to_the_second_model_which_then_decides() {
+    let (mut h, big) = two_models();
+    let cascade = r#"
+version = "c1"
+[[rules]]
+id = "default"
+models.cheap.offensive = { review_at = 0.5, block_at = 0.85 }
+models.big.toxic = { review_at = 0.5, block_at = 0.85 }
+cascade.big = { after = "cheap", label = "offensive", band = [0.2, 0.8] }
+"#;
+    let labels = [
+        crate::policy::ModelLabels::of("cheap", &manifest("cheap-m", "offensive")),
+        crate::policy::ModelLabels::of("big", &manifest("big-m", "toxic")),
+    ];
+    let rules = Ruleset::parse(cascade, config::FileFormat::Toml, &labels).unwrap();
+    h.hub.on_policy(Arc::new(rules));
+    for offset in 0..4 {
+        h.push(post(offset, None));
+    }
+    let (a, b) = (h.jobs.try_recv().unwrap(), h.jobs.try_recv().unwrap());
+    // e0, e1 sure (0.9: block); e2, e3 unsure (0.6).
+    h.result(with_scores(&a, 0.9));
+    assert!(big.try_recv().is_err(), "sure: the big model does not run");
+    h.result(with_scores(&b, 0.6));
+    let unsure = big.try_recv().expect("unsure: the big model runs");
+    assert_eq!(unsure.texts, ["post 2", "post 3"]);
+    h.result(with_scores(&unsure, 0.1));
+    h.acks(4).await;
+    let verdicts = on(&h.outbox, "moderation.verdicts");
+    let got: Vec<(&str, usize, bool)> = verdicts
+        .iter()
+        .map(|v| {
+            let models = v["reason"]["models"].as_array().unwrap();
+            let deferred = models[0].get("deferred").is_some_and(|d| d == true);
+            (v["verdict"].as_str().unwrap(), models.len(), deferred)
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("block", 1, false),
+            ("block", 1, false),
+            ("allow", 2, true),
+            ("allow", 2, true)
+        ],
+        "the big model decides where the cheap one was unsure (0.6 alone would be a review)"
+    );
+}
