@@ -292,7 +292,7 @@ fn the_int8_model_stays_close_to_fp32_within_stated_bounds() {
         "{agree} {recorded:?}"
     );
     assert!(
-        max_diff <= 0.15 && recorded.max_probability_difference <= 0.15,
+        max_diff <= 0.2 && recorded.max_probability_difference <= 0.2,
         "{max_diff} {recorded:?}"
     );
 }
