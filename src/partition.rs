@@ -55,14 +55,19 @@ impl Pending {
     /// Whether model `model` is still to score this event.
     pub fn needs(&self, model: usize) -> bool {
         self.failed.is_none()
-            && self.rules.rules.get(self.rule).is_some_and(|r| {
-                r.runs_after(model, |m| {
-                    self.scores
-                        .iter()
-                        .find(|(i, _, _)| *i == m)
-                        .map(|(_, s, p)| (s.labels(), p.as_slice()))
-                })
-            })
+            && self
+                .rules
+                .rules
+                .get(self.rule)
+                .is_some_and(|r| r.runs_after(model, |m| self.scores_of(m)))
+    }
+
+    /// Model `model`'s labels and probabilities of this event, if it scored it.
+    pub fn scores_of(&self, model: usize) -> Option<(&[String], &[f32])> {
+        self.scores
+            .iter()
+            .find(|(i, _, _)| *i == model)
+            .map(|(_, s, p)| (s.labels(), p.as_slice()))
     }
 }
 

@@ -293,6 +293,32 @@ fn check_reason(v: &serde_json::Value, tenant: Option<&str>, own: &HashMap<&str,
     worst.to_string()
 }
 
+type Post = (String, String, Option<&'static str>);
+
+/// Every verdict checked by [`check_reason`] against the models' own
+/// scores of its post: (partition, the verdict, the post's index, the
+/// verdict the test computed).
+fn check_all<'a>(
+    posts: &[Post],
+    verdicts: &'a [(i32, i64, serde_json::Value)],
+) -> Vec<(i32, &'a serde_json::Value, usize, String)> {
+    let texts: Vec<String> = posts.iter().map(|(_, t, _)| t.clone()).collect();
+    let own = own_scores(&texts);
+    let by_id: HashMap<&str, usize> = posts
+        .iter()
+        .enumerate()
+        .map(|(i, (id, _, _))| (id.as_str(), i))
+        .collect();
+    verdicts
+        .iter()
+        .map(|(partition, _, v)| {
+            let i = by_id[v["event_id"].as_str().unwrap()];
+            let scores: HashMap<&str, f32> = own.iter().map(|(m, s)| (*m, s[i])).collect();
+            (*partition, v, i, check_reason(v, posts[i].2, &scores))
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn communities_are_judged_by_their_rules_over_two_models_with_the_reason() {
     support::init_logs();
@@ -315,19 +341,9 @@ async fn communities_are_judged_by_their_rules_over_two_models_with_the_reason()
     let summary = pipeline.await.unwrap().unwrap();
     assert_eq!((summary.verdicts, summary.dlq), (posts.len() as u64, 0));
 
-    let texts: Vec<String> = posts.iter().map(|(_, t, _)| t.clone()).collect();
-    let own = own_scores(&texts);
-    let by_id: HashMap<&str, usize> = posts
-        .iter()
-        .enumerate()
-        .map(|(i, (id, _, _))| (id.as_str(), i))
-        .collect();
     let mut kids_reviews = Vec::new();
     let mut seen = HashMap::new();
-    for (_, _, v) in &verdicts {
-        let i = by_id[v["event_id"].as_str().unwrap()];
-        let scores: HashMap<&str, f32> = own.iter().map(|(m, s)| (*m, s[i])).collect();
-        let verdict = check_reason(v, posts[i].2, &scores);
+    for (_, v, i, verdict) in check_all(&posts, &verdicts) {
         *seen
             .entry((
                 v["reason"]["rule"].as_str().unwrap().to_string(),
@@ -472,23 +488,13 @@ async fn a_policy_changed_under_load_applies_from_a_point_per_partition_and_a_ba
     let summary = pipeline.await.unwrap().unwrap();
     assert_eq!((summary.verdicts, summary.dlq), (posts.len() as u64, 0));
 
-    let texts: Vec<String> = posts.iter().map(|(_, t, _)| t.clone()).collect();
-    let own = own_scores(&texts);
-    let by_id: HashMap<&str, usize> = posts
-        .iter()
-        .enumerate()
-        .map(|(i, (id, _, _))| (id.as_str(), i))
-        .collect();
     let mut per_partition: HashMap<i32, Vec<(i64, String)>> = HashMap::new();
-    for (partition, _, v) in &verdicts {
-        let i = by_id[v["event_id"].as_str().unwrap()];
-        let scores: HashMap<&str, f32> = own.iter().map(|(m, s)| (*m, s[i])).collect();
-        // Models, thresholds and verdict all of the version it names.
-        check_reason(v, posts[i].2, &scores);
+    // Models, thresholds and verdict all of the version each names.
+    for (partition, v, _, _) in check_all(&posts, &verdicts) {
         let offset = v["source"]["offset"].as_i64().unwrap();
         let version = v["reason"]["policy"].as_str().unwrap().to_string();
         per_partition
-            .entry(*partition)
+            .entry(partition)
             .or_default()
             .push((offset, version));
     }

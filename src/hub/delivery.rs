@@ -53,13 +53,7 @@ impl<D: Deliver> Hub<D> {
         }
         let rules = pending.rules.clone();
         let rule = &rules.rules[pending.rule];
-        let decision = rule.judge(|m| {
-            pending
-                .scores
-                .iter()
-                .find(|(i, _, _)| *i == m)
-                .map(|(_, s, p)| (s.labels(), p.as_slice()))
-        });
+        let decision = rule.judge(|m| pending.scores_of(m));
         self.offer_shadow(&mut pending);
         let judged = Judged {
             rules: &pending.rules,

@@ -15,15 +15,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use rdkafka::Message;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
-use crate::client::{self, ConsumerRole};
 use crate::config::{InputFormat, Settings};
-use crate::event::{Event, RecordParts};
+use crate::event::Event;
 use crate::inference;
 use crate::policy::ModelLabels;
 use crate::reload::PolicySource;
+use crate::tools::range;
 use crate::tp::Tp;
 use crate::verdict::{self, Answer, Judged, Scorer};
 
@@ -195,71 +195,25 @@ fn describe(f: &Found, judged: &Judged<'_>) -> String {
 
 /// Every record of the topic whose event id is the one asked for.
 fn find(settings: &Settings, opts: &ExplainOptions) -> anyhow::Result<Vec<Found>> {
-    let group = format!("modstream-explain-{}", std::process::id());
-    let consumer: BaseConsumer =
-        client::consumer(&settings.kafka, ConsumerRole::RangeReader, &group).create()?;
-    let timeout = Duration::from_secs(30);
-    let metadata = consumer.fetch_metadata(Some(&opts.topic), timeout)?;
-    let partitions: Vec<i32> = metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == opts.topic)
-        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
-        .unwrap_or_default();
-    anyhow::ensure!(!partitions.is_empty(), "topic {} not found", opts.topic);
-    let mut remaining = HashMap::new();
+    let (consumer, partitions) = range::open(settings, &opts.topic, "explain")?;
+    let mut ends = HashMap::new();
     let mut assignment = TopicPartitionList::new();
     for p in partitions {
-        let (low, high) = consumer.fetch_watermarks(&opts.topic, p, timeout)?;
+        let (low, high) = consumer.fetch_watermarks(&opts.topic, p, range::TIMEOUT)?;
         if high > low {
-            remaining.insert(p, high);
+            ends.insert(p, high);
             assignment.add_partition_offset(&opts.topic, p, Offset::Offset(low))?;
         }
     }
     consumer.assign(&assignment)?;
     let decoder = crate::event::Decoder::new(&settings.input, &settings.limits);
-    let deadline = std::time::Instant::now() + opts.timeout;
+    let late = format!(
+        "the topic was not read to its end within --timeout ({:?})",
+        opts.timeout
+    );
+    let deadline = (std::time::Instant::now() + opts.timeout, late.as_str());
     let mut found = Vec::new();
-    while !remaining.is_empty() {
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "the topic was not read to its end within --timeout ({:?})",
-            opts.timeout
-        );
-        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
-            // A partition whose position reached its end is done even if its
-            // last offsets held no record (transaction markers, compaction).
-            if let Ok(positions) = consumer.position() {
-                for e in positions.elements() {
-                    if let Offset::Offset(o) = e.offset()
-                        && remaining.get(&e.partition()).is_some_and(|end| o >= *end)
-                    {
-                        remaining.remove(&e.partition());
-                    }
-                }
-            }
-            continue;
-        };
-        let m = message?;
-        if remaining
-            .get(&m.partition())
-            .is_some_and(|end| m.offset() + 1 >= *end)
-        {
-            remaining.remove(&m.partition());
-        }
-        let headers: Vec<(String, Option<Vec<u8>>)> = m
-            .headers()
-            .map(|hs| {
-                rdkafka::message::Headers::iter(hs)
-                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let parts = RecordParts {
-            key: m.key(),
-            payload: m.payload(),
-            headers: &headers,
-        };
+    range::read_until(&consumer, ends, Some(deadline), |m, parts| {
         if let Ok(event) = decoder.decode(&opts.topic, parts)
             && event.event_id == opts.event_id
         {
@@ -271,6 +225,7 @@ fn find(settings: &Settings, opts: &ExplainOptions) -> anyhow::Result<Vec<Found>
                 event,
             });
         }
-    }
+        std::ops::ControlFlow::Continue(())
+    })?;
     Ok(found)
 }

@@ -9,6 +9,7 @@ pub mod embedded;
 pub mod explain;
 pub mod generator;
 pub mod plan;
+pub mod range;
 pub mod read;
 pub mod rescore;
 pub mod send;

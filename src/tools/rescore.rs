@@ -23,10 +23,10 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{self, ConsumerRole};
 use crate::config::Settings;
 use crate::inference::{InferenceJob, InferencePool};
 use crate::producer::{ProducerError, Sink};
+use crate::tools::range;
 use crate::tp::Tp;
 use crate::verdict::{Scorer, Verdict};
 
@@ -209,51 +209,12 @@ fn read_range(
     decoder: &crate::event::Decoder,
     records_tx: tokio::sync::mpsc::Sender<Result<Item, ()>>,
 ) -> anyhow::Result<()> {
-    let mut remaining: HashMap<i32, i64> = ranges
+    let ends = ranges
         .iter()
         .filter(|(_, (a, b))| b > a)
         .map(|(p, (_, b))| (*p, *b))
         .collect();
-    while !remaining.is_empty() {
-        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
-            // Nothing more to fetch: a partition whose position reached
-            // its end is done even if its last offsets held no record
-            // (transaction markers, compaction).
-            if let Ok(positions) = consumer.position() {
-                for e in positions.elements() {
-                    if let rdkafka::Offset::Offset(o) = e.offset()
-                        && remaining.get(&e.partition()).is_some_and(|end| o >= *end)
-                    {
-                        remaining.remove(&e.partition());
-                    }
-                }
-            }
-            continue;
-        };
-        let m = message?;
-        let Some(&end) = remaining.get(&m.partition()) else {
-            continue;
-        };
-        if m.offset() >= end {
-            remaining.remove(&m.partition());
-            continue;
-        }
-        if m.offset() + 1 >= end {
-            remaining.remove(&m.partition());
-        }
-        let headers: Vec<(String, Option<Vec<u8>>)> = m
-            .headers()
-            .map(|hs| {
-                rdkafka::message::Headers::iter(hs)
-                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let parts = crate::event::RecordParts {
-            key: m.key(),
-            payload: m.payload(),
-            headers: &headers,
-        };
+    range::read_until(consumer, ends, None, |m, parts| {
         let item = decoder
             .decode(topic, parts)
             .map(|event| Item {
@@ -264,11 +225,11 @@ fn read_range(
                 event,
             })
             .map_err(|_| ());
-        if records_tx.blocking_send(item).is_err() {
-            break;
+        match records_tx.blocking_send(item) {
+            Ok(()) => std::ops::ControlFlow::Continue(()),
+            Err(_) => std::ops::ControlFlow::Break(()),
         }
-    }
-    Ok(())
+    })
 }
 
 type Delivery =
@@ -400,22 +361,8 @@ fn open_range(
     opts: &RescoreOptions,
 ) -> anyhow::Result<(Ranges, BaseConsumer)> {
     // Its own group id, never committed: the live group is not touched.
-    let group = format!(
-        "modstream-rescore-{}-{}",
-        std::process::id(),
-        chrono::Utc::now().timestamp_millis()
-    );
-    let consumer: BaseConsumer =
-        client::consumer(&settings.kafka, ConsumerRole::RangeReader, &group).create()?;
-    let timeout = Duration::from_secs(30);
-    let metadata = consumer.fetch_metadata(Some(&opts.topic), timeout)?;
-    let partitions: Vec<i32> = metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == opts.topic)
-        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
-        .unwrap_or_default();
-    anyhow::ensure!(!partitions.is_empty(), "topic {} not found", opts.topic);
+    let (consumer, partitions) = range::open(settings, &opts.topic, "rescore")?;
+    let timeout = range::TIMEOUT;
     let high: HashMap<i32, i64> = partitions
         .iter()
         .map(|p| Ok((*p, consumer.fetch_watermarks(&opts.topic, *p, timeout)?.1)))
