@@ -104,11 +104,21 @@ fn harness_with(kafka: &str) -> Harness {
     };
     let labels = [crate::policy::ModelLabels::of("default", &manifest)];
     let rules = Ruleset::from_config(&settings.policy, &labels).unwrap();
+    harness_of(settings, vec![lane], rules, jobs)
+}
+
+/// A hub over these models and rules; `jobs` is the first model's queue.
+fn harness_of(
+    settings: Settings,
+    lanes: Vec<ModelLane>,
+    rules: Ruleset,
+    jobs: async_channel::Receiver<InferenceJob>,
+) -> Harness {
     let (positions_tx, positions) = async_channel::bounded(64);
     let outbox = Outbox::default();
     let mut hub = Hub::new(
         settings,
-        vec![lane],
+        lanes,
         rules,
         outbox.clone(),
         positions_tx,

@@ -64,26 +64,9 @@ fn two_models() -> (Harness, async_channel::Receiver<InferenceJob>) {
         crate::policy::ModelLabels::of("big", &models[1]),
     ];
     let rules = Ruleset::parse(RULES, config::FileFormat::Toml, &labels).unwrap();
-    let (positions_tx, positions) = async_channel::bounded(64);
-    let outbox = Outbox::default();
-    let mut hub = Hub::new(
-        settings,
-        lanes,
-        rules,
-        outbox.clone(),
-        positions_tx,
-        Arc::default(),
-        &Shutdown::new(),
-    );
-    let acks = hub.acks_rx.take().unwrap();
     let second = receivers.pop().unwrap();
-    let h = Harness {
-        hub,
-        outbox,
-        jobs: receivers.pop().unwrap(),
-        acks,
-        positions,
-    };
+    let first = receivers.pop().unwrap();
+    let h = harness_of(settings, lanes, rules, first);
     (h, second)
 }
 
