@@ -1,6 +1,6 @@
 """The moderation job written the usual way in Python, for the bench's
-baseline: confluent-kafka consume(128) -> json -> onnxruntime (default
-session options) -> one verdict per event -> produce -> flush -> commit.
+baseline: confluent-kafka consume(128) -> json -> (token models: the Hugging Face
+tokenizer) -> onnxruntime (default session options) -> one verdict per event -> produce -> flush -> commit.
 
     python_consumer.py BOOTSTRAP INPUT OUTPUT GROUP MODEL_DIR EVENTS
 
@@ -19,10 +19,37 @@ bootstrap, input_topic, output_topic, group, model_dir, want = sys.argv[1:7]
 want = int(want)
 manifest = json.load(open(f"{model_dir}/manifest.json"))
 session = ort.InferenceSession(f"{model_dir}/model.onnx", providers=["CPUExecutionProvider"])
-labels = manifest["labels"]
-score_index = labels.index(manifest["score_label"])
 output = manifest["output"]
 input_name = manifest["inputs"][0]
+tokens = manifest.get("input_kind") == "tokens"
+if tokens:
+    # A transformer the usual way: the Hugging Face tokenizer, each batch
+    # padded to its longest post, truncated at max_length; softmax over logits.
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(f"{model_dir}/{manifest.get('tokenizer', 'tokenizer.json')}")
+    tokenizer.enable_truncation(manifest.get("max_length", 128))
+    tokenizer.enable_padding()
+    config = json.load(open(f"{model_dir}/config.json"))
+    labels = manifest.get("labels") or [config["id2label"][str(i)] for i in range(len(config["id2label"]))]
+else:
+    labels = manifest["labels"]
+score_index = labels.index(manifest["score_label"])
+
+
+def probabilities_of(texts):
+    if not tokens:
+        return session.run([output], {input_name: np.array(texts, dtype=object).reshape(-1, 1)})[0]
+    encoded = tokenizer.encode_batch(texts)
+    feed = {
+        "input_ids": np.array([e.ids for e in encoded], dtype=np.int64),
+        "attention_mask": np.array([e.attention_mask for e in encoded], dtype=np.int64),
+        "token_type_ids": np.array([e.type_ids for e in encoded], dtype=np.int64),
+    }
+    logits = session.run([output], {k: v for k, v in feed.items() if k in manifest["inputs"]})[0]
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
 
 consumer = Consumer({
     "bootstrap.servers": bootstrap,
@@ -46,8 +73,7 @@ while done < want:
         except (ValueError, KeyError, TypeError):
             pass
     if events:
-        texts = np.array([t for _, _, t in events], dtype=object).reshape(-1, 1)
-        probabilities = session.run([output], {input_name: texts})[0]
+        probabilities = probabilities_of([t for _, _, t in events])
         for (m, event, _), p in zip(events, probabilities):
             score = float(p[score_index])
             verdict = "block" if score >= 0.85 else "review" if score >= 0.5 else "allow"

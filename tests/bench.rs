@@ -338,6 +338,10 @@ fn tiny_options() -> BenchOptions {
         formats: vec![],
         registry_url: None,
         second_model: None,
+        cascade: None,
+        cascade_bands: vec![],
+        cascade_band: modstream::tools::bench::cascade::Band::DEFAULT,
+        cost: vec![],
         encoding: Default::default(),
         out_dir: PathBuf::new(),
     }

@@ -92,7 +92,8 @@ struct RuleSpec {
     human_review: bool,
     #[serde(default)]
     routes: Vec<RouteSpec>,
-    /// `cascade.MODEL = { after = "MODEL", label = "LABEL", band = [from, to] }`.
+    /// `cascade.MODEL = { after = "MODEL", label = "LABEL", band = [from, to] }`
+    /// (`band` may be left out: [`super::DEFAULT_BAND`]).
     #[serde(default)]
     cascade: BTreeMap<String, CascadeSpec>,
 }
@@ -102,7 +103,12 @@ struct RuleSpec {
 struct CascadeSpec {
     after: String,
     label: String,
+    #[serde(default = "default_band")]
     band: [f32; 2],
+}
+
+fn default_band() -> [f32; 2] {
+    super::DEFAULT_BAND
 }
 
 #[derive(Debug, Deserialize)]

@@ -86,7 +86,7 @@ pub struct Rule {
 }
 
 /// A model of the rule that runs only where an earlier model of the rule
-/// is unsure: when `after`'s score of `label` is within `from..to`. When it
+/// is unsure: when `after`'s score of `label` is in the band ([`Cascade::contains`]). When it
 /// ran, it decides in `after`'s place (`after`'s thresholds are not
 /// applied; its scores stay in the reason, marked deferred).
 #[derive(Debug, Clone, PartialEq)]
@@ -96,6 +96,18 @@ pub struct Cascade {
     pub label: String,
     pub from: f32,
     pub to: f32,
+}
+
+/// The band of a cascade that names none: chosen from the bench's band
+/// sweep (docs/benchmarks.md, "A cheap model first").
+pub const DEFAULT_BAND: [f32; 2] = [0.1, 0.9];
+
+impl Cascade {
+    /// Whether a score is in the band: `from` inclusive, `to` exclusive,
+    /// except that a band up to 1 includes 1 (`[0, 1]` is every score).
+    pub fn contains(&self, score: f32) -> bool {
+        score >= self.from && (score < self.to || self.to >= 1.0)
+    }
 }
 
 /// One model's part in a rule: (label, thresholds) per judged label. By
@@ -312,7 +324,7 @@ impl Rule {
         }
         match self.cascade.iter().find(|c| c.model == model) {
             None => true,
-            Some(c) => score_of(scores(c.after), &c.label).is_some_and(|s| s >= c.from && s < c.to),
+            Some(c) => score_of(scores(c.after), &c.label).is_some_and(|s| c.contains(s)),
         }
     }
 

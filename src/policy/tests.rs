@@ -290,6 +290,15 @@ fn a_cascaded_model_runs_only_where_the_first_is_unsure_and_then_decides() {
         rule.runs_after(1, |m| (m == 0).then_some((&pl[..], &probs[..])))
     };
     assert!(!runs(0.1) && runs(0.2) && runs(0.5) && !runs(0.8) && !runs(0.95));
+    let whole = Cascade {
+        from: 0.0,
+        to: 1.0,
+        ..rule.cascade[0].clone()
+    };
+    assert!(
+        whole.contains(0.0) && whole.contains(1.0),
+        "a band up to 1 includes 1"
+    );
     assert!(
         !rule.runs_after(1, |_| None),
         "not before the first model scored"
@@ -310,6 +319,15 @@ fn a_cascaded_model_runs_only_where_the_first_is_unsure_and_then_decides() {
     let p = [0.9f32];
     let d = rule.judge(|i| (i == 0).then_some((&pl[..], &p[..])));
     assert_eq!((d.verdict, d.deferred.len()), (Verdict::Block, 0));
+}
+
+#[test]
+fn a_cascade_without_a_band_gets_the_default_one() {
+    let text = CASCADE.replace(", band = [0.2, 0.8]", "");
+    assert_ne!(text, CASCADE);
+    let rules = Ruleset::parse(&text, FileFormat::Toml, &models()).unwrap();
+    let c = &rules.rules[0].cascade[0];
+    assert_eq!([c.from, c.to], DEFAULT_BAND);
 }
 
 #[test]

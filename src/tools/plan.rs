@@ -13,7 +13,13 @@
 //! - KEDA's lagThreshold = saturation throughput × catch-up seconds × 0.5:
 //!   a backlog is cleared within the catch-up time while each instance keeps
 //!   half its throughput for the live rate;
-//! - one more instance adds per_instance × headroom of capacity.
+//! - one more instance adds per_instance × headroom of capacity;
+//! - the cost of a day, where the report measured CPU seconds per million
+//!   verdicts (its cost table, `--contender` choosing the row, or else its
+//!   Python-baseline run of `modstream run`): CPU-hours = rate × 86,400 ÷
+//!   10^6 × CPU-s per million ÷ 3,600, and instance-hours = CPU-hours ÷
+//!   (the bench machine's cores × headroom), instances of that machine's
+//!   size.
 
 use std::path::{Path, PathBuf};
 
@@ -40,6 +46,10 @@ pub struct PlanOptions {
     /// Seconds in which the autoscaled group should clear a backlog.
     #[arg(long, default_value_t = 10.0)]
     pub catch_up_seconds: f64,
+    /// The row of the report's cost table to cost the day by (a part of
+    /// its contender's name; default: its first row).
+    #[arg(long)]
+    pub contender: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -65,6 +75,18 @@ pub struct Plan {
     pub per_instance_load_with_one_more: f64,
     /// Where the numbers come from.
     pub bench: String,
+    /// What a day at the rate costs, where the report measured CPU time.
+    pub day: Option<DayCost>,
+}
+
+/// A day of the rate in CPU-hours and instance-hours.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DayCost {
+    pub cpu_s_per_million: f64,
+    pub measured_with: String,
+    pub cores: u64,
+    pub cpu_hours: f64,
+    pub instance_hours: f64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -126,7 +148,9 @@ pub fn plan(report: &Report, opts: &PlanOptions) -> Result<Plan, PlanError> {
     let partitions = (instances * 2).div_ceil(6) * 6;
     let lag_threshold =
         (((saturation * opts.catch_up_seconds * 0.5) / 1000.0).round() as u64).max(1) * 1000;
+    let day = day_cost(report, opts)?;
     Ok(Plan {
+        day,
         rate_per_s: opts.rate,
         p99_ms: opts.p99_ms,
         per_instance_per_s: per_instance,
@@ -144,6 +168,58 @@ pub fn plan(report: &Report, opts: &PlanOptions) -> Result<Plan, PlanError> {
             report.model, report.machine, report.workers, report.provider, report.broker
         ),
     })
+}
+
+/// CPU seconds per million verdicts from the cost table (`--contender`,
+/// else its first row) or the baseline run; None where neither measured it.
+fn day_cost(report: &Report, opts: &PlanOptions) -> Result<Option<DayCost>, PlanError> {
+    let measured = match &opts.contender {
+        Some(name) => {
+            let row = report
+                .cost
+                .iter()
+                .find(|r| r.contender.contains(name.as_str()))
+                .ok_or_else(|| {
+                    let have: Vec<&str> =
+                        report.cost.iter().map(|r| r.contender.as_str()).collect();
+                    PlanError::Invalid(format!(
+                        "no contender {name:?} in the report's cost table (it has {have:?})"
+                    ))
+                })?;
+            Some((row.cpu_s_per_million, row.contender.clone()))
+        }
+        None => report
+            .cost
+            .first()
+            .map(|r| (r.cpu_s_per_million, r.contender.clone()))
+            .or_else(|| {
+                let b = report.baseline.as_ref()?;
+                Some((b.modstream_cpu_s_per_million?, report.model.clone()))
+            }),
+    };
+    let Some((cpu_s_per_million, contender)) = measured else {
+        return Ok(None);
+    };
+    let cores = report
+        .machine
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse::<u64>().ok())
+        .filter(|n| *n > 0)
+        .ok_or_else(|| {
+            PlanError::Invalid(format!(
+                "the report's machine {:?} names no cores",
+                report.machine
+            ))
+        })?;
+    let cpu_hours = opts.rate * 86_400.0 / 1e6 * cpu_s_per_million / 3_600.0;
+    Ok(Some(DayCost {
+        cpu_s_per_million,
+        measured_with: format!("{contender}, modstream run at its default configuration"),
+        cores,
+        cpu_hours,
+        instance_hours: cpu_hours / (cores as f64 * opts.headroom),
+    }))
 }
 
 /// What one instance sustains: at saturation, or (with a p99) the highest
@@ -238,6 +314,23 @@ impl Plan {
             self.one_more_instance_adds_per_s,
             self.per_instance_load_with_one_more * 100.0
         );
+        match &self.day {
+            Some(d) => println!(
+                "A day of {:.0} events/s: {:.1} CPU-hours ({:.0} CPU-s per million verdicts, {}), {:.1} instance-hours of {} cores at {:.0} % (throughput alone: {} instance(s) × 24 h = {} instance-hours).",
+                self.rate_per_s,
+                d.cpu_hours,
+                d.cpu_s_per_million,
+                d.measured_with,
+                d.instance_hours,
+                d.cores,
+                self.headroom * 100.0,
+                self.instances,
+                self.instances * 24
+            ),
+            None => println!(
+                "The report measured no CPU time (bench with --cost or --python to cost a day)."
+            ),
+        }
         println!(
             "These numbers hold for the hardware, model and broker of that bench run only; bench yours."
         );
@@ -301,6 +394,7 @@ mod tests {
             report: PathBuf::new(),
             headroom: 0.7,
             catch_up_seconds: 10.0,
+            contender: None,
             json: false,
         }
     }
@@ -341,5 +435,38 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("10 ms") && text.contains("20.0 ms"), "{text}");
         assert!(plan(&report(), &opts(0.0, None)).is_err());
+    }
+
+    #[test]
+    fn a_day_in_cpu_hours_and_instance_hours() {
+        assert_eq!(plan(&report(), &opts(1_000.0, None)).unwrap().day, None);
+        let mut r = report();
+        r.cost = serde_json::from_value(serde_json::json!([
+            {"contender": "minilm-l6", "events": 1, "default_per_s": 400.0,
+             "cpu_s_per_million": 5000.0, "kafka_cpu_share": 0.01, "peak_rss_bytes": 1,
+             "target_per_s": 1.0, "target_p99_ms": 50, "p99_at_half_ms": 1.0},
+            {"contender": "minilm-l6-int8", "events": 1, "default_per_s": 700.0,
+             "cpu_s_per_million": 2500.0, "kafka_cpu_share": 0.01, "peak_rss_bytes": 1,
+             "target_per_s": 1.0, "target_p99_ms": 50, "p99_at_half_ms": 1.0}
+        ]))
+        .unwrap();
+        // 1,000/s for a day = 86.4 million verdicts × 5,000 s = 120 CPU-hours;
+        // ÷ (2 cores × 0.7) = 85.7 instance-hours.
+        let day = plan(&r, &opts(1_000.0, None)).unwrap().day.unwrap();
+        assert!((day.cpu_hours - 120.0).abs() < 1e-9, "{day:?}");
+        assert!((day.instance_hours - 120.0 / 1.4).abs() < 1e-9);
+        assert_eq!(day.cores, 2);
+        let int8 = PlanOptions {
+            contender: Some("int8".into()),
+            ..opts(1_000.0, None)
+        };
+        let day = plan(&r, &int8).unwrap().day.unwrap();
+        assert!((day.cpu_hours - 60.0).abs() < 1e-9);
+        let none = PlanOptions {
+            contender: Some("bert".into()),
+            ..opts(1_000.0, None)
+        };
+        let e = plan(&r, &none).unwrap_err().to_string();
+        assert!(e.contains("bert") && e.contains("minilm-l6-int8"), "{e}");
     }
 }

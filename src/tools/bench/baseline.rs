@@ -3,47 +3,81 @@
 //! `consume(128)` → onnxruntime → produce → flush → commit), each as its own
 //! process on its own fresh cluster holding the same pre-produced events.
 //! Throughput comes from the verdict records' own timestamps (first to
-//! last, so start-up and the group join do not count), peak RSS from each
-//! process, both read the same way: `/proc/PID/status` VmHWM of that
-//! process, sampled every 50 ms until it is done.
+//! last, so start-up and the group join do not count); peak RSS and CPU
+//! time from each process, read the same way: `/proc/PID` sampled every
+//! 50 ms, VmHWM for the peak, and the CPU seconds it spent between the
+//! first verdict read and the last (its start-up does not count).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::BenchOptions;
-use super::measure::{Cell, inference_settings, peak_rss_of};
+use super::measure::{Cell, inference_settings};
+use super::process::{CpuTime, cpu_time_of, peak_rss_of};
 use super::report::BaselineRow;
 use crate::tools::generator::{GeneratedEvent, generate};
 use crate::tools::read::TopicReader;
 use crate::tools::send;
 
+/// What one process did with the events.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ProcessRun {
+    pub per_s: f64,
+    pub peak_rss_bytes: u64,
+    /// Between the first verdict read and the last.
+    pub cpu: CpuTime,
+    pub verdicts: usize,
+}
+
+impl ProcessRun {
+    pub fn cpu_s_per_million(&self) -> f64 {
+        self.cpu.total_s * 1e6 / self.verdicts.saturating_sub(1).max(1) as f64
+    }
+
+    /// The Kafka client's threads' share of the CPU time.
+    pub fn kafka_share(&self) -> f64 {
+        self.cpu.kafka_s / self.cpu.total_s.max(1e-9)
+    }
+}
+
 pub(super) async fn run(opts: &BenchOptions, python: &Path) -> anyhow::Result<BaselineRow> {
+    let script = python_script(opts)?;
+    let events = generate(opts.events, 0, "b-");
+    let model_dir = std::path::absolute(inference_settings(opts).model_dir)?;
+    let m = modstream(opts, &events, &model_dir, "").await?;
+    let p = python_job(opts, &events, python, &script, &model_dir).await?;
+    Ok(BaselineRow {
+        events: events.len(),
+        modstream_per_s: m.per_s,
+        modstream_peak_rss_bytes: m.peak_rss_bytes,
+        python_per_s: p.per_s,
+        python_peak_rss_bytes: p.peak_rss_bytes,
+        modstream_cpu_s_per_million: Some(m.cpu_s_per_million()),
+        modstream_kafka_cpu_share: Some(m.kafka_share()),
+        python_cpu_s_per_million: Some(p.cpu_s_per_million()),
+    })
+}
+
+pub(super) fn python_script(opts: &BenchOptions) -> anyhow::Result<PathBuf> {
     let script = opts
         .python_script
         .clone()
         .unwrap_or_else(|| PathBuf::from("bench/python_consumer.py"));
     anyhow::ensure!(script.exists(), "{} not found", script.display());
-    let events = generate(opts.events, 0, "b-");
-    let model_dir = std::path::absolute(inference_settings(opts).model_dir)?;
-    let (modstream_per_s, modstream_peak) = modstream(opts, &events, &model_dir).await?;
-    let (python_per_s, python_peak) =
-        python_job(opts, &events, python, &script, &model_dir).await?;
-    Ok(BaselineRow {
-        events: events.len(),
-        modstream_per_s,
-        modstream_peak_rss_bytes: modstream_peak,
-        python_per_s,
-        python_peak_rss_bytes: python_peak,
-    })
+    Ok(script)
 }
 
-/// `modstream run` with only the topics, group and model set.
-async fn modstream(
+/// `modstream run` with only the topics, group and model set, and `extra`
+/// (TOML appended after `[inference]`).
+pub(super) async fn modstream(
     opts: &BenchOptions,
     events: &[GeneratedEvent],
     model_dir: &Path,
-) -> anyhow::Result<(f64, u64)> {
+    extra: &str,
+) -> anyhow::Result<ProcessRun> {
     let exe = std::env::current_exe()?;
     anyhow::ensure!(
         exe.file_stem().is_some_and(|n| n == "modstream"),
@@ -57,8 +91,9 @@ async fn modstream(
         &config,
         format!(
             "[kafka]\nbootstrap_servers = {:?}\ngroup_id = {:?}\n[input]\ntopics = [{:?}]\n\
-             [output]\ntopic = {:?}\ndlq_topic = {:?}\n[inference]\nmodel_dir = {:?}\n\
-             [telemetry]\nlisten = \"127.0.0.1:0\"\nlog_level = \"warn\"\n",
+             [output]\ntopic = {:?}\ndlq_topic = {:?}\n\
+             [telemetry]\nlisten = \"127.0.0.1:0\"\nlog_level = \"warn\"\n\
+             [inference]\nmodel_dir = {:?}\n{extra}",
             cell.bootstrap,
             cell.group,
             cell.input,
@@ -72,34 +107,23 @@ async fn modstream(
         .arg(&config)
         .stdout(Stdio::null())
         .spawn()?;
+    let watched = watch(&mut child, &cell, events.len(), false).await;
     let pid = child.id().to_string();
-    let reader = spawn_timed_reader(&cell, events.len());
-    let mut peak = 0;
-    while !reader.is_finished() {
-        peak = peak.max(peak_rss_of(&pid));
-        if let Some(status) = child.try_wait()? {
-            reader.abort();
-            anyhow::bail!("modstream run exited before its last verdict: {status}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    peak = peak.max(peak_rss_of(&pid));
     let _ = Command::new("kill").args(["-TERM", &pid]).status();
     let _ = tokio::task::spawn_blocking(move || child.wait()).await?;
     let _ = std::fs::remove_dir_all(&dir);
-    Ok((reader.await??, peak))
+    watched
 }
 
-async fn python_job(
+pub(super) async fn python_job(
     opts: &BenchOptions,
     events: &[GeneratedEvent],
     python: &Path,
     script: &Path,
     model_dir: &Path,
-) -> anyhow::Result<(f64, u64)> {
+) -> anyhow::Result<ProcessRun> {
     let cell = Cell::new(opts).await?;
     send::produce_all(&cell.bootstrap, &cell.input, events).await?;
-    let reader = spawn_timed_reader(&cell, events.len());
     let mut child = Command::new(python)
         .arg(script)
         .args([
@@ -112,35 +136,79 @@ async fn python_job(
         .arg(events.len().to_string())
         .stdout(Stdio::null())
         .spawn()?;
-    // Its peak RSS the way modstream's is read: VmHWM of that process,
-    // sampled until it exits (the kernel keeps it to the end).
-    let pid = child.id().to_string();
-    let mut peak = 0;
-    let status = loop {
-        peak = peak.max(peak_rss_of(&pid));
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    anyhow::ensure!(status.success(), "the Python consumer failed: {status}");
-    anyhow::ensure!(peak > 0, "could not read the Python consumer's peak RSS");
-    Ok((reader.await??, peak))
+    let run = watch(&mut child, &cell, events.len(), true).await?;
+    anyhow::ensure!(
+        run.peak_rss_bytes > 0,
+        "could not read the Python consumer's peak RSS"
+    );
+    Ok(run)
 }
 
-/// Reads `want` verdicts; verdicts per second from their own timestamps.
-fn spawn_timed_reader(cell: &Cell, want: usize) -> tokio::task::JoinHandle<anyhow::Result<f64>> {
+/// Reads `want` verdicts of `cell` while sampling the process every 50 ms;
+/// `exits_itself`: the process ends on its own once done (its last sample
+/// is the last taken while it lived), else it must outlive the reading.
+async fn watch(
+    child: &mut Child,
+    cell: &Cell,
+    want: usize,
+    exits_itself: bool,
+) -> anyhow::Result<ProcessRun> {
+    let pid = child.id().to_string();
+    let read = Arc::new(AtomicUsize::new(0));
+    let reader = spawn_timed_reader(cell, want, read.clone());
+    let (mut peak, mut first, mut last) = (0, None, CpuTime::default());
+    loop {
+        peak = peak.max(peak_rss_of(&pid));
+        if let Some(now) = cpu_time_of(&pid) {
+            last = now;
+            if first.is_none() && read.load(Ordering::SeqCst) > 0 {
+                first = Some(now);
+            }
+        }
+        if reader.is_finished() {
+            break;
+        }
+        if let Some(status) = child.try_wait()? {
+            if exits_itself && status.success() {
+                break;
+            }
+            reader.abort();
+            anyhow::bail!("the process exited before its last verdict: {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let per_s = reader.await??;
+    Ok(ProcessRun {
+        per_s,
+        peak_rss_bytes: peak,
+        cpu: last.since(&first.unwrap_or_default()),
+        verdicts: want,
+    })
+}
+
+/// Reads `want` verdicts, counting them in `read`; verdicts per second
+/// from their own timestamps.
+fn spawn_timed_reader(
+    cell: &Cell,
+    want: usize,
+    read: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<anyhow::Result<f64>> {
     let (bootstrap, topic) = (cell.bootstrap.clone(), cell.verdicts.clone());
     tokio::task::spawn_blocking(move || {
         let reader = TopicReader::from_beginning(&bootstrap, &topic, None)?;
         let (mut first, mut last) = (i64::MAX, i64::MIN);
-        let read = reader.read(want, Duration::from_secs(600), |r| {
+        let records = reader.read(want, Duration::from_secs(600), |r| {
+            read.fetch_add(1, Ordering::SeqCst);
             if let Some(t) = r.timestamp_ms {
                 first = first.min(t);
                 last = last.max(t);
             }
         })?;
-        anyhow::ensure!(read.len() == want, "only {} of {want} verdicts", read.len());
+        anyhow::ensure!(
+            records.len() == want,
+            "only {} of {want} verdicts",
+            records.len()
+        );
         anyhow::ensure!(last > first, "verdict timestamps do not span any time");
         Ok((want - 1) as f64 * 1000.0 / (last - first) as f64)
     })

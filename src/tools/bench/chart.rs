@@ -6,7 +6,10 @@
 //! - `step`: the adaptive mode under a step in load: p99 per half second
 //!   and the chosen batch size over time;
 //! - `cache`: verdicts/s with the score cache off and on, per share of
-//!   repeated texts.
+//!   repeated texts;
+//! - `cascade`: the cascade against its band's width: verdicts/s over the
+//!   transformer on every event (log scale), and the verdicts' agreement
+//!   with it, a line per stream.
 //!
 //! Text is drawn with DejaVu Sans (assets/fonts, Bitstream Vera licence),
 //! compiled in, so PNGs look the same on any machine.
@@ -63,6 +66,9 @@ pub fn draw_all(report: &Report, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     }
     if !report.repeats.is_empty() {
         render!("cache", cache_chart);
+    }
+    if report.cascade.iter().any(|c| c.band.is_some()) {
+        render!("cascade", cascade_chart);
     }
     Ok(written)
 }
@@ -389,4 +395,77 @@ fn cache_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> 
             ),
         ],
     )
+}
+
+/// The cascade sweep: speed-up (left, log) and agreement (right) against
+/// the band's width, one line per stream.
+// Long: one chart's drawing steps in order (two panels on one x axis, a
+// line per stream in each); split up, its layout would be scattered.
+fn cascade_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Drawn<DB> {
+    root.fill(&WHITE)?;
+    let root = root.titled(
+        &title(r, "a cheap model first: the transformer only in a band"),
+        (FONT, 18),
+    )?;
+    let (left, right) = root.split_horizontally(SIZE.0 / 2);
+    let mut streams: Vec<&str> = r.cascade.iter().map(|c| c.stream.as_str()).collect();
+    streams.dedup();
+    let points = |stream: &str, y: &dyn Fn(&super::report::CascadeRow) -> f64| -> Vec<(f64, f64)> {
+        r.cascade
+            .iter()
+            .filter(|c| c.stream == stream)
+            .filter_map(|c| c.band.map(|[f, t]| (f64::from(t - f), y(c))))
+            .collect()
+    };
+    let top = r
+        .cascade
+        .iter()
+        .map(|c| c.over_every_event)
+        .fold(2.0, f64::max)
+        * 1.5;
+    let mut speed = ChartBuilder::on(&left)
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..1f64, (0.5f64..top).log_scale())?;
+    speed
+        .configure_mesh()
+        .x_desc("band width (to − from)")
+        .y_desc("verdicts/s ÷ transformer on every event")
+        .y_label_formatter(&|v| format!("{v:.1}×"))
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 14))
+        .draw()?;
+    let mut agree = ChartBuilder::on(&right)
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..1f64, 50f64..100.5f64)?;
+    agree
+        .configure_mesh()
+        .x_desc("band width (to − from)")
+        .y_desc("verdicts as the transformer on every event gave, %")
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 14))
+        .draw()?;
+    for (k, stream) in streams.iter().enumerate() {
+        let color = FIXED_COLORS[k % FIXED_COLORS.len()];
+        let s = points(stream, &|c| c.over_every_event);
+        speed
+            .draw_series(LineSeries::new(s.clone(), color.stroke_width(2)))?
+            .label(format!("{stream} stream"))
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+        speed.draw_series(s.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+        let a = points(stream, &|c| c.agreement * 100.0);
+        agree.draw_series(LineSeries::new(a.clone(), color.stroke_width(2)))?;
+        agree.draw_series(a.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+    }
+    speed
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 13))
+        .draw()?;
+    root.present()
 }

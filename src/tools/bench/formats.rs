@@ -65,6 +65,11 @@ impl Encoding {
         }
     }
 
+    /// The policy file of a several-models contender.
+    pub fn policy_file(&self) -> Option<&std::path::Path> {
+        self.models.as_ref().map(|m| m.policy.as_path())
+    }
+
     /// The events with their payloads rewritten.
     pub fn apply(&self, mut events: Vec<GeneratedEvent>) -> Vec<GeneratedEvent> {
         if let Some(e) = &self.encoder {

@@ -225,16 +225,23 @@ fn extras(out: &mut String, report: &Report) {
         out.push('\n');
     }
     if let Some(b) = &report.baseline {
+        let cpu = |v: Option<f64>| v.map_or("not recorded".to_string(), |v| format!("{v:.0}"));
         let _ = writeln!(
             out,
-            "**Against a plain Python consumer** ({} events; peak RSS of each process, VmHWM)\n\n| job | verdicts/s | peak RSS MiB |\n|---|---|---|\n| modstream run (default config) | {:.0} | {:.0} |\n| Python (confluent-kafka + onnxruntime) | {:.0} | {:.0} |\n| modstream ÷ Python | {:.2} | {:.2} |\n",
+            "**Against a plain Python consumer** ({} events; peak RSS of each process, VmHWM; CPU seconds of each process between its first and last verdict, per million verdicts)\n\n| job | verdicts/s | peak RSS MiB | CPU-s per million |\n|---|---|---|---|\n| modstream run (default config) | {:.0} | {:.0} | {} |\n| Python (confluent-kafka + onnxruntime) | {:.0} | {:.0} | {} |\n| modstream ÷ Python | {:.2} | {:.2} | {} |\n",
             b.events,
             b.modstream_per_s,
             b.modstream_peak_rss_bytes as f64 / MIB,
+            cpu(b.modstream_cpu_s_per_million),
             b.python_per_s,
             b.python_peak_rss_bytes as f64 / MIB,
+            cpu(b.python_cpu_s_per_million),
             b.modstream_per_s / b.python_per_s,
-            b.modstream_peak_rss_bytes as f64 / b.python_peak_rss_bytes as f64
+            b.modstream_peak_rss_bytes as f64 / b.python_peak_rss_bytes as f64,
+            match (b.modstream_cpu_s_per_million, b.python_cpu_s_per_million) {
+                (Some(m), Some(p)) => format!("{:.2}", m / p),
+                _ => "not recorded".to_string(),
+            }
         );
     }
     if let Some(s) = &report.shadow {
@@ -250,6 +257,8 @@ fn extras(out: &mut String, report: &Report) {
     delivery(out, report);
     formats(out, report);
     models(out, report);
+    cascade(out, report);
+    cost(out, report);
     if let Some(o) = &report.overload {
         let _ = writeln!(
             out,
@@ -359,6 +368,70 @@ fn formats(out: &mut String, report: &Report) {
             r.p99_ms,
             r.decode_us,
             r.decode_share * 100.0
+        );
+    }
+    let _ = writeln!(out);
+}
+
+fn cascade(out: &mut String, report: &Report) {
+    if report.cascade.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "**A cheap model first** (batch 64 / 20 ms; saturation; the transformer only where the first model's `offensive` score is in the band; agreement: the share of events whose verdict is the one the transformer on every event gave; that reference ran before the bands and after them: its row has the faster run and the second run's agreement with the first)\n\n| stream | band | to the transformer | verdicts/s | ÷ transformer on every event | agreement |\n|---|---|---|---|---|---|"
+    );
+    for r in &report.cascade {
+        let band = r
+            .band
+            .map_or("transformer on every event".to_string(), |[f, t]| {
+                format!("{f}–{t}")
+            });
+        let _ = writeln!(
+            out,
+            "| {} | {band} | {:.1} % | {:.0} | {:.2} | {:.2} % |",
+            r.stream,
+            r.transformer_share * 100.0,
+            r.saturation_per_s,
+            r.over_every_event,
+            r.agreement * 100.0
+        );
+    }
+    let _ = writeln!(out);
+}
+
+fn cost(out: &mut String, report: &Report) {
+    let Some(first) = report.cost.first() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "**What a verdict costs** ({} events; `modstream run` at its default configuration as its own process: verdicts/s from the verdicts' timestamps, CPU seconds of the process between its first and last verdict per million verdicts, the share of them in the Kafka client's threads, peak RSS; the latency target at saturation; p99 of the default cell at half the default's verdicts/s; raw: the model alone at its best on all cores)\n\n| contender | raw verdicts/s | modstream verdicts/s | ÷ raw | CPU-s per million | Kafka client's share | peak RSS MiB | with p99 ≤ {} ms: verdicts/s | p99 ms at half load | Python verdicts/s | Python CPU-s per million | Python peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|",
+        first.events, first.target_p99_ms
+    );
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "—".to_string());
+    for r in &report.cost {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.0} | {} | {:.0} | {:.1} % | {:.0} | {:.0} | {:.1} | {} | {} | {} |",
+            r.contender,
+            or_dash(
+                r.raw_per_s
+                    .map(|v| format!("{v:.0} ({})", r.raw_layout.as_deref().unwrap_or("")))
+            ),
+            r.default_per_s,
+            or_dash(r.raw_per_s.map(|v| format!("{:.2}", r.default_per_s / v))),
+            r.cpu_s_per_million,
+            r.kafka_cpu_share * 100.0,
+            r.peak_rss_bytes as f64 / MIB,
+            r.target_per_s,
+            r.p99_at_half_ms,
+            or_dash(r.python_per_s.map(|v| format!("{v:.0}"))),
+            or_dash(r.python_cpu_s_per_million.map(|v| format!("{v:.0}"))),
+            or_dash(
+                r.python_peak_rss_bytes
+                    .map(|v| format!("{:.0}", v as f64 / MIB))
+            ),
         );
     }
     let _ = writeln!(out);

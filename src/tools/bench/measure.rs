@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientConfig;
 
 use super::BenchOptions;
+use super::process::peak_rss_of;
 use super::report::{FloorRow, LatencyRow};
 use crate::config::InferenceSettings;
 use crate::inference::Model;
@@ -214,6 +215,17 @@ pub(super) async fn saturation_clocked(
     events: Vec<GeneratedEvent>,
     clock: Clock,
 ) -> anyhow::Result<(f64, crate::pipeline::RunSummary, f64)> {
+    saturation_read(opts, b, events, clock, |_| {}).await
+}
+
+/// [`saturation_clocked`], showing `seen` every verdict read.
+pub(super) async fn saturation_read(
+    opts: &BenchOptions,
+    b: Batching,
+    events: Vec<GeneratedEvent>,
+    clock: Clock,
+    mut seen: impl FnMut(&serde_json::Value) + Send + 'static,
+) -> anyhow::Result<(f64, crate::pipeline::RunSummary, f64)> {
     let cell = Cell::new(opts).await?;
     send::produce_all(&cell.bootstrap, &cell.input, &events).await?;
     let shutdown = Shutdown::new();
@@ -228,7 +240,8 @@ pub(super) async fn saturation_clocked(
     let (low, high) = (want / 10, want - want / 10);
     let reader = tokio::task::spawn_blocking(move || {
         let (mut n, mut at_low, mut at_high) = (0, None, None);
-        let ends = read_verdicts(&b, &t, want, Duration::from_secs(600), |_| {
+        let ends = read_verdicts(&b, &t, want, Duration::from_secs(600), |v| {
+            seen(v);
             n += 1;
             if n == low.max(1) {
                 at_low = Some(Instant::now());
@@ -260,14 +273,14 @@ pub(super) async fn saturation_clocked(
     Ok((counted as f64 / elapsed, summary, elapsed))
 }
 
-/// Read verdicts until `want` arrived; calls `seen(event_id)` at each one.
+/// Read verdicts until `want` arrived; calls `seen(verdict)` at each one.
 /// Returns when the first and the last one were read.
 fn read_verdicts(
     bootstrap: &str,
     topic: &str,
     want: usize,
     timeout: Duration,
-    mut seen: impl FnMut(&str),
+    mut seen: impl FnMut(&serde_json::Value),
 ) -> anyhow::Result<(Instant, Instant)> {
     let reader = TopicReader::from_beginning(bootstrap, topic, Some(PARTITIONS))?;
     let mut last = Instant::now();
@@ -276,7 +289,7 @@ fn read_verdicts(
         last = Instant::now();
         first.get_or_insert(last);
         if let Some(v) = record.json() {
-            seen(v["event_id"].as_str().unwrap_or_default());
+            seen(&v);
         }
     })?;
     anyhow::ensure!(
@@ -336,7 +349,8 @@ fn spawn_arrival_reader(
 ) -> tokio::task::JoinHandle<anyhow::Result<HashMap<String, Instant>>> {
     tokio::task::spawn_blocking(move || {
         let mut read_at: HashMap<String, Instant> = HashMap::new();
-        let r = read_verdicts(&bootstrap, &topic, want, Duration::from_secs(300), |id| {
+        let r = read_verdicts(&bootstrap, &topic, want, Duration::from_secs(300), |v| {
+            let id = v["event_id"].as_str().unwrap_or_default();
             if id.starts_with("warmup-") {
                 let _ = warm.send(());
             } else {
@@ -558,24 +572,6 @@ pub(super) async fn peak_rss_under_load(
         "could not read the peak RSS of pid {pid} (exit {exit:?})"
     );
     Ok((count, peak))
-}
-
-/// Peak resident set size of this process (Linux), bytes.
-pub fn peak_rss_bytes() -> u64 {
-    peak_rss_of("self")
-}
-
-/// Peak resident set size of a process (`/proc/<pid>/status` VmHWM), bytes.
-pub fn peak_rss_of(pid: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .map(str::to_string)
-        })
-        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
 }
 
 pub(super) fn inference_settings(opts: &BenchOptions) -> InferenceSettings {

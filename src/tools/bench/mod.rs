@@ -13,11 +13,14 @@
 //! late send is counted (no coordinated omission).
 
 mod baseline;
+pub mod cascade;
 mod chart;
+mod cost;
 pub mod formats;
 mod markdown;
 mod measure;
 pub mod models;
+mod process;
 mod report;
 
 use std::path::{Path, PathBuf};
@@ -29,10 +32,11 @@ use crate::tools::generator::{Mix, generate, generate_mix};
 
 pub use markdown::{BEGIN as TABLES_BEGIN, render as markdown, splice as splice_tables};
 use measure::Clock;
-pub use measure::{Batching, peak_rss_bytes, peak_rss_of, raw_model_throughput};
+pub use measure::{Batching, raw_model_throughput};
+pub use process::{CpuTime, cpu_time_of, peak_rss_bytes, peak_rss_of};
 pub use report::{
-    BaselineRow, ChoicePoint, DeliveryRow, FloorRow, LatencyRow, OverloadRow, RepeatRow, Report,
-    SaturationRow, ShadowRow, StepBin, StepTrace,
+    BaselineRow, CascadeRow, ChoicePoint, CostRow, DeliveryRow, FloorRow, LatencyRow, OverloadRow,
+    RepeatRow, Report, SaturationRow, ShadowRow, StepBin, StepTrace,
 };
 
 /// What to measure; also the command line of `modstream bench`.
@@ -123,6 +127,26 @@ pub struct BenchOptions {
     /// quarter (absent: skip).
     #[arg(long)]
     pub second_model: Option<PathBuf>,
+    /// A transformer behind the configured model: one run per band of
+    /// `--cascade-bands` with it scoring only the events whose `offensive`
+    /// score is in the band, against it on every event (absent: skip).
+    #[arg(long)]
+    pub cascade: Option<PathBuf>,
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.4-0.6,0.3-0.7,0.2-0.8,0.1-0.9,0-1"
+    )]
+    pub cascade_bands: Vec<cascade::Band>,
+    /// The cascade's band in the cost table (default: the policy's).
+    #[arg(long, default_value_t = cascade::Band::DEFAULT)]
+    pub cascade_band: cascade::Band,
+    /// Models for the cost table: raw at its best, `modstream run` at its
+    /// default (CPU seconds per million verdicts, peak RSS), the latency
+    /// target, p99 at half load, the Python consumer; then the cascade with
+    /// `--cascade` (empty: skip).
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub cost: Vec<PathBuf>,
     /// Set by the format sweep for its runs.
     #[arg(skip)]
     pub encoding: formats::Encoding,
@@ -173,6 +197,8 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         formats::rows(&opts).await?
     };
     let models = models::rows(&opts).await?;
+    let cascade = cascade::rows(&opts).await?;
+    let cost = cost::rows(&opts).await?;
     let baseline = match &opts.python {
         Some(python) => {
             let row = baseline::run(&opts, python).await?;
@@ -206,6 +232,8 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         delivery,
         formats,
         models,
+        cascade,
+        cost,
     };
     write_report(&report, &opts.out_dir)?;
     Ok(report)
