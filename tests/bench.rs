@@ -342,6 +342,7 @@ fn tiny_options() -> BenchOptions {
         cascade_bands: vec![],
         cascade_band: modstream::tools::bench::cascade::Band::DEFAULT,
         cost: vec![],
+        session_sweep: false,
         encoding: Default::default(),
         out_dir: PathBuf::new(),
     }

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize};
 
 mod delivery;
 mod input;
@@ -296,6 +296,7 @@ pub struct InferenceSettings {
     #[serde(with = "humantime_serde")]
     pub reload_interval: Duration,
     pub shadow: ShadowSettings,
+    pub session: SessionOptions,
     /// Several models, each scoring the events its policy rules name (see [`ModelSettings`]).
     pub models: Vec<ModelSettings>,
 }
@@ -319,6 +320,7 @@ impl Default for InferenceSettings {
             cache_bytes: 0,
             reload_interval: Duration::from_secs(5),
             shadow: ShadowSettings::default(),
+            session: SessionOptions::default(),
             models: Vec::new(),
         }
     }
@@ -372,71 +374,13 @@ macro_rules! choice {
 /// How [`choice`] errors start (to tell them from other errors).
 const UNKNOWN_VALUE: &str = "unknown value";
 
+mod session;
+pub use session::{GraphOptimization, MemoryArena, SessionOptions, Workers};
+
 choice! {
     /// An ONNX Runtime execution provider.
     #[derive(clap::ValueEnum)]
     ExecutionProvider { Cpu = "cpu", Cuda = "cuda", Tensorrt = "tensorrt" }
-}
-
-/// How many inference sessions run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Workers {
-    /// As many as serve the hardware (see [`InferenceSettings::worker_count`]).
-    Auto,
-    Count(usize),
-}
-
-impl Serialize for Workers {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Workers::Auto => s.serialize_str("auto"),
-            Workers::Count(n) => s.serialize_u64(*n as u64),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Workers {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Repr {
-            Count(usize),
-            Text(String),
-        }
-        match Repr::deserialize(d)? {
-            Repr::Count(n) => Ok(Workers::Count(n)),
-            Repr::Text(t) if t.trim() == "auto" => Ok(Workers::Auto),
-            // Environment variables arrive as text.
-            Repr::Text(t) => t.trim().parse().map(Workers::Count).map_err(|_| {
-                serde::de::Error::custom(format!("{UNKNOWN_VALUE} {t:?}; use \"auto\" or a number"))
-            }),
-        }
-    }
-}
-
-impl InferenceSettings {
-    /// The number of sessions. "auto": on CPU, the cores this process may
-    /// use (affinity and cgroup quota, as the standard library reads them)
-    /// divided by `intra_threads`, 1 to 64; on a GPU provider, 1 per device
-    /// (not measured yet: scripts/gpu-check.sh is the way to find better).
-    ///
-    /// `"auto"` reads the cgroup files on every call: resolve it once.
-    pub fn worker_count(&self) -> usize {
-        match self.workers {
-            Workers::Count(n) => n,
-            Workers::Auto => {
-                let gpu = self
-                    .execution_providers
-                    .first()
-                    .is_some_and(|p| *p != ExecutionProvider::Cpu);
-                if gpu {
-                    return 1;
-                }
-                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                (cores / self.intra_threads.max(1)).clamp(1, 64)
-            }
-        }
-    }
 }
 
 choice! {

@@ -353,3 +353,29 @@ fn a_mapping_with_a_bad_source_or_an_unknown_topic_is_refused_with_its_key() {
         load("[input.mapping]\nid = \"header:x-id\"\ntext = [\"/a\", \"/b\"]\nlang = \"\"").is_ok()
     );
 }
+
+#[test]
+fn session_options_default_as_measured_and_unknown_values_are_refused() {
+    let s = with("").unwrap();
+    assert_eq!(
+        s.inference.session,
+        SessionOptions {
+            graph_optimization: GraphOptimization::All,
+            spinning: false,
+            memory_arena: MemoryArena::Auto,
+        }
+    );
+    let s = with("[inference.session]\ngraph_optimization = \"basic\"\nspinning = true\nmemory_arena = \"off\"").unwrap();
+    assert_eq!(
+        s.inference.session.graph_optimization,
+        GraphOptimization::Basic
+    );
+    assert!(s.inference.session.spinning);
+    assert_eq!(s.inference.session.memory_arena, MemoryArena::Off);
+    let e = with("[inference.session]\ngraph_optimization = \"max\"").unwrap_err();
+    assert!(
+        e.to_string().contains("disabled, basic, extended, all"),
+        "{e}"
+    );
+    assert!(with("[inference.session]\nthreads = 2").is_err());
+}

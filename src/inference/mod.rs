@@ -48,6 +48,8 @@ pub enum InferenceError {
     Run(ort::Error),
     #[error("inference.require_gpu is set but no GPU provider can be used: {0}")]
     GpuUnavailable(String),
+    #[error("cannot set the CPU provider's options (inference.session): {0}")]
+    SessionOption(String),
     #[error(transparent)]
     Tokens(#[from] TokenError),
     #[error("inference worker stopped")]

@@ -4,11 +4,12 @@
 use std::time::{Duration, Instant};
 
 use ort::session::Session;
+use ort::session::builder::GraphOptimizationLevel;
 use ort::value::Tensor;
 
 use super::InferenceError;
 use super::runtime::{environment, register_providers};
-use crate::config::{InferenceSettings, PadTo};
+use crate::config::{GraphOptimization, InferenceSettings, PadTo};
 use crate::manifest::{InputKind, Manifest, TOKEN_INPUTS};
 use crate::tokens::{self, Encoded, Encoder, Split};
 
@@ -70,11 +71,22 @@ impl Model {
             source,
         };
         let mut builder = Session::builder(env).map_err(load)?;
-        let provider = register_providers(&mut builder, settings)?;
+        let provider = register_providers(&mut builder, settings, manifest.input_kind)?;
+        let options = &settings.session;
+        let level = match options.graph_optimization {
+            GraphOptimization::Disabled => GraphOptimizationLevel::Disable,
+            GraphOptimization::Basic => GraphOptimizationLevel::Level1,
+            GraphOptimization::Extended => GraphOptimizationLevel::Level2,
+            GraphOptimization::All => GraphOptimizationLevel::All,
+        };
         let session = builder
             .with_intra_threads(settings.intra_threads)
             .map_err(|e| load(e.into()))?
             .with_inter_threads(1)
+            .map_err(|e| load(e.into()))?
+            .with_optimization_level(level)
+            .map_err(|e| load(e.into()))?
+            .with_intra_op_spinning(options.spinning)
             .map_err(|e| load(e.into()))?
             .commit_from_file(&path)
             .map_err(load)?;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use super::InferenceError;
-use crate::config::{ExecutionProvider, InferenceSettings};
+use crate::config::{ExecutionProvider, InferenceSettings, MemoryArena};
 
 /// Where the ONNX Runtime library is: `ORT_DYLIB_PATH`, then
 /// `inference.runtime_library`, then the cache that
@@ -71,7 +71,13 @@ pub(super) fn environment(
 pub(super) fn register_providers(
     builder: &mut ort::session::builder::SessionBuilder,
     settings: &InferenceSettings,
+    kind: crate::manifest::InputKind,
 ) -> Result<&'static str, InferenceError> {
+    let arena = match settings.session.memory_arena {
+        MemoryArena::On => true,
+        MemoryArena::Off => false,
+        MemoryArena::Auto => kind == crate::manifest::InputKind::Text,
+    };
     let mut chosen = None;
     let mut failures = Vec::new();
     for provider in &settings.execution_providers {
@@ -84,6 +90,11 @@ pub(super) fn register_providers(
                 .with_fp16(settings.fp16)
                 .build(),
             ExecutionProvider::Cpu => {
+                ort::ep::CPU::default()
+                    .with_arena_allocator(arena)
+                    .build()
+                    .register(builder)
+                    .map_err(|e| InferenceError::SessionOption(e.to_string()))?;
                 chosen.get_or_insert("CPUExecutionProvider");
                 break;
             }

@@ -5,8 +5,9 @@
 //! Throughput comes from the verdict records' own timestamps (first to
 //! last, so start-up and the group join do not count); peak RSS and CPU
 //! time from each process, read the same way: `/proc/PID` sampled every
-//! 50 ms, VmHWM for the peak, and the CPU seconds it spent between the
-//! first verdict read and the last (its start-up does not count).
+//! 50 ms, VmHWM for the peak, and the CPU seconds it spent from the first
+//! sample after a verdict was read to the last, per verdict read between
+//! those two samples (its start-up does not count).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -27,14 +28,15 @@ use crate::tools::send;
 pub(super) struct ProcessRun {
     pub per_s: f64,
     pub peak_rss_bytes: u64,
-    /// Between the first verdict read and the last.
+    /// Between the first sample after a verdict was read and the last
+    /// sample, and the verdicts read between those two samples.
     pub cpu: CpuTime,
     pub verdicts: usize,
 }
 
 impl ProcessRun {
     pub fn cpu_s_per_million(&self) -> f64 {
-        self.cpu.total_s * 1e6 / self.verdicts.saturating_sub(1).max(1) as f64
+        self.cpu.total_s * 1e6 / self.verdicts.max(1) as f64
     }
 
     /// The Kafka client's threads' share of the CPU time.
@@ -156,13 +158,14 @@ async fn watch(
     let pid = child.id().to_string();
     let read = Arc::new(AtomicUsize::new(0));
     let reader = spawn_timed_reader(cell, want, read.clone());
-    let (mut peak, mut first, mut last) = (0, None, CpuTime::default());
+    let (mut peak, mut first, mut last) = (0, None, (CpuTime::default(), 0));
     loop {
         peak = peak.max(peak_rss_of(&pid));
+        let seen = read.load(Ordering::SeqCst);
         if let Some(now) = cpu_time_of(&pid) {
-            last = now;
-            if first.is_none() && read.load(Ordering::SeqCst) > 0 {
-                first = Some(now);
+            last = (now, seen);
+            if first.is_none() && seen > 0 {
+                first = Some((now, seen));
             }
         }
         if reader.is_finished() {
@@ -178,11 +181,12 @@ async fn watch(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let per_s = reader.await??;
+    let (first, last) = (first.unwrap_or_default(), last);
     Ok(ProcessRun {
         per_s,
         peak_rss_bytes: peak,
-        cpu: last.since(&first.unwrap_or_default()),
-        verdicts: want,
+        cpu: last.0.since(&first.0),
+        verdicts: last.1.saturating_sub(first.1),
     })
 }
 

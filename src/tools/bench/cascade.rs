@@ -172,7 +172,11 @@ async fn run_one(
 }
 
 pub async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<CascadeRow>> {
-    let Some(transformer) = &opts.cascade else {
+    let Some(transformer) = opts
+        .cascade
+        .as_ref()
+        .filter(|_| !opts.cascade_bands.is_empty())
+    else {
         return Ok(Vec::new());
     };
     std::fs::create_dir_all(&opts.out_dir)?;

@@ -259,6 +259,7 @@ fn extras(out: &mut String, report: &Report) {
     models(out, report);
     cascade(out, report);
     cost(out, report);
+    session(out, report);
     if let Some(o) = &report.overload {
         let _ = writeln!(
             out,
@@ -432,6 +433,31 @@ fn cost(out: &mut String, report: &Report) {
                 r.python_peak_rss_bytes
                     .map(|v| format!("{:.0}", v as f64 / MIB))
             ),
+        );
+    }
+    let _ = writeln!(out);
+}
+
+fn session(out: &mut String, report: &Report) {
+    let Some(first) = report.session.first() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "**Session options** ({} events; `modstream run` with one option changed, its own process: verdicts/s, CPU seconds per million verdicts, peak RSS; one session in the bench's process: load time, median of 3, and CPU seconds per second at a light load, a batch of 2 every 50 ms)\n\n| contender | verdicts/s | ÷ default | CPU-s per million | peak RSS MiB | session load ms | CPU at light load, cores |\n|---|---|---|---|---|---|---|",
+        first.events
+    );
+    for r in &report.session {
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} |",
+            r.contender,
+            r.per_s,
+            r.per_s / first.per_s,
+            r.cpu_s_per_million,
+            r.peak_rss_bytes as f64 / MIB,
+            r.load_ms,
+            r.light_load_cores
         );
     }
     let _ = writeln!(out);

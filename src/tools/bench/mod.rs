@@ -22,6 +22,7 @@ mod measure;
 pub mod models;
 mod process;
 mod report;
+mod session;
 
 use std::path::{Path, PathBuf};
 
@@ -36,7 +37,7 @@ pub use measure::{Batching, raw_model_throughput};
 pub use process::{CpuTime, cpu_time_of, peak_rss_bytes, peak_rss_of};
 pub use report::{
     BaselineRow, CascadeRow, ChoicePoint, CostRow, DeliveryRow, FloorRow, LatencyRow, OverloadRow,
-    RepeatRow, Report, SaturationRow, ShadowRow, StepBin, StepTrace,
+    RepeatRow, Report, SaturationRow, SessionRow, ShadowRow, StepBin, StepTrace,
 };
 
 /// What to measure; also the command line of `modstream bench`.
@@ -132,10 +133,12 @@ pub struct BenchOptions {
     /// score is in the band, against it on every event (absent: skip).
     #[arg(long)]
     pub cascade: Option<PathBuf>,
+    /// (empty: no band sweep; the cost table's cascade still runs).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "0.4-0.6,0.3-0.7,0.2-0.8,0.1-0.9,0-1"
+        num_args = 0..,
+        default_value = "0.4-0.6,0.2-0.8,0.1-0.9,0.05-0.95,0.02-0.98,0-1"
     )]
     pub cascade_bands: Vec<cascade::Band>,
     /// The cascade's band in the cost table (default: the policy's).
@@ -147,6 +150,11 @@ pub struct BenchOptions {
     /// `--cascade` (empty: skip).
     #[arg(long, value_delimiter = ',', num_args = 0..)]
     pub cost: Vec<PathBuf>,
+    /// The session-options sweep: `modstream run` at its default and with
+    /// one session option changed at a time (workers × intra-op threads,
+    /// spinning, graph optimization, memory arena).
+    #[arg(long)]
+    pub session_sweep: bool,
     /// Set by the format sweep for its runs.
     #[arg(skip)]
     pub encoding: formats::Encoding,
@@ -199,6 +207,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let models = models::rows(&opts).await?;
     let cascade = cascade::rows(&opts).await?;
     let cost = cost::rows(&opts).await?;
+    let session = session::rows(&opts).await?;
     let baseline = match &opts.python {
         Some(python) => {
             let row = baseline::run(&opts, python).await?;
@@ -234,6 +243,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         models,
         cascade,
         cost,
+        session,
     };
     write_report(&report, &opts.out_dir)?;
     Ok(report)

@@ -121,6 +121,9 @@ pub struct Report {
     /// One model against two on the same events (`--second-model`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<ModelRow>,
+    /// The session-options sweep (`--session-sweep`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub session: Vec<SessionRow>,
     /// The cost table (`--cost`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cost: Vec<CostRow>,
@@ -605,6 +608,34 @@ impl CostRow {
                 self.python_cpu_s_per_million.unwrap_or_default(),
                 self.python_peak_rss_bytes.unwrap_or_default() >> 20
             )),
+        );
+    }
+}
+
+/// One contender of the session-options sweep.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionRow {
+    pub contender: String,
+    pub events: usize,
+    /// `modstream run` with this option, its own process.
+    pub per_s: f64,
+    pub cpu_s_per_million: f64,
+    pub peak_rss_bytes: u64,
+    /// One session: its load time, and CPU seconds per second at a light load.
+    pub load_ms: f64,
+    pub light_load_cores: f64,
+}
+
+impl SessionRow {
+    pub fn print(&self) {
+        eprintln!(
+            "session, {}: {:.0}/s, {:.0} CPU-s per million, {} MiB peak; load {:.0} ms; light load {:.2} cores",
+            self.contender,
+            self.per_s,
+            self.cpu_s_per_million,
+            self.peak_rss_bytes >> 20,
+            self.load_ms,
+            self.light_load_cores
         );
     }
 }

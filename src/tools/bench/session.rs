@@ -1,0 +1,144 @@
+//! The session-options sweep (`--session-sweep`): the configured model in
+//! `modstream run` at its default configuration and with one session
+//! option changed each time, each its own process on the same events
+//! (verdicts/s, CPU seconds per million verdicts, peak RSS: read as the
+//! Python baseline's); beside each, in this process with the same
+//! settings, the time to load one session (median of 3) and the CPU a
+//! session burns at a light load (a batch of 2 posts every 50 ms for 3 s,
+//! CPU seconds per second; where spinning shows).
+
+use std::time::{Duration, Instant};
+
+use super::BenchOptions;
+use super::baseline;
+use super::measure;
+use super::process::cpu_time_of;
+use super::report::SessionRow;
+use crate::config::{GraphOptimization, InferenceSettings, MemoryArena, SessionOptions, Workers};
+use crate::inference::Model;
+use crate::tools::generator::{GeneratedEvent, generate};
+
+/// A contender: its name, workers and intra-op threads (None: the default,
+/// `workers = "auto"` with one thread each), its session options.
+type Contender = (&'static str, Option<(usize, usize)>, SessionOptions);
+
+fn contenders() -> Vec<Contender> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let default = SessionOptions::default();
+    let with = |f: &dyn Fn(&mut SessionOptions)| {
+        let mut o = default.clone();
+        f(&mut o);
+        o
+    };
+    vec![
+        ("default", None, default.clone()),
+        (
+            "1 worker × all cores, spinning",
+            Some((1, cores)),
+            with(&|o| o.spinning = true),
+        ),
+        (
+            "1 worker × all cores, no spinning",
+            Some((1, cores)),
+            with(&|o| o.spinning = false),
+        ),
+        (
+            "graph optimization basic",
+            None,
+            with(&|o| o.graph_optimization = GraphOptimization::Basic),
+        ),
+        (
+            "graph optimization disabled",
+            None,
+            with(&|o| o.graph_optimization = GraphOptimization::Disabled),
+        ),
+        (
+            "memory arena on",
+            None,
+            with(&|o| o.memory_arena = MemoryArena::On),
+        ),
+        (
+            "memory arena off",
+            None,
+            with(&|o| o.memory_arena = MemoryArena::Off),
+        ),
+        // Again at the end: the first process of a sweep may pay for a cold
+        // start that the others do not.
+        ("default, again", None, default.clone()),
+    ]
+}
+
+pub async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<SessionRow>> {
+    if !opts.session_sweep {
+        return Ok(Vec::new());
+    }
+    let events = generate(opts.events, 0, "o-");
+    let model_dir = std::path::absolute(measure::inference_settings(opts).model_dir)?;
+    let mut rows = Vec::new();
+    for (name, layout, session) in contenders() {
+        let mut extra = String::new();
+        if let Some((workers, threads)) = layout {
+            extra.push_str(&format!("workers = {workers}\nintra_threads = {threads}\n"));
+        }
+        extra.push_str(&format!(
+            "[inference.session]\ngraph_optimization = {:?}\nspinning = {}\nmemory_arena = {:?}\n",
+            session.graph_optimization.name(),
+            session.spinning,
+            session.memory_arena.name()
+        ));
+        let run = baseline::modstream(opts, &events, &model_dir, &extra).await?;
+        let settings = InferenceSettings {
+            session,
+            intra_threads: layout.map_or(1, |(_, t)| t),
+            workers: Workers::Count(1),
+            ..measure::inference_settings(opts)
+        };
+        let (load_ms, light_load_cores) = in_process(&settings, &events)?;
+        let row = SessionRow {
+            contender: name.to_string(),
+            events: events.len(),
+            per_s: run.per_s,
+            cpu_s_per_million: run.cpu_s_per_million(),
+            peak_rss_bytes: run.peak_rss_bytes,
+            load_ms,
+            light_load_cores,
+        };
+        row.print();
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// One session's load time (median of 3) and its CPU seconds per second
+/// at a light load.
+fn in_process(
+    settings: &InferenceSettings,
+    events: &[GeneratedEvent],
+) -> anyhow::Result<(f64, f64)> {
+    let mut loads = Vec::new();
+    let mut model = None;
+    for _ in 0..3 {
+        let started = Instant::now();
+        model = Some(Model::load(settings)?);
+        loads.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    loads.sort_by(f64::total_cmp);
+    let mut model = model.ok_or_else(|| anyhow::anyhow!("no session loaded"))?;
+    let texts: Vec<String> = events
+        .iter()
+        .filter_map(|e| e.text.clone())
+        .take(400)
+        .collect();
+    let mut batches = texts.chunks(2).cycle();
+    model.score(&mut batches.next().unwrap_or_default().to_vec())?;
+    let before = cpu_time_of("self").unwrap_or_default();
+    let started = Instant::now();
+    let mut next = started;
+    while started.elapsed() < Duration::from_secs(3) {
+        model.score(&mut batches.next().unwrap_or_default().to_vec())?;
+        next += Duration::from_millis(50);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    let spent = cpu_time_of("self").unwrap_or_default().since(&before);
+    Ok((loads[1], spent.total_s / started.elapsed().as_secs_f64()))
+}
