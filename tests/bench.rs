@@ -154,6 +154,15 @@ fn a_tiny_bench_writes_a_complete_report() {
     // child of the bench reported the bench's peak to the byte).
     assert_ne!(baseline.python_peak_rss_bytes, report.peak_rss_bytes);
     assert_ne!(baseline.modstream_peak_rss_bytes, report.peak_rss_bytes);
+    // CPU seconds per million verdicts, of each process: a verdict costs
+    // some CPU, and less than a second of it.
+    for cpu in [
+        baseline.modstream_cpu_s_per_million,
+        baseline.python_cpu_s_per_million,
+    ] {
+        let cpu = cpu.expect("CPU time measured");
+        assert!(cpu > 0.0 && cpu < 1e6, "{cpu} CPU-s per million");
+    }
 
     let shadow = report.shadow.as_ref().expect("a shadow row");
     assert!(shadow.off_per_s > 0.0 && shadow.on_per_s > 0.0);
@@ -182,6 +191,162 @@ fn a_tiny_bench_writes_a_complete_report() {
     }
     let latency_svg = std::fs::read_to_string(out.path().join("latency.svg")).unwrap();
     assert!(latency_svg.contains("latency target 50 ms"));
+}
+
+/// The cascade's band sweep, the cost table and the session-options sweep
+/// through the binary (the last two run `modstream run` processes), and
+/// `modstream plan` costing a day from that report.
+#[test]
+fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
+    let out = tempfile::tempdir().unwrap();
+    let minilm = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/minilm-l6");
+    assert!(
+        minilm.join("model.onnx").is_file(),
+        "run scripts/build-minilm-model.sh"
+    );
+    let python = support::prepared_python("MODSTREAM_BASELINE_PYTHON", "py-baseline");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_modstream"))
+        .args([
+            "bench",
+            "--events",
+            "240",
+            "--batch-sizes",
+            "16",
+            "--delays-ms",
+            "5",
+        ])
+        .args(["--loads", "--latency-seconds", "1", "--overload", "0"])
+        .args([
+            "--target-p99-ms",
+            "50",
+            "--step-seconds",
+            "0",
+            "--repeat-shares",
+        ])
+        .arg("--cascade")
+        .arg(&minilm)
+        .args([
+            "--cascade-bands",
+            "0.4-0.6,0-1",
+            "--cost",
+            "models/profanity-check",
+        ])
+        .arg("--python")
+        .arg(&python)
+        .args(["--session-sweep", "--out"])
+        .arg(out.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let report: Report =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("bench.json")).unwrap())
+            .unwrap();
+
+    // Per stream: the transformer on every event, then each band.
+    assert_eq!(report.cascade.len(), 6, "{:?}", report.cascade);
+    for stream in report.cascade.chunks(3) {
+        let (every, narrow, whole) = (&stream[0], &stream[1], &stream[2]);
+        assert_eq!(every.band, None);
+        assert_eq!(
+            (narrow.band, whole.band),
+            (Some([0.4, 0.6]), Some([0.0, 1.0]))
+        );
+        assert_eq!(every.transformer_share, 1.0, "{every:?}");
+        assert_eq!(
+            whole.transformer_share, 1.0,
+            "a band up to 1 takes every score"
+        );
+        assert!(narrow.transformer_share < 1.0, "{narrow:?}");
+        // The whole band is the transformer deciding every event: the
+        // verdicts are the reference's (a padding difference may flip one).
+        assert!(
+            whole.agreement >= 0.98 && every.agreement >= 0.98,
+            "{stream:?}"
+        );
+        assert!(stream.iter().all(|r| r.saturation_per_s > 0.0));
+    }
+    assert_eq!(report.cascade[3].stream, "borderline");
+
+    // The cost table: the model alone (raw and Python beside it), then the
+    // cascade (neither).
+    assert_eq!(report.cost.len(), 2, "{:?}", report.cost);
+    let (alone, cascade) = (&report.cost[0], &report.cost[1]);
+    assert!(alone.raw_per_s.is_some_and(|r| r > 0.0) && alone.python_per_s.is_some());
+    assert!(cascade.raw_per_s.is_none() && cascade.python_per_s.is_none());
+    let band = modstream::tools::bench::cascade::Band::DEFAULT;
+    assert!(
+        cascade.contender.ends_with(&format!("minilm-l6 at {band}")),
+        "the policy's default band: {}",
+        cascade.contender
+    );
+    for r in &report.cost {
+        assert!(r.default_per_s > 0.0 && r.target_per_s > 0.0 && r.p99_at_half_ms > 0.0);
+        assert!(r.cpu_s_per_million > 0.0 && r.peak_rss_bytes > 0, "{r:?}");
+        assert!((0.0..1.0).contains(&r.kafka_cpu_share), "{r:?}");
+    }
+
+    // The session options: each its own process; spinning threads burn CPU
+    // while the session waits for work, and off they do not.
+    let names: Vec<&str> = report
+        .session
+        .iter()
+        .map(|r| r.contender.as_str())
+        .collect();
+    assert_eq!(names.first(), Some(&"default"));
+    assert_eq!(names.last(), Some(&"default, again"));
+    assert_eq!(names.len(), 10, "{names:?}");
+    assert!(
+        report
+            .session
+            .iter()
+            .all(|r| r.per_s > 0.0 && r.load_ms > 0.0)
+    );
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
+        let light = |name: &str| {
+            report
+                .session
+                .iter()
+                .find(|r| r.contender.ends_with(name))
+                .map(|r| r.light_load_cores)
+                .unwrap()
+        };
+        assert!(
+            light("cores, spinning") > light("no spinning") + 0.3,
+            "{:?}",
+            report.session
+        );
+    }
+
+    let md = std::fs::read_to_string(out.path().join("bench.md")).unwrap();
+    for table in [
+        "**A cheap model first**",
+        "**What a verdict costs**",
+        "**Session options**",
+    ] {
+        assert!(md.contains(table), "bench.md has {table}");
+    }
+    let svg = std::fs::read_to_string(out.path().join("cascade.svg")).unwrap();
+    assert!(svg.contains("band width"));
+
+    // A day at 1,000 events/s from the first cost row.
+    let plan = std::process::Command::new(env!("CARGO_BIN_EXE_modstream"))
+        .args(["plan", "--rate", "1000", "--json", "--from"])
+        .arg(out.path().join("bench.json"))
+        .output()
+        .unwrap();
+    assert!(
+        plan.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plan.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let day = &plan["day"];
+    let expected = 1000.0 * 86_400.0 / 1e6 * alone.cpu_s_per_million / 3_600.0;
+    assert!(
+        (day["cpu_hours"].as_f64().unwrap() - expected).abs() < 1e-6 * expected.max(1.0),
+        "{day}"
+    );
+    assert!(day["instance_hours"].as_f64().unwrap() > 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

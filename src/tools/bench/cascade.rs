@@ -136,6 +136,8 @@ pub(super) fn setup(
 struct Seen {
     verdicts: HashMap<String, String>,
     by_transformer: usize,
+    /// Wall time in model runs (every model's, summed) per verdict.
+    model_us_per_verdict: f64,
 }
 
 async fn run_one(
@@ -167,7 +169,8 @@ async fn run_one(
     )
     .await?;
     anyhow::ensure!(summary.dlq == 0, "{} dead letters", summary.dlq);
-    let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
+    seen.model_us_per_verdict = summary.inference_seconds * 1e6 / summary.verdicts.max(1) as f64;
     Ok((per_s, seen))
 }
 
@@ -208,6 +211,7 @@ pub async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<CascadeRow>> {
                 saturation_per_s: per_s,
                 over_every_event: per_s / every_per_s,
                 agreement: agree as f64 / n as f64,
+                model_us_per_verdict: Some(seen.model_us_per_verdict),
             };
             row.print();
             rows.push(row);

@@ -380,9 +380,16 @@ fn cascade(out: &mut String, report: &Report) {
     }
     let _ = writeln!(
         out,
-        "**A cheap model first** (batch 64 / 20 ms; saturation; the transformer only where the first model's `offensive` score is in the band; agreement: the share of events whose verdict is the one the transformer on every event gave; that reference ran before the bands and after them: its row has the faster run and the second run's agreement with the first)\n\n| stream | band | to the transformer | verdicts/s | ÷ transformer on every event | agreement |\n|---|---|---|---|---|---|"
+        "**A cheap model first** (batch 64 / 20 ms; saturation; the transformer only where the first model's `offensive` score is in the band; agreement: the share of events whose verdict is the one the transformer on every event gave; that reference ran before the bands and after them: its row has the faster run and the second run's agreement with the first; ÷ band 0–1: against the cascade whose band takes every score, the same transformer work in the same two-model shape; model time: every model's runs summed, wall time in the workers, per verdict)\n\n| stream | band | to the transformer | verdicts/s | ÷ transformer on every event | ÷ band 0–1 | agreement | µs in model runs per verdict |\n|---|---|---|---|---|---|---|---|"
     );
     for r in &report.cascade {
+        let whole = report
+            .cascade
+            .iter()
+            .find(|w| w.stream == r.stream && w.band == Some([0.0, 1.0]))
+            .map_or("—".to_string(), |w| {
+                format!("{:.2}", r.saturation_per_s / w.saturation_per_s)
+            });
         let band = r
             .band
             .map_or("transformer on every event".to_string(), |[f, t]| {
@@ -390,12 +397,14 @@ fn cascade(out: &mut String, report: &Report) {
             });
         let _ = writeln!(
             out,
-            "| {} | {band} | {:.1} % | {:.0} | {:.2} | {:.2} % |",
+            "| {} | {band} | {:.1} % | {:.0} | {:.2} | {whole} | {:.2} % | {} |",
             r.stream,
             r.transformer_share * 100.0,
             r.saturation_per_s,
             r.over_every_event,
-            r.agreement * 100.0
+            r.agreement * 100.0,
+            r.model_us_per_verdict
+                .map_or("—".to_string(), |us| format!("{us:.0}"))
         );
     }
     let _ = writeln!(out);
@@ -461,4 +470,14 @@ fn session(out: &mut String, report: &Report) {
         );
     }
     let _ = writeln!(out);
+    if let Some(t) = &report.tokenization {
+        let _ = writeln!(
+            out,
+            "Tokenizing ({} posts, the model's tokenizer, one thread): {:.1} µs per post, {:.1} % of scoring it ({:.0} µs per post, tokenizing included, one session, one thread, batches of 32).\n",
+            t.posts,
+            t.tokenize_us,
+            t.tokenize_us / t.score_us * 100.0,
+            t.score_us
+        );
+    }
 }

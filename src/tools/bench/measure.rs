@@ -179,7 +179,6 @@ impl Cell {
     }
 }
 
-/// Pipeline at saturation: the generator's events pre-produced, timed to the last verdict.
 pub(super) async fn saturation(
     opts: &BenchOptions,
     b: Batching,
@@ -201,10 +200,10 @@ pub(super) async fn saturation_of(
 pub(super) enum Clock {
     /// Once the model is loaded: the connections and the group join count.
     ModelLoaded,
-    /// The steady middle: from the 10 % to the 90 % verdict read (start-up,
-    /// the join and the last transaction's wait do not count; with
-    /// exactly-once the reader sees verdicts in bursts, one per
-    /// transaction, so each end of the window is off by up to an interval).
+    /// The steady middle: from the 10 % to the 90 % verdict by the verdicts'
+    /// own timestamps (when the pipeline produced them; start-up, the join
+    /// and the last transaction's wait do not count; with exactly-once a
+    /// transaction's records carry their produce times, not the commit's).
     Middle,
 }
 
@@ -239,18 +238,18 @@ pub(super) async fn saturation_read(
     let (b, t) = (cell.bootstrap.clone(), cell.verdicts.clone());
     let (low, high) = (want / 10, want - want / 10);
     let reader = tokio::task::spawn_blocking(move || {
-        let (mut n, mut at_low, mut at_high) = (0, None, None);
-        let ends = read_verdicts(&b, &t, want, Duration::from_secs(600), |v| {
+        let mut stamps = Vec::with_capacity(want);
+        let ends = read_verdicts(&b, &t, want, Duration::from_secs(600), |v, at| {
             seen(v);
-            n += 1;
-            if n == low.max(1) {
-                at_low = Some(Instant::now());
-            }
-            if n == high {
-                at_high = Some(Instant::now());
-            }
+            stamps.extend(at);
         })?;
-        anyhow::Ok((ends, at_low.zip(at_high)))
+        // The verdicts' own (produce) timestamps: a reader starting late
+        // catches up in a burst, so its read times would squeeze the window.
+        stamps.sort_unstable();
+        let window = (stamps.len() == want && high > low.max(1))
+            .then(|| (stamps[high - 1] - stamps[low.max(1) - 1]) as f64 / 1000.0)
+            .filter(|s| *s > 0.0);
+        anyhow::Ok((ends, window))
     });
     // The clock starts once the model is loaded and warmed up (start-up is
     // not throughput); the group join is inside the measured time.
@@ -263,24 +262,23 @@ pub(super) async fn saturation_read(
     }
     let started = Instant::now();
     let ((_, done_at), middle) = reader.await??;
-    let (started, done_at, counted) = match (clock, middle) {
-        (Clock::Middle, Some((from, to))) => (from, to, high - low.max(1)),
-        _ => (started, done_at, want),
+    let (elapsed, counted) = match (clock, middle) {
+        (Clock::Middle, Some(seconds)) => (seconds, high - low.max(1)),
+        _ => (done_at.duration_since(started).as_secs_f64(), want),
     };
-    let elapsed = done_at.duration_since(started).as_secs_f64();
     shutdown.stop.cancel();
     let summary = run.await??;
     Ok((counted as f64 / elapsed, summary, elapsed))
 }
 
-/// Read verdicts until `want` arrived; calls `seen(verdict)` at each one.
+/// Read verdicts until `want` arrived; `seen(verdict, its timestamp)` each.
 /// Returns when the first and the last one were read.
 fn read_verdicts(
     bootstrap: &str,
     topic: &str,
     want: usize,
     timeout: Duration,
-    mut seen: impl FnMut(&serde_json::Value),
+    mut seen: impl FnMut(&serde_json::Value, Option<i64>),
 ) -> anyhow::Result<(Instant, Instant)> {
     let reader = TopicReader::from_beginning(bootstrap, topic, Some(PARTITIONS))?;
     let mut last = Instant::now();
@@ -289,7 +287,7 @@ fn read_verdicts(
         last = Instant::now();
         first.get_or_insert(last);
         if let Some(v) = record.json() {
-            seen(&v);
+            seen(&v, record.timestamp_ms);
         }
     })?;
     anyhow::ensure!(
@@ -349,14 +347,20 @@ fn spawn_arrival_reader(
 ) -> tokio::task::JoinHandle<anyhow::Result<HashMap<String, Instant>>> {
     tokio::task::spawn_blocking(move || {
         let mut read_at: HashMap<String, Instant> = HashMap::new();
-        let r = read_verdicts(&bootstrap, &topic, want, Duration::from_secs(300), |v| {
-            let id = v["event_id"].as_str().unwrap_or_default();
-            if id.starts_with("warmup-") {
-                let _ = warm.send(());
-            } else {
-                read_at.insert(id.to_string(), Instant::now());
-            }
-        });
+        let r = read_verdicts(
+            &bootstrap,
+            &topic,
+            want,
+            Duration::from_secs(300),
+            |v, _| {
+                let id = v["event_id"].as_str().unwrap_or_default();
+                if id.starts_with("warmup-") {
+                    let _ = warm.send(());
+                } else {
+                    read_at.insert(id.to_string(), Instant::now());
+                }
+            },
+        );
         r.map(|_| read_at)
     })
 }

@@ -23,6 +23,7 @@ pub mod models;
 mod process;
 mod report;
 mod session;
+mod sweep_rows;
 
 use std::path::{Path, PathBuf};
 
@@ -208,6 +209,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let cascade = cascade::rows(&opts).await?;
     let cost = cost::rows(&opts).await?;
     let session = session::rows(&opts).await?;
+    let tokenization = session::tokenization(&opts)?;
     let baseline = match &opts.python {
         Some(python) => {
             let row = baseline::run(&opts, python).await?;
@@ -244,6 +246,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         cascade,
         cost,
         session,
+        tokenization,
     };
     write_report(&report, &opts.out_dir)?;
     Ok(report)

@@ -1,6 +1,8 @@
 //! What a process costs, read from `/proc` (Linux): its peak resident set
 //! size and its CPU time, split by thread name into the Kafka client's
-//! threads (librdkafka names them `rdk:*`), the inference workers
+//! threads (librdkafka's own, `rdk:*`, and the two that poll it: modstream's
+//! `kafka-consumer` and rust-rdkafka's producer polling thread), the
+//! inference workers
 //! (`inference-*`, and the ONNX Runtime threads they start, which inherit
 //! the name) and the rest.
 
@@ -77,7 +79,8 @@ pub fn cpu_time_of(pid: &str) -> Option<CpuTime> {
         else {
             continue;
         };
-        if name.starts_with("rdk:") {
+        if name.starts_with("rdk:") || name == "kafka-consumer" || name.starts_with("producer poll")
+        {
             cpu.kafka_s += s;
         } else if name.starts_with("inference-") {
             cpu.inference_s += s;

@@ -5,7 +5,9 @@
 //! Python baseline's); beside each, in this process with the same
 //! settings, the time to load one session (median of 3) and the CPU a
 //! session burns at a light load (a batch of 2 posts every 50 ms for 3 s,
-//! CPU seconds per second; where spinning shows).
+//! CPU seconds per second; where spinning shows). For a token model also
+//! what tokenizing costs beside scoring, one thread: the share that says
+//! whether tokenization should move off the inference threads.
 
 use std::time::{Duration, Instant};
 
@@ -13,9 +15,11 @@ use super::BenchOptions;
 use super::baseline;
 use super::measure;
 use super::process::cpu_time_of;
-use super::report::SessionRow;
+use super::report::{SessionRow, TokenizationRow};
 use crate::config::{GraphOptimization, InferenceSettings, MemoryArena, SessionOptions, Workers};
 use crate::inference::Model;
+use crate::manifest::{InputKind, Manifest};
+use crate::tokens::Encoder;
 use crate::tools::generator::{GeneratedEvent, generate};
 
 /// A contender: its name, workers and intra-op threads (None: the default,
@@ -32,6 +36,7 @@ fn contenders() -> Vec<Contender> {
     };
     vec![
         ("default", None, default.clone()),
+        ("spinning", None, with(&|o| o.spinning = true)),
         (
             "1 worker × all cores, spinning",
             Some((1, cores)),
@@ -141,4 +146,47 @@ fn in_process(
     }
     let spent = cpu_time_of("self").unwrap_or_default().since(&before);
     Ok((loads[1], spent.total_s / started.elapsed().as_secs_f64()))
+}
+
+/// A token model: microseconds per post to tokenize (the model's own
+/// tokenizer, one thread) and to score (tokenizing included: one session,
+/// one thread, batches of 32); None for a text model or without the sweep.
+pub fn tokenization(opts: &BenchOptions) -> anyhow::Result<Option<TokenizationRow>> {
+    let settings = InferenceSettings {
+        intra_threads: 1,
+        workers: Workers::Count(1),
+        ..measure::inference_settings(opts)
+    };
+    let manifest = Manifest::load(&settings.model_dir)?;
+    if !opts.session_sweep || manifest.input_kind != InputKind::Tokens {
+        return Ok(None);
+    }
+    let texts: Vec<String> = generate(opts.events, 0, "t-")
+        .into_iter()
+        .filter_map(|e| e.text)
+        .collect();
+    let file = manifest.tokenizer.as_deref().unwrap_or("tokenizer.json");
+    let encoder = Encoder::load(
+        &settings.model_dir.join(file),
+        manifest.max_length.unwrap_or(512),
+    )?;
+    let started = Instant::now();
+    for t in &texts {
+        std::hint::black_box(encoder.encode(t)?);
+    }
+    let tokenize_us = started.elapsed().as_secs_f64() * 1e6 / texts.len().max(1) as f64;
+    let mut model = Model::load(&settings)?;
+    let (per_s, _) = measure::raw_model_throughput(&mut model, &texts, 32)?;
+    let row = TokenizationRow {
+        posts: texts.len(),
+        tokenize_us,
+        score_us: 1e6 / per_s,
+    };
+    eprintln!(
+        "tokenizing {:.1} µs per post, {:.1} % of scoring it ({:.0} µs)",
+        row.tokenize_us,
+        row.tokenize_us / row.score_us * 100.0,
+        row.score_us
+    );
+    Ok(Some(row))
 }
