@@ -156,11 +156,12 @@ fn a_tiny_bench_writes_a_complete_report() {
     assert_ne!(baseline.modstream_peak_rss_bytes, report.peak_rss_bytes);
     // CPU seconds per million verdicts, of each process: a verdict costs
     // some CPU, and less than a second of it.
-    for cpu in [
-        baseline.modstream_cpu_s_per_million,
-        baseline.python_cpu_s_per_million,
-    ] {
-        let cpu = cpu.expect("CPU time measured");
+    // (modstream's run of 400 events may be over between two samples.)
+    let python_cpu = baseline
+        .python_cpu_s_per_million
+        .expect("CPU time measured");
+    assert!(python_cpu > 0.0 && python_cpu < 1e6, "{python_cpu}");
+    if let Some(cpu) = baseline.modstream_cpu_s_per_million {
         assert!(cpu > 0.0 && cpu < 1e6, "{cpu} CPU-s per million");
     }
 
@@ -229,7 +230,7 @@ fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
             "--cascade-bands",
             "0.4-0.6,0-1",
             "--cost",
-            "models/profanity-check",
+            "models/minilm-l6-int8",
         ])
         .arg("--python")
         .arg(&python)
@@ -273,6 +274,9 @@ fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
     let (alone, cascade) = (&report.cost[0], &report.cost[1]);
     assert!(alone.raw_per_s.is_some_and(|r| r > 0.0) && alone.python_per_s.is_some());
     assert!(cascade.raw_per_s.is_none() && cascade.python_per_s.is_none());
+    // MiniLM int8 is slow enough for its CPU time to be sampled.
+    let cpu = alone.cpu_s_per_million.expect("CPU time measured");
+    assert!(cpu > 0.0 && cpu < 1e6, "{cpu}");
     let band = modstream::tools::bench::cascade::Band::DEFAULT;
     assert!(
         cascade.contender.ends_with(&format!("minilm-l6 at {band}")),
@@ -281,7 +285,7 @@ fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
     );
     for r in &report.cost {
         assert!(r.default_per_s > 0.0 && r.target_per_s > 0.0 && r.p99_at_half_ms > 0.0);
-        assert!(r.cpu_s_per_million > 0.0 && r.peak_rss_bytes > 0, "{r:?}");
+        assert!(r.peak_rss_bytes > 0, "{r:?}");
         assert!((0.0..1.0).contains(&r.kafka_cpu_share), "{r:?}");
     }
 
@@ -294,7 +298,7 @@ fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
         .collect();
     assert_eq!(names.first(), Some(&"default"));
     assert_eq!(names.last(), Some(&"default, again"));
-    assert_eq!(names.len(), 10, "{names:?}");
+    assert_eq!(names.len(), 9, "{names:?}");
     assert!(
         report
             .session
@@ -341,7 +345,7 @@ fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
     );
     let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
     let day = &plan["day"];
-    let expected = 1000.0 * 86_400.0 / 1e6 * alone.cpu_s_per_million / 3_600.0;
+    let expected = 1000.0 * 86_400.0 / 1e6 * cpu / 3_600.0;
     assert!(
         (day["cpu_hours"].as_f64().unwrap() - expected).abs() < 1e-6 * expected.max(1.0),
         "{day}"

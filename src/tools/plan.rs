@@ -15,7 +15,8 @@
 //!   half its throughput for the live rate;
 //! - one more instance adds per_instance × headroom of capacity;
 //! - the cost of a day, where the report measured CPU seconds per million
-//!   verdicts (its cost table, `--contender` choosing the row, or else its
+//!   verdicts (its cost table, `--contender` choosing the row, else its
+//!   first row that has it, or else its
 //!   Python-baseline run of `modstream run`): CPU-hours = rate × 86,400 ÷
 //!   10^6 × CPU-s per million ÷ 3,600, and instance-hours = CPU-hours ÷
 //!   (the bench machine's cores × headroom), instances of that machine's
@@ -186,12 +187,18 @@ fn day_cost(report: &Report, opts: &PlanOptions) -> Result<Option<DayCost>, Plan
                         "no contender {name:?} in the report's cost table (it has {have:?})"
                     ))
                 })?;
-            Some((row.cpu_s_per_million, row.contender.clone()))
+            let cpu = row.cpu_s_per_million.ok_or_else(|| {
+                PlanError::Invalid(format!(
+                    "{}: its run was too short to measure CPU time",
+                    row.contender
+                ))
+            })?;
+            Some((cpu, row.contender.clone()))
         }
         None => report
             .cost
-            .first()
-            .map(|r| (r.cpu_s_per_million, r.contender.clone()))
+            .iter()
+            .find_map(|r| Some((r.cpu_s_per_million?, r.contender.clone())))
             .or_else(|| {
                 let b = report.baseline.as_ref()?;
                 Some((b.modstream_cpu_s_per_million?, report.model.clone()))

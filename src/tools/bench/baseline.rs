@@ -35,8 +35,11 @@ pub(super) struct ProcessRun {
 }
 
 impl ProcessRun {
-    pub fn cpu_s_per_million(&self) -> f64 {
-        self.cpu.total_s * 1e6 / self.verdicts.max(1) as f64
+    /// None where too few verdicts fell between two samples to say (a run
+    /// over in a few tens of milliseconds).
+    pub fn cpu_s_per_million(&self) -> Option<f64> {
+        (self.verdicts >= 20 && self.cpu.total_s > 0.0)
+            .then(|| self.cpu.total_s * 1e6 / self.verdicts as f64)
     }
 
     /// The Kafka client's threads' share of the CPU time.
@@ -57,9 +60,9 @@ pub(super) async fn run(opts: &BenchOptions, python: &Path) -> anyhow::Result<Ba
         modstream_peak_rss_bytes: m.peak_rss_bytes,
         python_per_s: p.per_s,
         python_peak_rss_bytes: p.peak_rss_bytes,
-        modstream_cpu_s_per_million: Some(m.cpu_s_per_million()),
+        modstream_cpu_s_per_million: m.cpu_s_per_million(),
         modstream_kafka_cpu_share: Some(m.kafka_share()),
-        python_cpu_s_per_million: Some(p.cpu_s_per_million()),
+        python_cpu_s_per_million: p.cpu_s_per_million(),
     })
 }
 

@@ -115,7 +115,7 @@ async fn row(
         target_p99_ms: target.target_p99_ms.unwrap_or_default(),
         p99_at_half_ms: latency.p99_ms,
         python_per_s: python.map(|p: ProcessRun| p.per_s),
-        python_cpu_s_per_million: python.map(|p| p.cpu_s_per_million()),
+        python_cpu_s_per_million: python.and_then(|p| p.cpu_s_per_million()),
         python_peak_rss_bytes: python.map(|p| p.peak_rss_bytes),
     })
 }

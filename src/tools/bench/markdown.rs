@@ -423,7 +423,7 @@ fn cost(out: &mut String, report: &Report) {
     for r in &report.cost {
         let _ = writeln!(
             out,
-            "| {} | {} | {:.0} | {} | {:.0} | {:.1} % | {:.0} | {:.0} | {:.1} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {} | {} | {:.1} % | {:.0} | {:.0} | {:.1} | {} | {} | {} |",
             r.contender,
             or_dash(
                 r.raw_per_s
@@ -431,7 +431,7 @@ fn cost(out: &mut String, report: &Report) {
             ),
             r.default_per_s,
             or_dash(r.raw_per_s.map(|v| format!("{:.2}", r.default_per_s / v))),
-            r.cpu_s_per_million,
+            or_dash(r.cpu_s_per_million.map(|v| format!("{v:.0}"))),
             r.kafka_cpu_share * 100.0,
             r.peak_rss_bytes as f64 / MIB,
             r.target_per_s,
@@ -459,11 +459,12 @@ fn session(out: &mut String, report: &Report) {
     for r in &report.session {
         let _ = writeln!(
             out,
-            "| {} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} |",
+            "| {} | {:.0} | {:.2} | {} | {:.0} | {:.0} | {:.2} |",
             r.contender,
             r.per_s,
             r.per_s / first.per_s,
-            r.cpu_s_per_million,
+            r.cpu_s_per_million
+                .map_or("—".to_string(), |v| format!("{v:.0}")),
             r.peak_rss_bytes as f64 / MIB,
             r.load_ms,
             r.light_load_cores

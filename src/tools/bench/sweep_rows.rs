@@ -52,7 +52,9 @@ pub struct CostRow {
     pub raw_layout: Option<String>,
     /// `modstream run` at its default configuration, its own process.
     pub default_per_s: f64,
-    pub cpu_s_per_million: f64,
+    /// None where the run was too short to say.
+    #[serde(default)]
+    pub cpu_s_per_million: Option<f64>,
     pub kafka_cpu_share: f64,
     pub peak_rss_bytes: u64,
     /// The pipeline with `batching.target_p99` at saturation.
@@ -71,12 +73,13 @@ pub struct CostRow {
 impl CostRow {
     pub fn print(&self) {
         eprintln!(
-            "cost, {}: raw {} ; modstream default {:.0}/s, {:.0} CPU-s per million ({:.1} % Kafka client), {} MiB peak; p99 target {:.0}/s; p99 at half {:.1} ms; Python {}",
+            "cost, {}: raw {} ; modstream default {:.0}/s, {} CPU-s per million ({:.1} % Kafka client), {} MiB peak; p99 target {:.0}/s; p99 at half {:.1} ms; Python {}",
             self.contender,
             self.raw_per_s
                 .map_or("—".to_string(), |r| format!("{r:.0}/s")),
             self.default_per_s,
-            self.cpu_s_per_million,
+            self.cpu_s_per_million
+                .map_or("—".to_string(), |v| format!("{v:.0}")),
             self.kafka_cpu_share * 100.0,
             self.peak_rss_bytes >> 20,
             self.target_per_s,
@@ -97,7 +100,8 @@ pub struct SessionRow {
     pub events: usize,
     /// `modstream run` with this option, its own process.
     pub per_s: f64,
-    pub cpu_s_per_million: f64,
+    #[serde(default)]
+    pub cpu_s_per_million: Option<f64>,
     pub peak_rss_bytes: u64,
     /// One session: its load time, and CPU seconds per second at a light load.
     pub load_ms: f64,
@@ -107,10 +111,11 @@ pub struct SessionRow {
 impl SessionRow {
     pub fn print(&self) {
         eprintln!(
-            "session, {}: {:.0}/s, {:.0} CPU-s per million, {} MiB peak; load {:.0} ms; light load {:.2} cores",
+            "session, {}: {:.0}/s, {} CPU-s per million, {} MiB peak; load {:.0} ms; light load {:.2} cores",
             self.contender,
             self.per_s,
-            self.cpu_s_per_million,
+            self.cpu_s_per_million
+                .map_or("—".to_string(), |v| format!("{v:.0}")),
             self.peak_rss_bytes >> 20,
             self.load_ms,
             self.light_load_cores
