@@ -88,6 +88,9 @@ pub struct DayCost {
     pub cores: u64,
     pub cpu_hours: f64,
     pub instance_hours: f64,
+    /// Instances the measured verdicts/s of the same run need at the
+    /// headroom, for a whole day: the throughput view of the same cost.
+    pub instances_by_throughput: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -193,18 +196,28 @@ fn day_cost(report: &Report, opts: &PlanOptions) -> Result<Option<DayCost>, Plan
                     row.contender
                 ))
             })?;
-            Some((cpu, row.contender.clone()))
+            Some((cpu, row.contender.clone(), Some(row.default_per_s)))
         }
         None => report
             .cost
             .iter()
-            .find_map(|r| Some((r.cpu_s_per_million?, r.contender.clone())))
+            .find_map(|r| {
+                Some((
+                    r.cpu_s_per_million?,
+                    r.contender.clone(),
+                    Some(r.default_per_s),
+                ))
+            })
             .or_else(|| {
                 let b = report.baseline.as_ref()?;
-                Some((b.modstream_cpu_s_per_million?, report.model.clone()))
+                Some((
+                    b.modstream_cpu_s_per_million?,
+                    report.model.clone(),
+                    Some(b.modstream_per_s),
+                ))
             }),
     };
-    let Some((cpu_s_per_million, contender)) = measured else {
+    let Some((cpu_s_per_million, contender, per_s)) = measured else {
         return Ok(None);
     };
     let cores = report
@@ -226,6 +239,9 @@ fn day_cost(report: &Report, opts: &PlanOptions) -> Result<Option<DayCost>, Plan
         cores,
         cpu_hours,
         instance_hours: cpu_hours / (cores as f64 * opts.headroom),
+        instances_by_throughput: per_s.filter(|p| *p > 0.0).map_or(1, |p| {
+            ((opts.rate / (p * opts.headroom)).ceil() as u64).max(1)
+        }),
     }))
 }
 
@@ -323,7 +339,7 @@ impl Plan {
         );
         match &self.day {
             Some(d) => println!(
-                "A day of {:.0} events/s: {:.1} CPU-hours ({:.0} CPU-s per million verdicts, {}), {:.1} instance-hours of {} cores at {:.0} % (throughput alone: {} instance(s) × 24 h = {} instance-hours).",
+                "A day of {:.0} events/s: {:.1} CPU-hours ({:.0} CPU-s per million verdicts, {}), {:.1} instance-hours of {} cores at {:.0} % (by that run's verdicts/s instead: {} instance(s) × 24 h = {} instance-hours).",
                 self.rate_per_s,
                 d.cpu_hours,
                 d.cpu_s_per_million,
@@ -331,8 +347,8 @@ impl Plan {
                 d.instance_hours,
                 d.cores,
                 self.headroom * 100.0,
-                self.instances,
-                self.instances * 24
+                d.instances_by_throughput,
+                d.instances_by_throughput * 24
             ),
             None => println!(
                 "The report measured no CPU time (bench with --cost or --python to cost a day)."
@@ -463,6 +479,8 @@ mod tests {
         assert!((day.cpu_hours - 120.0).abs() < 1e-9, "{day:?}");
         assert!((day.instance_hours - 120.0 / 1.4).abs() < 1e-9);
         assert_eq!(day.cores, 2);
+        // 1,000 ÷ (400 × 0.7) = 3.6 → 4 instances by verdicts/s.
+        assert_eq!(day.instances_by_throughput, 4);
         let int8 = PlanOptions {
             contender: Some("int8".into()),
             ..opts(1_000.0, None)
