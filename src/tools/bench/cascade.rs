@@ -19,7 +19,6 @@ use super::BenchOptions;
 use super::formats::{Encoding, ModelSetup};
 use super::measure::{self, Batching, Clock};
 use super::report::CascadeRow;
-use crate::config::{ModelSettings, Workers};
 use crate::tools::generator::{GeneratedEvent, generate, post_text};
 
 /// A score band `FROM-TO` (`0.3-0.7`) of the first model's label.
@@ -112,14 +111,7 @@ pub(super) fn setup(
     dir: &Path,
 ) -> anyhow::Result<Encoding> {
     let first = measure::inference_settings(opts).model_dir;
-    let model = |name: &str, dir: &Path| ModelSettings {
-        name: name.to_string(),
-        model_dir: dir.to_path_buf(),
-        workers: Some(Workers::Count(opts.workers.max(1))),
-        intra_threads: None,
-        max_batch_size: None,
-        cache_bytes: None,
-    };
+    let model = |name: &str, dir: &Path| super::models::lane(opts, name, dir);
     let name = band.map_or("every".to_string(), |b| format!("{}-{}", b.from, b.to));
     let path = dir.join(format!("cascade-{name}.toml"));
     std::fs::write(&path, policy(band))?;

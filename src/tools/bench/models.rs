@@ -31,16 +31,22 @@ fn policy(every_event: bool) -> String {
     }
 }
 
-fn setup(opts: &BenchOptions, second: &Path, every: usize, dir: &Path) -> anyhow::Result<Encoding> {
-    let first = measure::inference_settings(opts).model_dir;
-    let model = |name: &str, dir: &Path| ModelSettings {
+/// A model of a several-models contender: `--workers` workers, the rest
+/// from `[inference]`.
+pub(super) fn lane(opts: &BenchOptions, name: &str, dir: &Path) -> ModelSettings {
+    ModelSettings {
         name: name.to_string(),
         model_dir: dir.to_path_buf(),
         workers: Some(Workers::Count(opts.workers.max(1))),
         intra_threads: None,
         max_batch_size: None,
         cache_bytes: None,
-    };
+    }
+}
+
+fn setup(opts: &BenchOptions, second: &Path, every: usize, dir: &Path) -> anyhow::Result<Encoding> {
+    let first = measure::inference_settings(opts).model_dir;
+    let model = |name: &str, dir: &Path| lane(opts, name, dir);
     let path = dir.join(format!("policy-every-{every}.toml"));
     std::fs::write(&path, policy(every == 1))?;
     Ok(Encoding::with_models(ModelSetup {
