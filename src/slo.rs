@@ -16,12 +16,16 @@
 //! must fit the budget. Among the sizes `b` that fit, it takes the one that
 //! makes the largest runs at the measured rate (the run the rate fills by
 //! the deadline, at most `b`): the most efficient for the model. When that
-//! would keep the workers more than 90 % busy (or no size fits), the target
-//! cannot be held at this rate: it is at saturation and maximises throughput
-//! instead (the size with the most events per second of model time, the
-//! configured deadline), and reports the target missed while the measured
-//! p99 is above it; it leaves saturation when the workers would be below
-//! 75 % busy. When the uncontrolled part alone takes most of the target (a
+//! would keep the workers more than 90 % busy, or no size fits, or closed
+//! batches already wait for more work than the budget (the arrival rate
+//! says nothing of a backlog: reading one, events come in only as fast as
+//! verdicts leave), the target cannot be held at this rate: it is at
+//! saturation and maximises throughput instead (the size with the most
+//! events per second of model time, larger sizes preferred within 5 %, and
+//! a deadline that closes batches at an eighth of it so that whole batches
+//! fill the runs), and reports the target missed while the measured p99 is
+//! above it; it leaves saturation when the workers would be below 75 % busy
+//! and less than a quarter of the budget's work waits. When the uncontrolled part alone takes most of the target (a
 //! slow broker, a consumer far from it), a quarter of the target is still
 //! planned for batching, and the target is reported missed while the
 //! measured p99 is above it.
@@ -50,6 +54,12 @@ const LEAVE_BUSY: f64 = 0.75;
 /// Fewer deliveries than this in the window give no p99 (a few slow
 /// events at start-up are not a tail).
 const MIN_SAMPLES: u64 = 20;
+/// At saturation, a larger size is taken when its events per second of
+/// model time are within this share of the best size's: each run also
+/// costs dispatch, reordering and delivery that the model time leaves out,
+/// and two sizes' means, measured at different moments on shared cores,
+/// differ by a few per cent for the same work.
+const LARGER_WITHIN: f64 = 0.05;
 /// Weight of a new observation in the model-time means.
 const ALPHA: f64 = 0.3;
 /// Weight of the last tick's arrival rate in the rate's running mean when
@@ -61,6 +71,15 @@ const RATE_ALPHA: f64 = 0.3;
 pub struct Choice {
     pub size: usize,
     pub delay: Duration,
+}
+
+/// What waits in the hub, at a tick.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Queue {
+    /// Events in closed batches waiting for a worker of this model.
+    pub waiting: usize,
+    /// Partitions the batches are made in (those held).
+    pub partitions: usize,
 }
 
 /// Whether the target can be held at the measured rate.
@@ -189,7 +208,7 @@ impl Controller {
 
     /// Look again (call at [`Controller::next_tick`]); returns the new choice
     /// when it changed.
-    pub fn tick(&mut self, now: Instant) -> Option<Choice> {
+    pub fn tick(&mut self, now: Instant, queue: Queue) -> Option<Choice> {
         let elapsed = now.saturating_duration_since(self.last_tick).as_secs_f64();
         if elapsed <= 0.0 {
             return None;
@@ -228,12 +247,25 @@ impl Controller {
             Mode::Latency => ENTER_BUSY,
             Mode::Throughput => LEAVE_BUSY,
         };
+        // Work already waiting for the workers: more than the budget's worth
+        // is saturation whatever the arrival rate says (reading a backlog,
+        // new events come in only as fast as verdicts leave, so the rate is
+        // the throughput of the current choice, not the demand); it is left
+        // only once less than a quarter of the budget's worth waits.
+        let queued = self.queued_seconds(queue.waiting)
+            > match self.status.mode {
+                Mode::Latency => budget,
+                Mode::Throughput => budget / 4.0,
+            };
         let (choice, mode) = if self.cost.is_empty() {
             (self.status.choice, Mode::Latency)
         } else {
             match self.for_latency(rate, budget) {
-                Some((choice, busy)) if busy <= limit => (choice, Mode::Latency),
-                _ => (self.for_throughput(), Mode::Throughput),
+                Some((choice, busy)) if busy <= limit && !queued => (choice, Mode::Latency),
+                _ => (
+                    self.for_throughput(rate, queue.partitions),
+                    Mode::Throughput,
+                ),
             }
         };
         let missed =
@@ -251,6 +283,15 @@ impl Controller {
             uncontrolled: Duration::from_secs_f64(uncontrolled.max(0.0)),
         };
         changed.then_some(choice)
+    }
+
+    /// Seconds the workers take to score `waiting` events in runs of the
+    /// current size.
+    fn queued_seconds(&self, waiting: usize) -> f64 {
+        let size = self.status.choice.size;
+        self.cost.estimate(size).map_or(0.0, |t| {
+            waiting as f64 * t / (size as f64 * self.workers as f64)
+        })
     }
 
     /// The size whose runs are largest while `d + 2·t(b)` fits the budget,
@@ -284,21 +325,34 @@ impl Controller {
     }
 
     /// The size with the most events per second of model time (the larger
-    /// one within 2 %), at the configured deadline.
-    fn for_throughput(&self) -> Choice {
+    /// one within [`LARGER_WITHIN`]), and a deadline that closes a partition's batch at
+    /// an eighth of that size at most (at the rate shared evenly among the
+    /// partitions; at most the configured deadline).
+    ///
+    /// Why not the configured deadline: runs are made of whole batches, so
+    /// batches that close at, say, three quarters of the size leave every
+    /// run a quarter empty (reading a backlog, events enter as verdicts
+    /// leave, a run's worth at a time, and the batches of all partitions
+    /// grow together). Batches of an eighth fill the runs nearly full, and
+    /// at saturation no event waits for its batch longer than the queue
+    /// would keep it anyway.
+    fn for_throughput(&self, rate: f64, partitions: usize) -> Choice {
         let mut best = (0.0, self.max_size);
         for b in candidate_sizes(self.max_size) {
             let Some(t) = self.cost.estimate(b) else {
                 continue;
             };
             let per_s = b as f64 / t.max(1e-9);
-            if per_s >= best.0 * 0.98 {
+            if per_s >= best.0 * (1.0 - LARGER_WITHIN) {
                 best = (per_s.max(best.0), b);
             }
         }
+        let size = best.1;
+        let per_partition = rate / partitions.max(1) as f64;
+        let eighth = size as f64 / 8.0 / per_partition.max(1e-9);
         Choice {
-            size: best.1,
-            delay: self.max_delay,
+            size,
+            delay: Duration::from_secs_f64(eighth.min(self.max_delay.as_secs_f64())),
         }
     }
 }

@@ -15,11 +15,15 @@ impl<D: Deliver> Hub<D> {
         let target = self.settings.batching.target_p99.unwrap_or_default();
         let (mut saturated, mut missed) = (false, false);
         for lane in &mut self.lanes {
+            let queue = slo::Queue {
+                waiting: lane.queued(),
+                partitions: self.partitions.len(),
+            };
             let Some(controller) = lane.slo.as_mut() else {
                 continue;
             };
             let was_missed = controller.status().missed;
-            if let Some(choice) = controller.tick(Instant::now()) {
+            if let Some(choice) = controller.tick(Instant::now(), queue) {
                 lane.batch = choice;
             }
             let status = controller.status();
