@@ -21,7 +21,7 @@
 //! says nothing of a backlog: reading one, events come in only as fast as
 //! verdicts leave), the target cannot be held at this rate: it is at
 //! saturation and maximises throughput instead (the size with the most
-//! events per second of model time, larger sizes preferred within 5 %, and
+//! events per second of model time, larger sizes preferred within 15 %, and
 //! a deadline that closes batches at an eighth of it so that whole batches
 //! fill the runs), and reports the target missed while the measured p99 is
 //! above it; it leaves saturation when the workers would be below 75 % busy
@@ -58,8 +58,9 @@ const MIN_SAMPLES: u64 = 20;
 /// model time are within this share of the best size's: each run also
 /// costs dispatch, reordering and delivery that the model time leaves out,
 /// and two sizes' means, measured at different moments on shared cores,
-/// differ by a few per cent for the same work.
-const LARGER_WITHIN: f64 = 0.05;
+/// can differ by a tenth for the same work (on the 2-core bench machine a
+/// 5 % margin still took runs of 64 over 128 for the profanity model).
+const LARGER_WITHIN: f64 = 0.15;
 /// Weight of a new observation in the model-time means.
 const ALPHA: f64 = 0.3;
 /// Weight of the last tick's arrival rate in the rate's running mean when

@@ -9,8 +9,11 @@ use std::path::Path;
 
 use super::report::{Report, SaturationRow, StepTrace};
 
+mod repeats;
+
 /// Opens a generated block: `<!-- bench-tables: PATH -->`, PATH relative
-/// to the repository root.
+/// to the repository root (several paths: those runs side by side, see
+/// [`repeats`]).
 pub const BEGIN: &str = "<!-- bench-tables: ";
 /// Closes it.
 pub const END: &str = "<!-- /bench-tables -->";
@@ -290,10 +293,20 @@ pub fn splice(doc: &str, root: &Path) -> anyhow::Result<String> {
             .find(END)
             .ok_or_else(|| anyhow::anyhow!("the block of {path} has no {END}"))?
             + body_start;
-        let report = Report::read(&root.join(path))?;
+        // One file: its tables; several: the runs side by side.
+        let paths: Vec<&str> = path.split_whitespace().collect();
+        let body = if let [one] = paths[..] {
+            render(&Report::read(&root.join(one))?)
+        } else {
+            let runs = paths
+                .iter()
+                .map(|p| Ok((p.to_string(), Report::read(&root.join(p))?)))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            repeats::render(&runs)
+        };
         out.push_str(&rest[..body_start]);
         out.push('\n');
-        out.push_str(&render(&report));
+        out.push_str(&body);
         rest = &rest[end..];
     }
     out.push_str(rest);
