@@ -25,10 +25,11 @@
 //! a deadline that closes batches at an eighth of it so that whole batches
 //! fill the runs), and reports the target missed while the measured p99 is
 //! above it; it leaves saturation when the workers would be below 75 % busy
-//! and less than a quarter of the budget's work waits. When the uncontrolled part alone takes most of the target (a
-//! slow broker, a consumer far from it), a quarter of the target is still
-//! planned for batching, and the target is reported missed while the
-//! measured p99 is above it.
+//! and less than a quarter of the budget's work waits. When the
+//! uncontrolled part alone takes most of the target (a slow broker, a
+//! consumer far from it), a quarter of the target is still planned for
+//! batching, and the target is reported missed while the measured p99 is
+//! above it.
 //! `batching.max_batch_size` and `max_batch_delay` are the upper bounds.
 //! Urgent events still close their batch at once (the batcher does that).
 //!
@@ -326,9 +327,9 @@ impl Controller {
     }
 
     /// The size with the most events per second of model time (the larger
-    /// one within [`LARGER_WITHIN`]), and a deadline that closes a partition's batch at
-    /// an eighth of that size at most (at the rate shared evenly among the
-    /// partitions; at most the configured deadline).
+    /// one within [`LARGER_WITHIN`]), and a deadline that closes a
+    /// partition's batch at an eighth of that size at most (at the rate
+    /// shared evenly among the partitions; at most the configured deadline).
     ///
     /// Why not the configured deadline: runs are made of whole batches, so
     /// batches that close at, say, three quarters of the size leave every
