@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "test: cargo not found; install a Rust toolchain (1.95+)" >&2; exit 1; }
+# CI builds once from a clean clone: incremental state would only take disk.
+if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL=0; fi
+echo "test: free disk where target/ goes: $(df -h --output=avail . | tail -n 1 | tr -d ' ')"
 ORT_DYLIB_PATH=$(scripts/fetch-onnxruntime.sh | tail -n 1)
 export ORT_DYLIB_PATH
 KAFKA_LIBS=$(scripts/fetch-kafka.sh | tail -n 1)
