@@ -133,7 +133,7 @@ impl<D: Deliver> Hub<D> {
         let held: usize = self
             .lanes
             .iter_mut()
-            .flat_map(|l| l.ready.drain(..))
+            .flat_map(|l| l.ready.drain())
             .map(|b| b.items.len())
             .sum();
         tracing::warn!(

@@ -146,7 +146,8 @@ impl<D: Deliver> Hub<D> {
         );
     }
 
-    /// A closed batch goes to its first model's queue; urgent ones go first.
+    /// A closed batch goes to its first model's queue (urgent ones ahead of
+    /// the others, see [`super::queue`]).
     pub(super) fn enqueue(&mut self, batch: ReadyBatch) {
         let waited = batch.waited.as_secs_f64();
         metrics::histogram!(metric::BATCH_WAIT_SECONDS).record(waited);

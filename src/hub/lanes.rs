@@ -9,12 +9,13 @@
 //! models its rule names, a batch's events go back to their partition
 //! together, and a cheap model can run before an expensive one.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
 use super::breaker::Breaker;
+use super::queue::RunQueue;
 use super::{Deliver, Hub};
 use crate::inference::InferenceJob;
 use crate::partition::ReadyBatch;
@@ -36,8 +37,8 @@ pub(super) struct Lane {
     pub(super) scorer: Arc<Scorer>,
     pub(super) reloaded: HashMap<u64, Arc<Scorer>>,
     pub(super) jobs: async_channel::Sender<InferenceJob>,
-    /// Batches waiting for this model (urgent ones first).
-    pub(super) ready: VecDeque<ReadyBatch>,
+    /// Batches waiting for this model (urgent ones first, see [`RunQueue`]).
+    pub(super) ready: RunQueue,
     /// Its runs in flight, and how many may be (two per worker).
     pub(super) running: usize,
     pub(super) capacity: usize,
@@ -69,7 +70,7 @@ impl Lane {
             scorer: Arc::new(spec.scorer),
             reloaded: HashMap::new(),
             jobs: spec.jobs,
-            ready: VecDeque::new(),
+            ready: RunQueue::default(),
             running: 0,
             capacity: spec.workers.max(1) * 2,
             breaker: Breaker::default(),
@@ -87,7 +88,7 @@ impl Lane {
     }
 
     pub(super) fn queued(&self) -> usize {
-        self.ready.iter().map(|b| b.items.len()).sum()
+        self.ready.events()
     }
 }
 
@@ -122,12 +123,7 @@ impl<D: Deliver> Hub<D> {
         }
         let next = (from..self.lanes.len()).find(|&l| batch.items.iter().any(|p| p.needs(l)));
         if let Some(l) = next {
-            let lane = &mut self.lanes[l];
-            if batch.urgent {
-                lane.ready.push_front(batch);
-            } else {
-                lane.ready.push_back(batch);
-            }
+            self.lanes[l].ready.push(batch);
             return;
         }
         if let Some(partition) = self.partitions.get_mut(&tp) {

@@ -49,6 +49,7 @@ mod dispatch;
 mod formats;
 mod intake;
 mod lanes;
+mod queue;
 mod revoke;
 mod transaction;
 mod watchdog;

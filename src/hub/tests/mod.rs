@@ -525,3 +525,35 @@ async fn events_held_by_the_breaker_are_given_up_uncommitted_at_the_shutdown_tim
 
 mod exactly_once;
 mod policy;
+
+#[tokio::test(start_paused = true)]
+async fn reading_a_backlog_with_urgent_posts_no_scored_verdict_waits_for_newer_batches() {
+    // A backlog read partition by partition, one post in three urgent: most
+    // batches close early as urgent. Runs finished in the order they were
+    // handed out must release their verdicts at once: a partition's
+    // batches are taken oldest first, urgent or not.
+    let mut h = harness();
+    for partition in 0..3 {
+        for offset in 0..12 {
+            let mut r = record(partition, offset, 0);
+            if offset % 3 == 2 {
+                r.payload = Some(
+                    format!(r#"{{"event_id":"e{offset}","text":"post","priority":"urgent"}}"#)
+                        .into_bytes(),
+                );
+            }
+            h.push(r);
+        }
+    }
+    let mut scored_events = 0;
+    while let Ok(job) = h.jobs.try_recv() {
+        scored_events += job.texts.len();
+        h.result(scored(&job));
+        assert_eq!(
+            h.outbox.offsets().len(),
+            scored_events,
+            "every scored verdict out at once"
+        );
+    }
+    assert_eq!(scored_events, 36, "every post scored");
+}
