@@ -147,7 +147,7 @@ async fn run_one(
         &o,
         Batching::fixed(64, 20),
         events,
-        Clock::Middle,
+        Clock::Verdicts,
         move |v| {
             let mut s = into.lock().unwrap_or_else(|e| e.into_inner());
             let models = v["reason"]["models"].as_array();

@@ -92,7 +92,7 @@ async fn row(
         target_p99_ms: Some(opts.target_p99_ms.max(1)),
     };
     let (target_per_s, _, _) =
-        measure::saturation_clocked(&o, target, events.to_vec(), Clock::Middle).await?;
+        measure::saturation_clocked(&o, target, events.to_vec(), Clock::Verdicts).await?;
     let latency = measure::latency(&o, Batching::fixed(64, 20), 0.5, default.per_s * 0.5).await?;
     let python = match (&opts.python, contender) {
         (Some(python), Contender::Alone(_)) => {

@@ -264,7 +264,7 @@ pub async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<FormatRow>> {
         // Written in the format here; the latency run writes its own.
         let written = encoding.apply(events.clone());
         let (per_s, summary, _) =
-            measure::saturation_clocked(&o, cell, written, Clock::Middle).await?;
+            measure::saturation_clocked(&o, cell, written, Clock::Verdicts).await?;
         anyhow::ensure!(
             summary.dlq == 0,
             "{format:?}: {} dead letters: the events do not fit their mapping",

@@ -482,8 +482,8 @@ async fn shadow_row(opts: &BenchOptions) -> anyhow::Result<Option<ShadowRow>> {
 }
 
 /// At-least-once, then exactly-once at each transaction interval, the same
-/// way: saturation on the same events (from the 10 % to the 90 % verdict
-/// read: start-up, the group join and the last commit are not
+/// way: saturation on the same events (from the first verdict produced to
+/// the last: start-up, the group join and the last commit are not
 /// throughput), then paced at half the
 /// at-least-once saturation (latency to the `read_committed` reader).
 async fn delivery_rows(opts: &BenchOptions) -> anyhow::Result<Vec<DeliveryRow>> {
@@ -505,7 +505,7 @@ async fn delivery_rows(opts: &BenchOptions) -> anyhow::Result<Vec<DeliveryRow>> 
             ..opts.clone()
         };
         let (per_s, summary, _) =
-            measure::saturation_clocked(&o, cell, generate(opts.events, 0, "d-"), Clock::Middle)
+            measure::saturation_clocked(&o, cell, generate(opts.events, 0, "d-"), Clock::Verdicts)
                 .await?;
         let rate = rows.first().map_or(per_s, |alo| alo.saturation_per_s) * 0.5;
         let latency = measure::latency(&o, cell, 0.5, rate).await?;

@@ -97,7 +97,7 @@ pub async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<ModelRow>> {
         };
         let events = encoding.apply(generate(opts.events, 0, "m-"));
         let (per_s, summary, _) =
-            measure::saturation_clocked(&o, cell, events, Clock::Middle).await?;
+            measure::saturation_clocked(&o, cell, events, Clock::Verdicts).await?;
         anyhow::ensure!(
             summary.dlq == 0,
             "{contender}: {} dead letters",
