@@ -265,6 +265,10 @@ fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
             "{stream:?}"
         );
         assert!(stream.iter().all(|r| r.saturation_per_s > 0.0));
+        // No faster than the transformer's one worker can go at the model
+        // time per verdict the same run recorded (only it works there).
+        let busy = every.saturation_per_s * every.model_us_per_verdict.unwrap() / 1e6;
+        assert!(busy <= 1.2, "{busy:.2} workers busy of 1: {every:?}");
     }
     assert_eq!(report.cascade[3].stream, "borderline");
 
