@@ -123,6 +123,13 @@ impl<D: Deliver> Hub<D> {
         }
         let next = (from..self.lanes.len()).find(|&l| batch.items.iter().any(|p| p.needs(l)));
         if let Some(l) = next {
+            if batch.urgent {
+                for (m, lane) in self.lanes.iter_mut().enumerate() {
+                    if m != l {
+                        lane.ready.promote_earlier(&batch);
+                    }
+                }
+            }
             self.lanes[l].ready.push(batch);
             return;
         }

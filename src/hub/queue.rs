@@ -6,7 +6,8 @@
 //! ahead of it. A partition's verdicts leave in offset order, so an urgent
 //! event's verdict waits for those batches anyway; jumping them would only
 //! hold its verdict, and every later one of its partition, until they are
-//! scored. (Pushing urgent batches to the very front did that: reading a
+//! scored. With several models the partition's earlier batches waiting in
+//! the other models' queues move ahead there too. (Pushing urgent batches to the very front did that: reading a
 //! backlog where one post in twenty is urgent, most batches close early as
 //! urgent, the queue ran newest first, and verdicts scored in the first
 //! seconds were held until the oldest batches were scored at the end.)
@@ -29,12 +30,22 @@ impl RunQueue {
             self.batches.push_back(batch);
             return;
         }
+        self.promote_earlier(&batch);
+        self.batches.insert(self.urgent, batch);
+        self.urgent += 1;
+    }
+
+    /// `urgent`'s partition's earlier batches waiting here among the normal
+    /// ones move to the end of the urgent part, in their order. With several
+    /// models an urgent batch calls this on every other model's queue too:
+    /// its verdict waits for its partition's earlier batches wherever they
+    /// are.
+    pub(super) fn promote_earlier(&mut self, urgent: &ReadyBatch) {
         let earlier = |b: &ReadyBatch| {
-            b.tp == batch.tp && b.generation == batch.generation && b.seq < batch.seq
+            b.tp == urgent.tp && b.generation == urgent.generation && b.seq < urgent.seq
         };
         let mut normal = self.batches.split_off(self.urgent);
         let (mut moved, rest): (VecDeque<_>, VecDeque<_>) = normal.drain(..).partition(earlier);
-        moved.push_back(batch);
         self.urgent += moved.len();
         self.batches.append(&mut moved);
         self.batches.extend(rest);
@@ -168,5 +179,21 @@ mod tests {
         q.push(batch(4, 0, true));
         assert_eq!(order(&mut q), vec![(3, 0), (2, 0), (4, 0), (0, 0)]);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn an_urgent_batch_promotes_its_partitions_earlier_batches_in_another_queue() {
+        // Another model's queue: partition 1's batches 0 and 1 wait there
+        // behind partition 0's; its urgent batch 2 joins a different queue.
+        let mut other = RunQueue::default();
+        for (p, s) in [(0, 0), (1, 0), (0, 1), (1, 1), (1, 3)] {
+            other.push(batch(p, s, false));
+        }
+        other.promote_earlier(&batch(1, 2, true));
+        // Batch 3 is later than the urgent one: it stays where it was.
+        assert_eq!(
+            order(&mut other),
+            vec![(1, 0), (1, 1), (0, 0), (0, 1), (1, 3)]
+        );
     }
 }

@@ -314,3 +314,60 @@ cascade.big = { after = "cheap", label = "offensive", band = [0.2, 0.8] }
         "the big model decides where the cheap one was unsure (0.6 alone would be a review)"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_urgent_post_moves_its_partitions_earlier_batches_up_in_the_other_models_queue() {
+    // Kids posts go through both models, the default rule's through the
+    // cheap one only. Partition 0's earlier kids batch waits for the big
+    // model behind partition 2's; then an urgent default post of partition
+    // 0 arrives. Its verdict waits for that earlier batch, so the big model
+    // must take it next, not partition 2's.
+    let (mut h, big) = two_models();
+    let kids = |partition: i32, offset: i64, extra: &str| {
+        Ingested {
+        payload: Some(
+            format!(
+                r#"{{"event_id":"p{partition}e{offset}","text":"p{partition} post {offset}","tenant":"kids"{extra}}}"#
+            )
+            .into_bytes(),
+        ),
+        ..record(partition, offset, 0)
+    }
+    };
+    let through_cheap = |h: &mut Harness| {
+        while let Ok(job) = h.jobs.try_recv() {
+            let result = with_scores(&job, 0.5);
+            h.result(result);
+        }
+    };
+    // Partition 1 fills the big model's two runs in flight.
+    for offset in 0..4 {
+        h.push(kids(1, offset, ""));
+    }
+    through_cheap(&mut h);
+    let busy = big.try_recv().unwrap();
+    assert!(big.try_recv().is_ok(), "two runs in flight");
+    for partition in [2, 0] {
+        for offset in 0..2 {
+            h.push(kids(partition, offset, ""));
+        }
+        through_cheap(&mut h);
+    }
+    assert!(
+        big.try_recv().is_err(),
+        "partitions 2 and 0 wait, in that order"
+    );
+    let urgent = Ingested {
+        payload: Some(br#"{"event_id":"p0e2","text":"p0 post 2","priority":"urgent"}"#.to_vec()),
+        ..record(0, 2, 0)
+    };
+    h.push(urgent);
+    through_cheap(&mut h);
+    h.result(with_scores(&busy, 0.1));
+    let next = big.try_recv().expect("a run freed");
+    assert_eq!(
+        next.texts,
+        ["p0 post 0", "p0 post 1"],
+        "the urgent post's partition first"
+    );
+}
