@@ -323,16 +323,16 @@ async fn an_urgent_post_moves_its_partitions_earlier_batches_up_in_the_other_mod
     // 0 arrives. Its verdict waits for that earlier batch, so the big model
     // must take it next, not partition 2's.
     let (mut h, big) = two_models();
-    let kids = |partition: i32, offset: i64, extra: &str| {
+    let kids = |partition: i32, offset: i64| {
+        let event = serde_json::json!({
+            "event_id": format!("p{partition}e{offset}"),
+            "text": format!("p{partition} post {offset}"),
+            "tenant": "kids",
+        });
         Ingested {
-        payload: Some(
-            format!(
-                r#"{{"event_id":"p{partition}e{offset}","text":"p{partition} post {offset}","tenant":"kids"{extra}}}"#
-            )
-            .into_bytes(),
-        ),
-        ..record(partition, offset, 0)
-    }
+            payload: Some(event.to_string().into_bytes()),
+            ..record(partition, offset, 0)
+        }
     };
     let through_cheap = |h: &mut Harness| {
         while let Ok(job) = h.jobs.try_recv() {
@@ -342,14 +342,14 @@ async fn an_urgent_post_moves_its_partitions_earlier_batches_up_in_the_other_mod
     };
     // Partition 1 fills the big model's two runs in flight.
     for offset in 0..4 {
-        h.push(kids(1, offset, ""));
+        h.push(kids(1, offset));
     }
     through_cheap(&mut h);
     let busy = big.try_recv().unwrap();
     assert!(big.try_recv().is_ok(), "two runs in flight");
     for partition in [2, 0] {
         for offset in 0..2 {
-            h.push(kids(partition, offset, ""));
+            h.push(kids(partition, offset));
         }
         through_cheap(&mut h);
     }
