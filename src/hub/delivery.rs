@@ -6,7 +6,7 @@ use crate::event::{self, RejectReason};
 use crate::partition::{Finished, Partition, Pending};
 use crate::producer::ProducerError;
 use crate::rebalance::Positions;
-use crate::record::{self, OutRecord};
+use crate::record::{self, OutRecord, RecordKind};
 use crate::telemetry::metric;
 use crate::tp::Tp;
 use crate::verdict::{self, Answer, Judged};
@@ -171,14 +171,24 @@ impl<D: Deliver> Hub<D> {
         let also: Vec<_> = out
             .also
             .into_iter()
-            .map(|r| self.outbox.deliver(r, source.clone(), self.abort.clone()))
+            .map(|r| {
+                let copy = CopyOf {
+                    kind: r.kind,
+                    topic: r.topic.clone(),
+                };
+                let acked = self.outbox.deliver(r, source.clone(), self.abort.clone());
+                async move { (copy, acked.await) }
+            })
             .collect();
         let acks = self.acks_tx.clone();
         let started = Instant::now();
         self.deliveries.spawn(async move {
             // The offset is done when all its records are acknowledged.
             let (main, also) = futures::future::join(main, futures::future::join_all(also)).await;
-            let delivered = also.into_iter().find(Result::is_err).unwrap_or(main);
+            let Delivered {
+                outcome: delivered,
+                refused_copies,
+            } = combine(main, also);
             let outcome = delivered.map(|()| outcome);
             drop(bytes);
             let _ = acks
@@ -188,6 +198,7 @@ impl<D: Deliver> Hub<D> {
                     offset,
                     outcome,
                     kind,
+                    refused_copies,
                     took: started.elapsed(),
                     received_at,
                     txn: epoch,
@@ -197,16 +208,27 @@ impl<D: Deliver> Hub<D> {
     }
 
     pub(super) fn on_ack(&mut self, ack: Ack) {
+        let Ack {
+            tp,
+            generation,
+            offset,
+            outcome,
+            kind,
+            refused_copies,
+            took,
+            received_at,
+            txn,
+        } = ack;
         self.release(1);
-        self.summary.produce_seconds += ack.took.as_secs_f64();
+        self.summary.produce_seconds += took.as_secs_f64();
         // An acknowledgement of an aborted transaction's record (its
         // partition was rewound) concerns neither the open transaction's
         // count nor its fate.
-        let current = self.txn.as_ref().is_none_or(|t| t.epoch == ack.txn);
+        let current = self.txn.as_ref().is_none_or(|t| t.epoch == txn);
         if let Some(txn) = self.txn.as_mut().filter(|_| current) {
             txn.outstanding = txn.outstanding.saturating_sub(1);
         }
-        let outcome = match ack.outcome {
+        let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(ProducerError::InTransaction(error)) => {
                 // Its transaction will be aborted and the partition read
@@ -230,12 +252,14 @@ impl<D: Deliver> Hub<D> {
             Err(ProducerError::Rejected(error)) => {
                 // Never pins the partition: counted, logged with where the
                 // original lives, and committed past.
-                let kind = ack.kind;
-                metrics::counter!(metric::UNDELIVERABLE_TOTAL, "kind" => kind.as_str())
-                    .increment(1);
-                tracing::error!(topic = %ack.tp.topic, partition = ack.tp.partition, offset = ack.offset, kind = kind.as_str(), error = %error, "the broker refuses this record for good; its offset is committed");
-                self.summary.undeliverable += 1;
-                self.advance(&ack.tp, ack.generation, ack.offset);
+                let output = &self.settings.output;
+                let topic = match kind {
+                    RecordKind::Dlq => output.dlq_topic.clone(),
+                    _ => output.topic.clone(),
+                };
+                self.undeliverable(&tp, offset, &Refused { kind, topic, error });
+                self.count_refused_copies(&tp, offset, &refused_copies);
+                self.advance(&tp, generation, offset);
                 return;
             }
             Err(_) => {
@@ -252,7 +276,7 @@ impl<D: Deliver> Hub<D> {
                     metrics::counter!(metric::POLICY_VERDICTS_TOTAL, "rule" => rule.id.clone(), "verdict" => label.as_str())
                         .increment(1);
                 }
-                let in_hub = ack.received_at.elapsed();
+                let in_hub = received_at.elapsed();
                 let end_to_end = event_time_ms.map(|t| {
                     let ms = (chrono::Utc::now().timestamp_millis() - t).max(0);
                     metrics::histogram!(metric::END_TO_END_SECONDS).record(ms as f64 / 1000.0);
@@ -262,7 +286,7 @@ impl<D: Deliver> Hub<D> {
                 let end_to_end = end_to_end.unwrap_or(in_hub).max(in_hub);
                 for &l in &decided.models {
                     if let Some(controller) = self.lanes.get_mut(l).and_then(|l| l.slo.as_mut()) {
-                        controller.delivered(end_to_end, end_to_end - in_hub, ack.took);
+                        controller.delivered(end_to_end, end_to_end - in_hub, took);
                     }
                 }
             }
@@ -271,7 +295,22 @@ impl<D: Deliver> Hub<D> {
                 metrics::counter!(metric::DLQ_TOTAL, "reason" => reason.code()).increment(1);
             }
         }
-        self.advance(&ack.tp, ack.generation, ack.offset);
+        self.count_refused_copies(&tp, offset, &refused_copies);
+        self.advance(&tp, generation, offset);
+    }
+
+    /// The copies of a committed offset that the broker refused for good.
+    fn count_refused_copies(&mut self, tp: &Tp, offset: i64, refused: &[Refused]) {
+        for copy in refused {
+            self.undeliverable(tp, offset, copy);
+        }
+    }
+
+    fn undeliverable(&mut self, tp: &Tp, offset: i64, refused: &Refused) {
+        let kind = refused.kind.as_str();
+        metrics::counter!(metric::UNDELIVERABLE_TOTAL, "kind" => kind).increment(1);
+        tracing::error!(topic = %tp.topic, partition = tp.partition, offset, kind, to = %refused.topic, error = %refused.error, "the broker refuses this record for good; its offset is committed");
+        self.summary.undeliverable += 1;
     }
 
     /// An offset is done: move its partition's position if it can.
@@ -313,5 +352,61 @@ impl<D: Deliver> Hub<D> {
         if let Err(async_channel::TrySendError::Full(batch)) = self.positions_tx.try_send(batch) {
             self.unsent_positions.extend(batch);
         }
+    }
+}
+
+/// A routed copy or decision record, as its acknowledgement reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct CopyOf {
+    pub(super) kind: RecordKind,
+    pub(super) topic: String,
+}
+
+/// A record the broker refused for good.
+#[derive(Debug)]
+pub(super) struct Refused {
+    kind: RecordKind,
+    topic: String,
+    error: String,
+}
+
+/// One offset's fate, from the acknowledgements of all its records.
+#[derive(Debug)]
+struct Delivered {
+    outcome: Result<(), ProducerError>,
+    refused_copies: Vec<Refused>,
+}
+
+/// The verdict's (or dead letter's) own failure decides; then a copy's
+/// failure that is not a refusal for good (abandoned, fatal, in a
+/// transaction), since the copy is sent again with the offset. Copies
+/// refused for good are only reported: they never hold the offset back.
+fn combine(
+    main: Result<(), ProducerError>,
+    copies: Vec<(CopyOf, Result<(), ProducerError>)>,
+) -> Delivered {
+    let mut refused_copies = Vec::new();
+    let mut copy_failure = None;
+    for (copy, acked) in copies {
+        match acked {
+            Ok(()) => {}
+            Err(ProducerError::Rejected(error)) => refused_copies.push(Refused {
+                kind: copy.kind,
+                topic: copy.topic,
+                error,
+            }),
+            Err(e) => {
+                copy_failure.get_or_insert(e);
+            }
+        }
+    }
+    let outcome = match (main, copy_failure) {
+        (Err(e), _) => Err(e),
+        (Ok(()), Some(e)) => Err(e),
+        (Ok(()), None) => Ok(()),
+    };
+    Delivered {
+        outcome,
+        refused_copies,
     }
 }

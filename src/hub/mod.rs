@@ -130,6 +130,8 @@ pub struct Ack {
     offset: i64,
     outcome: Result<Outcome, ProducerError>,
     kind: RecordKind,
+    /// Copies refused for good (reported once the offset is committed).
+    refused_copies: Vec<delivery::Refused>,
     /// Enqueue to acknowledgement.
     took: std::time::Duration,
     /// When the consumer thread polled the input record.

@@ -38,7 +38,7 @@ async fn a_seal_answers_once_what_was_handed_over_is_acknowledged_and_holds_the_
 #[tokio::test(start_paused = true)]
 async fn a_failed_delivery_asks_for_an_abort_and_a_rewind_reads_the_partition_again() {
     let mut h = harness_with(EXACTLY_ONCE);
-    h.outbox.2.store(true, std::sync::atomic::Ordering::SeqCst);
+    h.outbox.fail_all(Some(Fate::InTransaction));
     h.push(record(0, 0, 0));
     h.push(record(0, 1, 0));
     let job = h.jobs.try_recv().unwrap();
@@ -59,7 +59,7 @@ async fn a_failed_delivery_asks_for_an_abort_and_a_rewind_reads_the_partition_ag
     rewound.try_recv().expect("answered");
     h.hub.on_rebalance(RebalanceEvent::Unseal);
     assert_eq!(h.hub.in_flight, 0);
-    h.outbox.2.store(false, std::sync::atomic::Ordering::SeqCst);
+    h.outbox.fail_all(None);
     h.push(record(0, 1, 0));
     assert_eq!(h.hub.summary.stale, 1, "polled before the seek: stale");
     h.push(record(0, 0, 1));
@@ -77,10 +77,10 @@ async fn with_exactly_once_a_dead_letter_waits_for_the_verdicts_before_it() {
     let mut bad = record(0, 1, 0);
     bad.payload = Some(b"not json".to_vec());
     h.push(bad);
-    assert!(h.outbox.0.lock().unwrap().is_empty(), "offset 0 first");
+    assert!(h.outbox.sent().is_empty(), "offset 0 first");
     let job = h.jobs.try_recv().expect("the open batch closed behind it");
     h.result(scored(&job));
-    let kinds: Vec<RecordKind> = h.outbox.0.lock().unwrap().iter().map(|r| r.kind).collect();
+    let kinds: Vec<RecordKind> = h.outbox.sent().iter().map(|r| r.kind).collect();
     assert_eq!(kinds, vec![RecordKind::Verdict, RecordKind::Dlq]);
     h.acks(2).await;
     assert_eq!(h.seal().try_recv().unwrap().positions, vec![(tp(0), 2)]);
@@ -123,7 +123,7 @@ async fn after_an_abort_nothing_of_a_revoked_partition_goes_out_in_the_next_tran
 #[tokio::test(start_paused = true)]
 async fn a_late_failure_of_an_aborted_transaction_does_not_abort_the_next_one() {
     let mut h = harness_with(EXACTLY_ONCE);
-    h.outbox.2.store(true, std::sync::atomic::Ordering::SeqCst);
+    h.outbox.fail_all(Some(Fate::InTransaction));
     h.push(record(0, 0, 0));
     h.push(record(0, 1, 0));
     let job = h.jobs.try_recv().unwrap();
@@ -145,7 +145,7 @@ async fn a_late_failure_of_an_aborted_transaction_does_not_abort_the_next_one() 
     h.hub.on_rebalance(RebalanceEvent::Unseal);
     // The aborted records' failures arrive in the next transaction.
     h.acks(2).await;
-    h.outbox.2.store(false, std::sync::atomic::Ordering::SeqCst);
+    h.outbox.fail_all(None);
     h.push(record(0, 0, 1));
     h.push(record(0, 1, 1));
     let again = h.jobs.try_recv().unwrap();

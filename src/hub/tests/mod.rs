@@ -7,16 +7,41 @@ use crate::manifest::Manifest;
 use crate::partition::tests::tp;
 use crate::verdict::Scorer;
 
-/// Stands in for the producer: records what it was handed, in order,
-/// and acknowledges at once (or, with `refuse_dlq`, refuses dead-letter
-/// records for good).
+/// Stands in for the producer: records what it was handed, in order, and
+/// acknowledges at once, or fails as its [`Fates`] say.
 #[derive(Clone, Default)]
-struct Outbox(
-    Arc<Mutex<Vec<OutRecord>>>,
-    Arc<std::sync::atomic::AtomicBool>,
-    /// Every delivery fails inside its transaction.
-    Arc<std::sync::atomic::AtomicBool>,
-);
+struct Outbox {
+    sent: Arc<Mutex<Vec<OutRecord>>>,
+    fates: Arc<Mutex<Fates>>,
+}
+
+/// How the stand-in producer fails: every record, or the records to one
+/// topic (every record's fate first).
+#[derive(Default)]
+struct Fates {
+    all: Option<Fate>,
+    by_topic: HashMap<String, Fate>,
+}
+
+/// A delivery failure the producer reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fate {
+    Abandoned,
+    Fatal,
+    InTransaction,
+    Rejected,
+}
+
+impl Fate {
+    fn error(self) -> ProducerError {
+        match self {
+            Fate::Abandoned => ProducerError::Abandoned,
+            Fate::Fatal => ProducerError::Fatal("injected".into()),
+            Fate::InTransaction => ProducerError::InTransaction("injected".into()),
+            Fate::Rejected => ProducerError::Rejected("Message size too large".into()),
+        }
+    }
+}
 
 impl Deliver for Outbox {
     fn deliver(
@@ -25,29 +50,36 @@ impl Deliver for Outbox {
         _source: Source,
         _cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<(), ProducerError>> {
-        let refuse = record.kind == crate::record::RecordKind::Dlq
-            && self.1.load(std::sync::atomic::Ordering::SeqCst);
-        let fail = self.2.load(std::sync::atomic::Ordering::SeqCst);
-        self.0.lock().unwrap().push(record);
-        Box::pin(async move {
-            if fail {
-                Err(ProducerError::InTransaction("injected".into()))
-            } else if refuse {
-                Err(ProducerError::Rejected("Message size too large".into()))
-            } else {
-                Ok(())
-            }
-        })
+        let fates = self.fates.lock().unwrap();
+        let fate = fates
+            .all
+            .or_else(|| fates.by_topic.get(&record.topic).copied());
+        drop(fates);
+        self.sent.lock().unwrap().push(record);
+        Box::pin(async move { fate.map_or(Ok(()), |f| Err(f.error())) })
     }
 }
 
 impl Outbox {
+    /// Every record fails so from now on (`None`: as the topics say).
+    fn fail_all(&self, fate: Option<Fate>) {
+        self.fates.lock().unwrap().all = fate;
+    }
+
+    /// Records to this topic fail so.
+    fn fail_topic(&self, topic: &str, fate: Fate) {
+        let mut fates = self.fates.lock().unwrap();
+        fates.by_topic.insert(topic.to_string(), fate);
+    }
+
+    fn sent(&self) -> Vec<OutRecord> {
+        self.sent.lock().unwrap().clone()
+    }
+
     /// Source offsets of the verdicts handed over so far (to the verdict
     /// topic: routed copies left out).
     fn offsets(&self) -> Vec<i64> {
-        self.0
-            .lock()
-            .unwrap()
+        self.sent()
             .iter()
             .filter(|r| r.kind == crate::record::RecordKind::Verdict)
             .filter(|r| r.topic == "moderation.verdicts")
@@ -272,7 +304,7 @@ async fn verdicts_go_out_as_cloudevents_in_either_mode() {
         h.push(record(0, 1, 0));
         let job = h.jobs.try_recv().unwrap();
         h.result(scored(&job));
-        let sent = h.outbox.0.lock().unwrap().clone();
+        let sent = h.outbox.sent();
         assert_eq!(sent.len(), 2);
         let header = |r: &OutRecord, name: &str| {
             r.headers
@@ -364,7 +396,7 @@ async fn a_drain_that_times_out_leaves_the_events_to_the_next_owner() {
 #[tokio::test(start_paused = true)]
 async fn a_record_the_broker_refuses_for_good_does_not_pin_its_partition() {
     let mut h = harness();
-    h.outbox.1.store(true, std::sync::atomic::Ordering::SeqCst);
+    h.outbox.fail_topic("moderation.dlq", Fate::Rejected);
     let mut bad = record(0, 0, 0);
     bad.payload = Some(vec![b'{'; 10]);
     h.push(bad);
@@ -523,6 +555,7 @@ async fn events_held_by_the_breaker_are_given_up_uncommitted_at_the_shutdown_tim
     );
 }
 
+mod delivery;
 mod exactly_once;
 mod policy;
 

@@ -92,9 +92,7 @@ fn with_scores(job: &InferenceJob, p: f32) -> InferenceResult {
 /// Records handed over to `topic`, parsed.
 fn on(outbox: &Outbox, topic: &str) -> Vec<serde_json::Value> {
     outbox
-        .0
-        .lock()
-        .unwrap()
+        .sent()
         .iter()
         .filter(|r| r.topic == topic)
         .map(|r| serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap())
@@ -103,8 +101,8 @@ fn on(outbox: &Outbox, topic: &str) -> Vec<serde_json::Value> {
 
 /// Keys of the records handed over to `topic`.
 fn keys_on(outbox: &Outbox, topic: &str) -> Vec<Option<Vec<u8>>> {
-    let records = outbox.0.lock().unwrap();
-    records
+    outbox
+        .sent()
         .iter()
         .filter(|r| r.topic == topic)
         .map(|r| r.key.clone())
@@ -252,9 +250,7 @@ async fn a_failure_of_the_second_model_dead_letters_the_event_and_keeps_order() 
     assert_eq!((h.hub.summary.dlq, h.hub.summary.verdicts), (1, 1));
     let kinds: Vec<_> = h
         .outbox
-        .0
-        .lock()
-        .unwrap()
+        .sent()
         .iter()
         .map(|r| (r.topic.clone(), r.kind))
         .collect();
