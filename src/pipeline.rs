@@ -94,7 +94,11 @@ pub async fn run_with_health(
     let schemas =
         crate::schema::SchemaStore::from_settings(&settings).map_err(PipelineError::Schema)?;
     let verdict_encoder = register_verdict_schema(&settings).await?;
-    let sink = Sink::new(&settings.kafka, settings.limits.max_payload_bytes)?;
+    let sink = Sink::new(
+        &settings.kafka,
+        settings.limits.max_payload_bytes,
+        health.clone(),
+    )?;
     let exactly_once = start_transactions(&settings, &sink, &health, &shutdown).await?;
     let consumer_done = CancellationToken::new();
     let (consumer, channels) = consumer::start(
@@ -140,7 +144,7 @@ pub async fn run_with_health(
         scorers,
         policies,
     };
-    let (summary, producer_fatal) = hub.run(inputs).await;
+    let (mut summary, producer_fatal) = hub.run(inputs).await;
     watchdog.abort();
     reloader.abort();
     health.consumer_ready.store(false, Ordering::SeqCst);
@@ -152,6 +156,7 @@ pub async fn run_with_health(
         consumer_done,
     };
     stopped.close().await?;
+    summary.faults = health.faults.counts();
     stopped_with(summary, producer_fatal)
 }
 

@@ -2,8 +2,9 @@
 //! faults (produce and commit errors, a broker down, leader moves, slow
 //! brokers, a second member joining and leaving) under continuous paced
 //! load, bounded to about 90 s. At the end: lost = 0, the committed offsets
-//! reach the end of every partition, and the watchdog never saw a partition
-//! stalled. `MODSTREAM_CHAOS_SEED=N` replays a schedule; the seed is
+//! reach the end of every partition, every member stopped when asked, and
+//! no partition of either member was ever stalled (the most stalled at
+//! once, as each run's health counted it). `MODSTREAM_CHAOS_SEED=N` replays a schedule; the seed is
 //! printed (and shown on failure).
 
 mod support;
@@ -16,6 +17,7 @@ use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use modstream::shutdown::Shutdown;
 use modstream::telemetry::Health;
 use modstream::tools::embedded::EmbeddedBroker;
+use support::mock_faults::stops_within;
 use support::{DLQ, INPUT, VERDICTS};
 
 const PARTITIONS: i32 = 4;
@@ -107,7 +109,7 @@ async fn a_seeded_schedule_of_faults_loses_nothing_and_leaves_nothing_stuck() {
     );
 
     let mut second: Option<(Shutdown, tokio::task::JoinHandle<_>)> = None;
-    let mut stalls_seen = Vec::new();
+    let mut second_health = Vec::new();
     let faults_until = Instant::now() + Duration::from_secs(40);
     let mut schedule = Vec::new();
     while Instant::now() < faults_until {
@@ -167,23 +169,26 @@ async fn a_seeded_schedule_of_faults_loses_nothing_and_leaves_nothing_stuck() {
             _ => match second.take() {
                 None => {
                     let shutdown = Shutdown::new();
-                    let run = tokio::spawn(modstream::pipeline::run(
+                    let member_health = std::sync::Arc::new(Health::default());
+                    let run = tokio::spawn(modstream::pipeline::run_with_health(
                         settings(&bootstrap, dir.path()),
                         shutdown.clone(),
+                        member_health.clone(),
                     ));
+                    second_health.push(member_health);
                     second = Some((shutdown, run));
                     "a second member joins".to_string()
                 }
                 Some((shutdown, run)) => {
                     shutdown.stop.cancel();
-                    // It may give up deliveries stuck in a fault (non-zero):
-                    // they stay uncommitted for the remaining member.
-                    let _ = tokio::time::timeout(Duration::from_secs(45), run).await;
-                    "the second member leaves".to_string()
+                    // It may give up deliveries stuck in a fault: they stay
+                    // uncommitted for the remaining member.
+                    let gave_up =
+                        stops_within(run, Duration::from_secs(45), "the second member").await;
+                    format!("the second member leaves ({gave_up} deliveries given up)")
                 }
             },
         });
-        stalls_seen.extend(health.stalled());
     }
     // Heal: every broker up and fast, the second member gone.
     broker.with_cluster(|c| {
@@ -196,8 +201,10 @@ async fn a_seeded_schedule_of_faults_loses_nothing_and_leaves_nothing_stuck() {
     });
     if let Some((shutdown, run)) = second.take() {
         shutdown.stop.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(45), run).await;
-        schedule.push("the second member leaves".to_string());
+        let gave_up = stops_within(run, Duration::from_secs(45), "the second member").await;
+        schedule.push(format!(
+            "the second member leaves ({gave_up} deliveries given up)"
+        ));
     }
     println!("chaos schedule (seed {seed}): {schedule:?}");
     let acked = tokio::task::spawn_blocking(move || load.join().unwrap())
@@ -233,19 +240,23 @@ async fn a_seeded_schedule_of_faults_loses_nothing_and_leaves_nothing_stuck() {
     })
     .await
     .unwrap();
-    stalls_seen.extend(health.stalled());
     first_shutdown.stop.cancel();
-    tokio::time::timeout(Duration::from_secs(60), first)
+    let summary = tokio::time::timeout(Duration::from_secs(60), first)
         .await
         .expect("the member stops")
         .unwrap()
         .unwrap();
+    println!("chaos: the first member met {:?}", summary.faults);
     assert_eq!(
         committed, end,
         "seed {seed}: committed offsets reach the end of every partition; schedule {schedule:?}"
     );
+    let most_stalled: Vec<u64> = std::iter::once(&health)
+        .chain(&second_health)
+        .map(|h| h.faults.counts().most_stalled)
+        .collect();
     assert!(
-        stalls_seen.is_empty(),
-        "seed {seed}: the watchdog saw stalls {stalls_seen:?}; schedule {schedule:?}"
+        most_stalled.iter().all(|&n| n == 0),
+        "seed {seed}: partitions stalled at once, first member then each second one: {most_stalled:?}; schedule {schedule:?}"
     );
 }

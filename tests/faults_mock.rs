@@ -29,12 +29,22 @@ async fn offset_commit_errors_delay_commits_but_lose_nothing() {
             ],
         )
     });
-    finish(run, "offset commit errors").await;
+    let summary = finish(run, "offset commit errors").await;
+    println!("offset commit errors: {:?}", summary.faults);
+    assert!(
+        summary.faults.commit_failures > 0,
+        "the injected commit errors were met: {:?}",
+        summary.faults
+    );
 }
+
+/// How long every produce request fails: longer than message.timeout.ms
+/// (3 s), so that librdkafka gives up on records and modstream's re-send
+/// path runs, not only librdkafka's own retries.
+const PRODUCE_ERRORS_FOR: Duration = Duration::from_secs(4);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn produce_errors_on_verdicts_are_retried_not_skipped() {
-    // librdkafka gives up on a record after 3 s here; modstream sends it again.
     let run = start_with(1, 3000, "produce-errors", |settings, _| {
         settings
             .kafka
@@ -43,19 +53,39 @@ async fn produce_errors_on_verdicts_are_retried_not_skipped() {
             .insert("message.timeout.ms".into(), "3000".into());
     })
     .await;
-    after(300).await;
-    run.broker.with_cluster(|c| {
-        c.request_errors(
-            RDKafkaApiKey::Produce,
-            &[
-                RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
-                RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
-                RDKafkaRespErr::RD_KAFKA_RESP_ERR__TRANSPORT,
-                RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
-            ],
-        )
+    let bootstrap = run.broker.bootstrap_servers().to_string();
+    let flowing = tokio::task::spawn_blocking(move || {
+        support::wait_for_progress(&bootstrap, 1, Duration::from_secs(30))
     });
-    finish(run, "produce errors").await;
+    assert!(flowing.await.unwrap(), "verdicts flow before the fault");
+    // Each produce request takes one injected error: topped up faster than
+    // librdkafka's retries (100 ms to 1 s apart) take them, then cleared.
+    let errors_until = std::time::Instant::now() + PRODUCE_ERRORS_FOR;
+    let mut kinds = [
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR__TRANSPORT,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+    ]
+    .into_iter()
+    .cycle();
+    while std::time::Instant::now() < errors_until {
+        let round: Vec<_> = kinds.by_ref().take(8).collect();
+        run.broker.with_cluster(move |c| {
+            c.clear_request_errors(RDKafkaApiKey::Produce);
+            c.request_errors(RDKafkaApiKey::Produce, &round)
+        });
+        after(200).await;
+    }
+    run.broker
+        .with_cluster(|c| c.clear_request_errors(RDKafkaApiKey::Produce));
+    let summary = finish(run, "produce errors").await;
+    println!("produce errors: {:?}", summary.faults);
+    assert!(
+        summary.faults.delivery_failures > 0 && summary.faults.resends > 0,
+        "the produce errors outlasted librdkafka's retries and modstream sent the verdicts again: {:?}",
+        summary.faults
+    );
 }
 
 /// Verdicts that librdkafka gives up on (message.timeout.ms = 1 s, their
@@ -122,14 +152,44 @@ async fn re_sent_verdicts_keep_offset_order() {
     finish(run, "produce errors with re-sends, order kept").await;
 }
 
+/// The only broker goes down for 10 s once verdicts flow, with events in
+/// flight: librdkafka gives up on their verdicts after 5 s
+/// (message.timeout.ms), modstream sends them again once it is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_brokers_down_for_ten_seconds_then_up() {
-    let run = start(1, 3000, "broker-down").await;
-    after(500).await;
+    let run = start_with(1, 6000, "broker-down", |settings, _| {
+        settings
+            .kafka
+            .producer
+            .0
+            .insert("message.timeout.ms".into(), "5000".into());
+    })
+    .await;
+    let bootstrap = run.broker.bootstrap_servers().to_string();
+    let before = tokio::task::spawn_blocking(move || {
+        let flowing = support::wait_for_progress(&bootstrap, 1, Duration::from_secs(30));
+        (flowing, support::verdict_count(&bootstrap))
+    });
+    let (flowing, verdicts_before) = before.await.unwrap();
     run.broker.with_cluster(|c| c.broker_down(1)).unwrap();
+    assert!(flowing, "verdicts flow before the broker goes down");
+    assert!(
+        verdicts_before < run.acked.len() as i64,
+        "events left when the broker went down: {verdicts_before} verdicts of {}",
+        run.acked.len()
+    );
     after(10_000).await;
     run.broker.with_cluster(|c| c.broker_up(1)).unwrap();
-    finish(run, "all brokers down 10 s").await;
+    let summary = finish(run, "all brokers down 10 s").await;
+    println!(
+        "all brokers down: {verdicts_before} verdicts before; {:?}",
+        summary.faults
+    );
+    assert!(
+        summary.faults.delivery_failures > 0 && summary.faults.resends > 0,
+        "verdicts in flight when the broker went down failed and were sent again: {:?}",
+        summary.faults
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -405,8 +465,10 @@ async fn cooperative_rebalances_while_paused_leave_no_partition_unfetched() {
     let second = tokio::spawn(modstream::pipeline::run(settings, second_shutdown.clone()));
     after(6000).await;
     second_shutdown.stop.cancel();
-    // It cannot deliver either: it gives up after its shutdown timeout.
-    let _ = tokio::time::timeout(Duration::from_secs(30), second).await;
+    // It cannot deliver either: what it holds it gives up after its
+    // shutdown timeout (uncommitted, for the first member).
+    let gave_up = stops_within(second, Duration::from_secs(30), "the second member").await;
+    println!("the second member gave up {gave_up} deliveries");
     after(2000).await;
     run.broker.with_cluster(|c| c.broker_up(3)).unwrap();
     finish(run, "cooperative rebalances while paused").await;

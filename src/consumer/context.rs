@@ -2,8 +2,8 @@
 //! thread. Rebalances are handed to the hub ([`crate::rebalance`]) and
 //! waited for; statistics feed the lag gauge and the fetch watchdog.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use rdkafka::consumer::{
@@ -18,6 +18,7 @@ use super::exactly_once::TxnDriver;
 use super::exactly_once::{Decision, End};
 use super::{commit, is_fatal, store};
 use crate::rebalance::{self, RebalanceEvent, SealFailure};
+use crate::telemetry::Health;
 use crate::telemetry::metric::{self, CommitOutcome, ErrorKind, RebalanceKind, TxnOutcome};
 use crate::tp::{Positions, Tp};
 use crate::transaction::TransactionError;
@@ -47,6 +48,8 @@ pub struct ModstreamContext {
     /// With `kafka.delivery = "exactly_once"`: the transactions, ended on
     /// this thread ([`super::exactly_once`]). Locked only by this thread.
     pub(super) txn: Option<std::sync::Mutex<TxnDriver>>,
+    /// This run's health, for its fault tally.
+    pub(super) health: Arc<Health>,
 }
 
 impl ClientContext for ModstreamContext {
@@ -433,6 +436,15 @@ impl ConsumerContext for ModstreamContext {
         result: rdkafka::error::KafkaResult<()>,
         offsets: &TopicPartitionList,
     ) {
+        // A commit that failed for some or every partition may carry its
+        // errors on the partitions alone, with no error of its own.
+        let result = result.and_then(|()| {
+            offsets
+                .elements()
+                .iter()
+                .find_map(|p| p.error().err()?.rdkafka_error_code())
+                .map_or(Ok(()), |code| Err(KafkaError::ConsumerCommit(code)))
+        });
         match result {
             Ok(()) => {
                 metrics::counter!(metric::COMMITS_TOTAL, "outcome" => CommitOutcome::Ok.as_str())
@@ -442,6 +454,7 @@ impl ConsumerContext for ModstreamContext {
             Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
             Err(e) => {
                 metrics::counter!(metric::COMMITS_TOTAL, "outcome" => CommitOutcome::Error.as_str()).increment(1);
+                self.health.faults.commit_failed();
                 tracing::warn!(error = %e, "offset commit failed; the next commit carries the offsets again");
             }
         }

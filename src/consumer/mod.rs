@@ -120,11 +120,51 @@ impl ConsumerThread {
     }
 }
 
-/// Commit the stored offsets; the outcome (also of a synchronous commit)
-/// reaches `commit_callback`.
+/// Commit the stored offsets; the outcome reaches `commit_callback` (an
+/// asynchronous one with the next poll).
 fn commit(consumer: &KafkaConsumer, mode: CommitMode) {
-    if let Err(e) = consumer.commit_consumer_state(mode) {
-        tracing::debug!(error = %e, "commit not made");
+    use rdkafka::consumer::ConsumerContext;
+    let result = match mode {
+        CommitMode::Async => match commit_async(consumer) {
+            Ok(()) => return,
+            refused => refused,
+        },
+        CommitMode::Sync => consumer.commit_consumer_state(mode),
+    };
+    consumer
+        .context()
+        .commit_callback(result, &TopicPartitionList::new());
+}
+
+/// An asynchronous commit of the stored offsets whose outcome comes back
+/// on the consumer's own queue, as an event its poll hands to
+/// `commit_callback`. librdkafka reports a plain asynchronous commit
+/// (`rd_kafka_commit`) only to a configured `offset_commit_cb`, which
+/// rust-rdkafka does not set: its failures would reach no counter, only
+/// librdkafka's own log. rust-rdkafka has no wrapper for
+/// `rd_kafka_commit_queue`.
+fn commit_async(consumer: &KafkaConsumer) -> Result<(), KafkaError> {
+    use rdkafka::bindings as rd;
+    let client = consumer.client().native_ptr();
+    // SAFETY: `client` is a live consumer handle for the whole call.
+    let queue = unsafe { rd::rd_kafka_queue_get_consumer(client) };
+    if queue.is_null() {
+        // No group queue (never so for the group consumer): without one,
+        // rd_kafka_commit_queue would wait for the answer.
+        return consumer.commit_consumer_state(CommitMode::Async);
+    }
+    // SAFETY: `queue` is ours to destroy once handed over; the commit's
+    // reply keeps its own reference to the queue it points to.
+    let code = unsafe {
+        let code =
+            rd::rd_kafka_commit_queue(client, std::ptr::null(), queue, None, std::ptr::null_mut());
+        rd::rd_kafka_queue_destroy(queue);
+        code
+    };
+    if code == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        Ok(())
+    } else {
+        Err(KafkaError::ConsumerCommit(code.into()))
     }
 }
 
@@ -160,6 +200,7 @@ fn create(
     positions_rx: async_channel::Receiver<Positions>,
     lags_tx: std::sync::mpsc::Sender<Vec<(Tp, i64)>>,
     exactly_once: Option<ExactlyOnce>,
+    health: Arc<Health>,
 ) -> Result<KafkaConsumer, ConsumerError> {
     let kafka = &settings.kafka;
     let cfg = client::consumer(kafka, ConsumerRole::Group, &kafka.group_id);
@@ -175,6 +216,7 @@ fn create(
         drain_timeout: settings.kafka.drain_timeout,
         lags_tx,
         txn: exactly_once.map(|eo| std::sync::Mutex::new(exactly_once::TxnDriver::new(eo))),
+        health,
     };
     cfg.create_with_context(context)
         .map_err(ConsumerError::Create)
@@ -278,22 +320,28 @@ pub async fn start(
         .spawn(move || {
             let kafka = &settings.kafka;
             let (lags_tx, lags_rx) = std::sync::mpsc::channel();
-            let consumer =
-                match create(&settings, rebalance_tx, positions_rx, lags_tx, exactly_once)
-                    .and_then(|c| {
-                        check_connection(&c, &kafka.bootstrap_servers, kafka.startup_timeout)?;
-                        Ok(c)
-                    })
-                    .and_then(|c| {
-                        subscribe(&c, &settings.input.topics)?;
-                        Ok(c)
-                    }) {
-                    Ok(consumer) => consumer,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return None;
-                    }
-                };
+            let consumer = match create(
+                &settings,
+                rebalance_tx,
+                positions_rx,
+                lags_tx,
+                exactly_once,
+                health.clone(),
+            )
+            .and_then(|c| {
+                check_connection(&c, &kafka.bootstrap_servers, kafka.startup_timeout)?;
+                Ok(c)
+            })
+            .and_then(|c| {
+                subscribe(&c, &settings.input.topics)?;
+                Ok(c)
+            }) {
+                Ok(consumer) => consumer,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return None;
+                }
+            };
             if ready_tx.send(Ok(())).is_err() {
                 return None;
             }

@@ -100,6 +100,9 @@ pub struct RunSummary {
     /// when (a change of size, or of the deadline by more than a tenth; the
     /// first [`MAX_BATCH_CHOICES`]).
     pub batch_choices: Vec<(std::time::Instant, Choice)>,
+    /// The faults this run met and got past (commit and delivery failures,
+    /// re-sends, the most partitions stalled at once).
+    pub faults: crate::telemetry::FaultCounts,
 }
 
 /// How many batch choices a [`RunSummary`] keeps.

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::{self, ProducerRole};
 use crate::config::KafkaSettings;
 use crate::record::OutRecord;
-use crate::telemetry::metric;
+use crate::telemetry::{Health, metric};
 use crate::tp::Source;
 
 mod resends;
@@ -149,6 +149,8 @@ pub struct Sink {
     /// `kafka.delivery = "exactly_once"`: a transactional producer; a
     /// failed record is not sent again (its transaction aborts).
     exactly_once: bool,
+    /// This run's health, for its fault tally.
+    health: Arc<Health>,
 }
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -160,7 +162,11 @@ const HEADROOM_BYTES: usize = 64 * 1024;
 impl Sink {
     /// `dlq_value_budget`: at most this many bytes of a refused dead-letter
     /// value are sent again (less if `message.max.bytes` requires).
-    pub fn new(kafka: &KafkaSettings, dlq_value_budget: usize) -> Result<Sink, ProducerError> {
+    pub fn new(
+        kafka: &KafkaSettings,
+        dlq_value_budget: usize,
+        health: Arc<Health>,
+    ) -> Result<Sink, ProducerError> {
         let message_max = kafka
             .producer
             .get("message.max.bytes")
@@ -178,6 +184,7 @@ impl Sink {
                 .min(message_max.saturating_sub(HEADROOM_BYTES))
                 .max(1),
             exactly_once: kafka.exactly_once(),
+            health,
         })
     }
 
@@ -312,6 +319,9 @@ impl Delivery {
                         }
                     }
                     let sent = self.sink.enqueue(&record);
+                    if self.failed {
+                        self.sink.health.faults.resent();
+                    }
                     if sent.is_ok() && !self.failed {
                         // Handed over in order: the next one may go. A
                         // record that failed keeps its place until it is
@@ -366,6 +376,7 @@ impl Delivery {
         self.failed = true;
         let kind = record.kind.as_str();
         metrics::counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => kind).increment(1);
+        self.sink.health.faults.delivery_failed();
         let producer = &self.sink.producer;
         if let Some((code, reason)) = producer.client().fatal_error() {
             // The pipeline logs the stop once; every in-flight record ends here.
@@ -434,7 +445,7 @@ mod tests {
         ))
         .unwrap()
         .kafka;
-        let sink = Sink::new(&kafka, 1024).unwrap();
+        let sink = Sink::new(&kafka, 1024, Arc::default()).unwrap();
         let record = OutRecord {
             topic: "out".into(),
             key: None,

@@ -39,6 +39,8 @@ pub struct Health {
     /// for a schema the next record needs, since when and why (cleared once
     /// it answers). Records wait, in order, meanwhile.
     registry_unreachable: std::sync::Mutex<Option<String>>,
+    /// This run's faults (its metrics count those of the whole process).
+    pub faults: super::FaultTally,
 }
 
 /// A partition whose oldest undelivered event has waited too long.
@@ -121,6 +123,7 @@ impl Health {
     fn count_stalls(&self) {
         let n = self.stalled().len() + self.unfetched().len();
         metrics::gauge!(metric::STALLED_PARTITIONS).set(n as f64);
+        self.faults.stalled_now(n);
     }
 
     fn report(&self) -> String {

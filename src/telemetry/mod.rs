@@ -11,8 +11,10 @@ use crate::config::TelemetrySettings;
 
 pub mod health;
 pub mod metric;
+mod tally;
 
 pub use health::{Health, Stall, StallKind, StallReporter, serve};
+pub use tally::{FaultCounts, FaultTally};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {

@@ -139,7 +139,11 @@ pub async fn run(opts: RescoreOptions) -> anyhow::Result<RescoreReport> {
     let pool = InferencePool::start(&settings.inference, batch, results_tx)?;
     let scorer = Scorer::new(&pool.manifest, &settings.policy)?;
     // The live verdict producer: the same client settings, retries and backoff.
-    let sink = Sink::new(&settings.kafka, settings.limits.max_payload_bytes)?;
+    let sink = Sink::new(
+        &settings.kafka,
+        settings.limits.max_payload_bytes,
+        Default::default(),
+    )?;
     let mut report = RescoreReport {
         topic: opts.topic.clone(),
         output_topic: opts.output_topic.clone(),

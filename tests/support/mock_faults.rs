@@ -230,6 +230,28 @@ pub async fn restart_and_finish(
     .await;
 }
 
+/// A member asked to stop ends within `within`: cleanly, or giving up the
+/// deliveries it could not make (left uncommitted for the members that
+/// remain). A hang or any other error fails the test. Returns how many it
+/// gave up.
+pub async fn stops_within(
+    member: tokio::task::JoinHandle<
+        Result<modstream::pipeline::RunSummary, modstream::pipeline::PipelineError>,
+    >,
+    within: Duration,
+    who: &str,
+) -> u64 {
+    let ended = tokio::time::timeout(within, member)
+        .await
+        .unwrap_or_else(|_| panic!("{who} did not stop within {within:?}"))
+        .unwrap_or_else(|e| panic!("{who} panicked: {e}"));
+    match ended {
+        Ok(_) => 0,
+        Err(modstream::pipeline::PipelineError::Abandoned(n)) => n,
+        Err(e) => panic!("{who} stopped with an error: {e}"),
+    }
+}
+
 pub async fn after(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }

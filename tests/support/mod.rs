@@ -315,6 +315,14 @@ impl Verification {
             self.duplicates,
             self.histogram
         );
+        if !self.lost.is_empty() {
+            let mut lost = self.lost.clone();
+            lost.sort();
+            println!(
+                "{scenario}: lost ids (first 20): {:?}",
+                &lost[..lost.len().min(20)]
+            );
+        }
     }
 }
 
