@@ -237,6 +237,9 @@ fn run(config: Option<PathBuf>, print_config: bool) -> anyhow::Result<()> {
     let metrics = modstream::telemetry::install_recorder()?;
     modstream::pipeline::register_zeroes(&settings);
     runtime()?.block_on(async {
+        // A wrong policy or model is the error a start reports, whatever
+        // else (a taken port) would fail after it.
+        let loaded = modstream::pipeline::load(&settings)?;
         let health = Arc::new(Health::default());
         let stop_listener = CancellationToken::new();
         let listener = modstream::telemetry::serve(
@@ -248,7 +251,7 @@ fn run(config: Option<PathBuf>, print_config: bool) -> anyhow::Result<()> {
         .await?;
         let shutdown = Shutdown::new();
         shutdown.listen_for_signals();
-        let result = modstream::pipeline::run_with_health(settings, shutdown, health).await;
+        let result = modstream::pipeline::run_loaded(settings, loaded, shutdown, health).await;
         stop_listener.cancel();
         let _ = listener.await;
         result?;

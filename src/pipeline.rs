@@ -88,7 +88,32 @@ pub async fn run_with_health(
     shutdown: Shutdown,
     health: Arc<Health>,
 ) -> Result<RunSummary, PipelineError> {
-    let models = start_models(&settings)?;
+    let loaded = load(&settings)?;
+    run_loaded(settings, loaded, shutdown, health).await
+}
+
+/// The models, loaded, and the policy, checked against them: what a start
+/// can get wrong by configuration alone, before it binds or connects
+/// anything.
+pub struct Loaded {
+    models: Models,
+}
+
+/// Load the models and check the policy (the first step of [`run`]).
+pub fn load(settings: &Settings) -> Result<Loaded, PipelineError> {
+    Ok(Loaded {
+        models: start_models(settings)?,
+    })
+}
+
+/// [`run_with_health`] with what [`load`] loaded.
+pub async fn run_loaded(
+    settings: Settings,
+    loaded: Loaded,
+    shutdown: Shutdown,
+    health: Arc<Health>,
+) -> Result<RunSummary, PipelineError> {
+    let Loaded { models } = loaded;
     health.model_loaded.store(true, Ordering::SeqCst);
 
     let schemas =
@@ -462,6 +487,7 @@ fn register_model_zeroes(settings: &crate::config::Settings) {
         counter!(metric::ERRORS_TOTAL, "kind" => kind.as_str()).absolute(0);
     }
     for model in settings.models() {
+        metrics::gauge!(metric::MODEL_VERSIONS_HELD, "model" => model.name.clone()).set(1.0);
         counter!(metric::MODEL_EVENTS_TOTAL, "model" => model.name).absolute(0);
     }
 }

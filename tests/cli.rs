@@ -59,14 +59,21 @@ fn a_bad_policy_file_fails_at_start_naming_the_rule_and_rescore_refuses_one() {
         format!("[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n[input]\ntopics = [\"posts\"]\n[policy]\nfile = {policy:?}\n"),
     )
     .unwrap();
-    // The shipped model has no label "toxic": refused before any connection.
+    // The shipped model has no label "toxic": refused before any connection,
+    // and before the metrics listener binds (its port is taken here, as by
+    // another modstream on the same machine).
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
     let out = modstream()
         .args(["run", "--config"])
         .arg(&path)
+        .env("MODSTREAM__TELEMETRY__LISTEN", format!("127.0.0.1:{port}"))
         .output()
         .unwrap();
+    drop(taken);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("cannot listen"), "{stderr}");
     assert!(
         stderr.contains("rules[0] (\"kids\").models.default.toxic"),
         "{stderr}"

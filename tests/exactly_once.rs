@@ -1,10 +1,11 @@
 //! Exactly-once verdicts (`kafka.delivery = "exactly_once"`) against Apache
 //! Kafka 4.4: crashes, a zombie member, members joining and leaving and the
 //! transaction coordinator killed in a three-broker cluster. Each scenario
-//! reads the outputs back twice: `read_committed` (what downstream services
-//! read) must hold exactly one verdict or dead-letter record per input event;
-//! `read_uncommitted` shows that the aborted duplicates exist, so that the
-//! check can fail.
+//! reads the outputs back with `read_committed` (what downstream services
+//! read): exactly one verdict or dead-letter record per input event. The
+//! crash and zombie scenarios also read `read_uncommitted` and assert that
+//! aborted duplicates exist there, so that the check can fail; the cluster
+//! scenario prints that count only (it may abort nothing, see there).
 
 mod support;
 
@@ -43,9 +44,12 @@ fn five_kill9_crashes_leave_one_output_per_event_for_read_committed_readers() {
     for crash in 1..=5u32 {
         let progressed =
             support::wait_for_progress(&broker.bootstrap(), 300, Duration::from_secs(30));
+        assert!(
+            progressed,
+            "crash {crash}: the (restarted) service wrote verdicts before the kill"
+        );
         // A different point of the transaction each time.
         std::thread::sleep(Duration::from_millis(130 * u64::from(crash)));
-        println!("crash {crash}: progress before the kill: {progressed}");
         assert!(service.is_running(), "died by itself before crash {crash}");
         service.kill9();
         // Same instance id: the restart fences the dead one and aborts its
@@ -139,17 +143,35 @@ fn a_zombie_paused_past_its_session_is_fenced_and_nothing_it_wrote_after_the_tak
     assert!(successor.terminate(Duration::from_secs(20)));
     let zombie_clean = zombie.terminate(Duration::from_secs(20));
     let log = support::log_of(dir.path(), "zombie");
-    let fenced = log.contains("fenced") || log.contains("transaction aborted");
+    // The fence itself, not any abort (a rebalance aborts too): modstream
+    // reports the producer fenced (`error=fenced`, from adding offsets or
+    // ending the transaction; the zombie stops), or the group's coordinator
+    // refusing the zombie's offsets as those of a member it no longer has
+    // (the transaction aborts).
+    let fenced = log.lines().any(|l| {
+        l.contains(" modstream::")
+            && [
+                "error=fenced",
+                "Unknown member",
+                "generation id is not valid",
+            ]
+            .iter()
+            .any(|why| l.contains(why))
+    });
     println!(
-        "zombie after SIGCONT: alive {zombie_alive}, exited 0 at the end {zombie_clean}, a fence or an abort in its log {fenced}"
+        "zombie after SIGCONT: alive {zombie_alive}, exited 0 at the end {zombie_clean}, fenced {fenced}"
     );
-    assert!(fenced, "the zombie's writes were fenced or aborted:\n{log}");
+    assert!(fenced, "the zombie was fenced:\n{}", tail(&log));
     let committed = support::eos::outputs(&bootstrap, &acked, Isolation::ReadCommitted);
-    support::eos::outputs(&bootstrap, &acked, Isolation::ReadUncommitted);
+    let uncommitted = support::eos::outputs(&bootstrap, &acked, Isolation::ReadUncommitted);
     assert_eq!(committed.lost, 0, "read_committed: lost");
     assert_eq!(
         committed.duplicates, 0,
         "read_committed: nothing the zombie wrote after the takeover"
+    );
+    assert!(
+        uncommitted.duplicates > 0,
+        "the zombie's open transaction left aborted records (read_uncommitted sees them): else this test proves nothing"
     );
 }
 
@@ -280,6 +302,10 @@ fn members_come_and_go_and_the_transaction_coordinator_dies_without_a_duplicate(
     );
     assert!(b.terminate(Duration::from_secs(30)));
     let committed = support::eos::outputs(&bootstrap, &acked, Isolation::ReadCommitted);
+    // Shown, not asserted: the members drain before they hand over and the
+    // coordinator often moves within the transaction timeout, so a run may
+    // abort nothing (seen: 0 aborted copies with 0 restarts).
+    support::eos::outputs(&bootstrap, &acked, Isolation::ReadUncommitted);
     assert_eq!(committed.lost, 0, "read_committed: lost");
     assert_eq!(committed.duplicates, 0, "read_committed: duplicates");
 }

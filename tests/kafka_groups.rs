@@ -80,6 +80,24 @@ fn hand_over(protocol: Protocol) -> (f64, f64) {
     assert!(second.is_running() && first.is_running());
     let killed = Instant::now();
     second.kill9();
+    let second_log = support::log_of(dir.path(), &format!("{}-b", protocol.name()));
+    let taken: usize = second_log
+        .lines()
+        .filter(|l| l.contains("partitions assigned"))
+        .filter_map(|l| {
+            l.split("partitions=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum();
+    assert!(
+        taken > 0,
+        "{}: the member that joined received partitions:\n{second_log}",
+        protocol.name()
+    );
     let acked = load.join().unwrap();
     let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(120));
     v.report(&format!("hand-over, {}", protocol.name()));

@@ -186,6 +186,11 @@ fn a_denied_write_to_the_verdict_topic_fails_readyz_and_commits_nothing() {
         !service.is_running(),
         "stopped after kafka.service_failure_timeout"
     );
+    let code = service.exit_code();
+    assert!(
+        code.is_some_and(|c| c != 0),
+        "stopped by itself, non-zero: exit code {code:?}"
+    );
     assert_eq!(
         support::committed(&broker.bootstrap(), group, 2),
         [-1, -1],

@@ -64,7 +64,10 @@ fn metrics_match_what_happened_and_prometheus_scrapes_them() {
     // DLQ deliveries are acknowledged around the same time; give them a moment.
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut exposition = get(port, "/metrics").1;
-    while sum(&exposition, "modstream_dlq_total") < 7.0 && Instant::now() < deadline {
+    let committed = "modstream_commits_total{outcome=\"ok\"}";
+    while (sum(&exposition, "modstream_dlq_total") < 7.0 || sum(&exposition, committed) < 1.0)
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(200));
         exposition = get(port, "/metrics").1;
     }
@@ -85,6 +88,11 @@ fn metrics_match_what_happened_and_prometheus_scrapes_them() {
         "dlq_total == malformed events"
     );
     assert!(exposition.contains("modstream_dlq_total{reason=\"invalid_json\"} 7"));
+    // The periodic commit's outcome reaches the counter (kafka.commit_interval).
+    assert!(
+        sum(&exposition, committed) >= 1.0,
+        "commits counted:\n{exposition}"
+    );
     // By the rule that decided (the configuration's thresholds: "default"),
     // and per model.
     assert_eq!(sum(&exposition, "modstream_policy_verdicts_total"), 500.0);

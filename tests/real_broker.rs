@@ -242,9 +242,12 @@ fn five_kill9_crashes_under_load_lose_nothing_and_never_commit_ahead() {
         // Crash mid-stream: once the restarted service is producing verdicts.
         let progressed =
             support::wait_for_progress(&broker.bootstrap(), 200, Duration::from_secs(30));
+        assert!(
+            progressed,
+            "crash {crash}: the (restarted) service wrote verdicts before the kill"
+        );
         // Kill at a different point of the commit cycle each time.
         std::thread::sleep(Duration::from_millis(250 * crash));
-        println!("crash {crash}: service made progress before the kill: {progressed}");
         assert!(
             service.is_running(),
             "service died by itself before crash {crash}"
@@ -269,6 +272,14 @@ fn five_kill9_crashes_under_load_lose_nothing_and_never_commit_ahead() {
     let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(120));
     v.report("kill -9 five times under load");
     assert!(v.lost.is_empty(), "lost after crashes: {}", v.lost.len());
+    // Each kill lands 250 ms to 1.25 s after verdicts flowed, within a 1 s
+    // commit interval: what was delivered since the last commit is
+    // delivered again by the next run (at-least-once). No duplicate at all
+    // would mean no kill hit a service at work.
+    assert!(
+        v.duplicates > 0,
+        "kills mid-stream redo the verdicts delivered since the last commit"
+    );
     assert!(service.terminate(Duration::from_secs(20)));
 }
 
@@ -315,6 +326,7 @@ fn an_evicted_member_commits_nothing_for_partitions_it_lost() {
     let config = support::write_config(dir.path(), &broker.bootstrap(), "g-evict");
     let mut a = Modstream::start(&config, "a", dir.path());
     let mut b = Modstream::start(&config, "b", dir.path());
+    let watch = support::CommitWatch::start(&broker.bootstrap(), "g-evict", 4);
     let load = support::produce_paced(
         broker.bootstrap(),
         support::events("v-", 0..4000),
@@ -325,6 +337,7 @@ fn an_evicted_member_commits_nothing_for_partitions_it_lost() {
         300,
         Duration::from_secs(30)
     ));
+    let b_log_before = support::log_of(dir.path(), "b").len();
     a.signal("-STOP");
     std::thread::sleep(Duration::from_secs(10)); // > session.timeout.ms (6 s)
     a.signal("-CONT");
@@ -336,9 +349,21 @@ fn an_evicted_member_commits_nothing_for_partitions_it_lost() {
         "lost after an eviction: {}",
         v.lost.len()
     );
-    // Committed offsets never pass an event without a verdict.
+    // The frozen member was evicted: b took over every partition.
+    let b_log = support::log_of(dir.path(), "b");
+    assert!(
+        b_log[b_log_before.min(b_log.len())..]
+            .lines()
+            .any(|l| l.contains("partitions assigned") && l.contains("partitions=4")),
+        "b was assigned all four partitions while a was frozen:\n{}",
+        &b_log[b_log_before.min(b_log.len())..]
+    );
+    // Committed offsets never pass an event without a verdict, and never
+    // moved backwards (a, awake again, committed nothing it had lost).
     assert!(b.terminate(Duration::from_secs(20)));
     assert!(a.terminate(Duration::from_secs(20)));
+    let samples = watch.never_backwards();
+    assert!(samples > 20, "committed offsets sampled {samples} times");
     let committed = support::committed(&broker.bootstrap(), "g-evict", 4);
     let delivered = support::verdict_sources(&broker.bootstrap());
     for (partition, &c) in committed.iter().enumerate() {

@@ -31,6 +31,14 @@ fn swap_link(link: &Path, target: &Path) {
     std::fs::rename(&tmp, link).unwrap();
 }
 
+/// Wall-clock time, ms since the epoch (as Kafka timestamps are).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
 fn scrape(port: u16) -> String {
     support::http_get(port, "/metrics").1
 }
@@ -89,9 +97,11 @@ fn a_model_swapped_twice_under_load_one_of_them_broken() {
     let _service = Modstream::start(&config, "reload", dir.path());
 
     let events = support::events("r-", 0..3000);
-    let load = support::produce_paced(bootstrap.clone(), events, Duration::from_secs(12));
-    let started = Instant::now();
+    // A steady 250 per second for 12 s: no gap in which a swap could pass
+    // unseen.
+    let load = support::load::produce_steady(bootstrap.clone(), events, 250);
     std::thread::sleep(Duration::from_secs(4));
+    let swap_asked_ms = now_ms();
     swap_link(&current, &v2);
     let deadline = Instant::now() + Duration::from_secs(20);
     while sample(
@@ -121,10 +131,7 @@ fn a_model_swapped_twice_under_load_one_of_them_broken() {
         "a refused model leaves the service ready"
     );
     let acked = load.join().unwrap();
-    assert!(
-        started.elapsed() > Duration::from_secs(8),
-        "the swaps happened under load"
-    );
+    let load_ended_ms = now_ms();
     let v = support::verify(&bootstrap, &acked, Duration::from_secs(90));
     v.report("hot reload");
     assert!(v.lost.is_empty(), "lost {}", v.lost.len());
@@ -163,6 +170,25 @@ fn a_model_swapped_twice_under_load_one_of_them_broken() {
             .unwrap();
     let mut by_partition: HashMap<i64, Vec<(i64, String)>> = HashMap::new();
     let mut counts: HashMap<String, usize> = HashMap::new();
+    // The swap happened under load: the old version still wrote verdicts
+    // after the swap was asked for, the new one before the load ended (a
+    // verdict's timestamp is when modstream produced it).
+    let written = |version: &'static str| {
+        verdicts.iter().filter_map(move |r| {
+            let json = r.json()?;
+            (json["model"]["version"] == version).then_some(r.timestamp_ms?)
+        })
+    };
+    let last_v1 = written("1.9.1").max();
+    let first_v2 = written("2.0.0-test").min();
+    assert!(
+        last_v1.is_some_and(|t| t >= swap_asked_ms),
+        "v1 verdicts after the swap was asked for at {swap_asked_ms}: last at {last_v1:?}"
+    );
+    assert!(
+        first_v2.is_some_and(|t| t < load_ended_ms),
+        "v2 verdicts before the load ended at {load_ended_ms}: first at {first_v2:?}"
+    );
     for r in &verdicts {
         let json = r.json().unwrap();
         let version = json["model"]["version"].as_str().unwrap().to_string();

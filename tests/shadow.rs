@@ -4,6 +4,8 @@
 //! live verdicts are the same in all three; the comparison records carry
 //! both models' scores of the same events.
 
+mod support;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
@@ -156,10 +158,18 @@ async fn a_shadow_model_changes_nothing_live_and_its_records_carry_both_scores()
     )
     .unwrap();
     std::fs::write(broken.path().join("model.onnx"), b"not a model").unwrap();
+    // This binary's one test: its recorder counts the runs above and this one.
+    let load_failures = || support::metric_value("modstream_shadow_failures_total{stage=\"load\"}");
+    let before = load_failures().unwrap_or(0.0);
     let (with_broken, nothing) = run(&events, Some(broken.path()), 0).await;
     assert!(
         nothing.is_empty(),
         "no comparison records from a broken shadow"
+    );
+    assert_eq!(
+        load_failures(),
+        Some(before + 1.0),
+        "the shadow model that cannot load is counted once"
     );
     for (id, v) in &plain {
         same_judgement(id, v, &with_broken[id]);

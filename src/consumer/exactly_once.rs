@@ -217,7 +217,9 @@ const HUNG_AFTER_TIMEOUTS: u32 = 3;
 /// librdkafka bounds every transaction call by its timeout, except where it
 /// does not: `send_offsets_to_transaction` can block past it while the
 /// group coordinator is down (librdkafka issues 5456, 5511). The consumer
-/// thread is stuck inside it then, so this thread watches: past the
+/// thread is stuck inside it then, so this thread watches each end of a
+/// transaction as a whole (the seal's wait, the commit, an abort and the
+/// seeks after it, as `Busy` marks them): past the
 /// timeout (and 5 s) /readyz fails with the reason and one error is
 /// logged; past three timeouts the process exits with status 70 (no abort
 /// is possible while the call runs; a restart with the same transactional

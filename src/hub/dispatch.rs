@@ -78,12 +78,24 @@ impl<D: Deliver> Hub<D> {
                     elapsed: std::time::Duration::ZERO,
                     tokens: Default::default(),
                     version: 0,
+                    worker: 0,
                 });
             }
         }
     }
 
     pub(super) fn on_inference_result(&mut self, result: InferenceResult) {
+        let run_lane = self
+            .in_inference
+            .get(&result.id)
+            .map(|(l, _)| *l)
+            .or_else(|| {
+                let probe = |lane: &super::Lane| lane.breaker.probe == Some(result.id);
+                self.lanes.iter().position(probe)
+            });
+        if let Some(lane) = run_lane.and_then(|l| self.lanes.get_mut(l)) {
+            lane.ran_version(result.worker, result.version);
+        }
         if let Some(l) = self
             .lanes
             .iter()

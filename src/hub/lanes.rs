@@ -20,6 +20,7 @@ use super::{Deliver, Hub};
 use crate::inference::InferenceJob;
 use crate::partition::ReadyBatch;
 use crate::slo::{self, Choice};
+use crate::telemetry::metric;
 use crate::verdict::Scorer;
 
 /// What the hub needs of one loaded model to start.
@@ -35,7 +36,10 @@ pub(super) struct Lane {
     /// The identity of version 0 (the model the pipeline started with) and
     /// of each version a hot reload added since.
     pub(super) scorer: Arc<Scorer>,
-    pub(super) reloaded: HashMap<u64, Arc<Scorer>>,
+    reloaded: HashMap<u64, Arc<Scorer>>,
+    /// The version of each worker's last result: a worker's versions only
+    /// grow, so one older than all of these never comes back.
+    worker_versions: Vec<u64>,
     pub(super) jobs: async_channel::Sender<InferenceJob>,
     /// Batches waiting for this model (urgent ones first, see [`RunQueue`]).
     pub(super) ready: RunQueue,
@@ -69,6 +73,7 @@ impl Lane {
         Lane {
             scorer: Arc::new(spec.scorer),
             reloaded: HashMap::new(),
+            worker_versions: vec![0; spec.workers.max(1)],
             jobs: spec.jobs,
             ready: RunQueue::default(),
             running: 0,
@@ -77,6 +82,39 @@ impl Lane {
             batch,
             slo,
         }
+    }
+
+    /// A hot reload added this version; results may carry it from now on.
+    pub(super) fn reloaded(&mut self, version: u64, scorer: Arc<Scorer>) {
+        self.reloaded.insert(version, scorer);
+        self.export_versions();
+    }
+
+    /// `worker` answered a run with `version`: the versions no worker can
+    /// answer with any more are let go (an event scored by one keeps its
+    /// own reference until its verdict is out).
+    pub(super) fn ran_version(&mut self, worker: usize, version: u64) {
+        let Some(last) = self.worker_versions.get_mut(worker) else {
+            return;
+        };
+        *last = (*last).max(version);
+        let oldest = self.worker_versions.iter().copied().min().unwrap_or(0);
+        let before = self.reloaded.len();
+        self.reloaded.retain(|v, _| *v >= oldest);
+        if self.reloaded.len() != before {
+            self.export_versions();
+        }
+    }
+
+    /// The versions this lane holds: the one it started with and those a
+    /// reload added that a worker may still answer with.
+    pub(super) fn versions_held(&self) -> usize {
+        1 + self.reloaded.len()
+    }
+
+    fn export_versions(&self) {
+        metrics::gauge!(metric::MODEL_VERSIONS_HELD, "model" => self.scorer.id.clone())
+            .set(self.versions_held() as f64);
     }
 
     /// The identity of the version that scored a run.
@@ -147,5 +185,60 @@ impl<D: Deliver> Hub<D> {
     /// Events waiting for a model.
     pub(super) fn queued(&self) -> usize {
         self.lanes.iter().map(Lane::queued).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane(workers: usize) -> Lane {
+        let manifest: crate::manifest::Manifest = serde_json::from_value(serde_json::json!({
+            "name": "m", "version": "1", "input_kind": "text", "inputs": ["text"],
+            "output": "p", "labels": ["offensive"], "score_label": "offensive",
+        }))
+        .unwrap();
+        let spec = ModelLane {
+            scorer: Scorer::named("default", &manifest),
+            jobs: async_channel::bounded(1).0,
+            workers,
+            max_batch: 8,
+        };
+        let settings = crate::config::Settings::from_toml(
+            "[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n[input]\ntopics = [\"posts\"]",
+        )
+        .unwrap();
+        Lane::new(spec, &settings.batching)
+    }
+
+    #[test]
+    fn a_version_no_worker_can_answer_with_any_more_is_let_go() {
+        let mut lane = lane(2);
+        let manifest = |v: &str| -> crate::manifest::Manifest {
+            serde_json::from_value(serde_json::json!({
+                "name": "m", "version": v, "input_kind": "text", "inputs": ["text"],
+                "output": "p", "labels": ["offensive"], "score_label": "offensive",
+            }))
+            .unwrap()
+        };
+        let versions: Vec<Arc<Scorer>> = (1..=3)
+            .map(|v| Arc::new(Scorer::named("default", &manifest(&v.to_string()))))
+            .collect();
+        for (v, scorer) in (1..).zip(&versions) {
+            lane.reloaded(v, scorer.clone());
+        }
+        assert_eq!(lane.versions_held(), 4);
+        // Worker 0 took all three swaps; worker 1 still answers with version 1.
+        lane.ran_version(0, 3);
+        lane.ran_version(1, 1);
+        assert_eq!(lane.versions_held(), 4, "version 1 and 2 may still come");
+        assert!(Arc::ptr_eq(&lane.scorer_of(1), &versions[0]));
+        lane.ran_version(1, 3);
+        assert_eq!(lane.versions_held(), 2, "the first and the last");
+        assert!(Arc::ptr_eq(&lane.scorer_of(3), &versions[2]));
+        assert_eq!(Arc::strong_count(&versions[0]), 1, "version 1 let go");
+        // A late result of an older run of worker 0 lowers nothing.
+        lane.ran_version(0, 2);
+        assert_eq!(lane.versions_held(), 2);
     }
 }

@@ -339,7 +339,7 @@ impl<D: Deliver> Hub<D> {
                 Some(event) = inputs.rebalances.recv() => self.on_rebalance(event),
                 Some((lane, version, scorer)) = inputs.scorers.recv() => {
                     if let Some(lane) = self.lanes.get_mut(lane) {
-                        lane.reloaded.insert(version, scorer);
+                        lane.reloaded(version, scorer);
                     }
                 }
                 Some(rules) = inputs.policies.recv() => self.on_policy(rules),

@@ -86,6 +86,8 @@ pub struct InferenceResult {
     /// started with, then the version of each [`Swap`] ([`crate::reload`]);
     /// the hub maps it to the scorer that makes the verdicts.
     pub version: u64,
+    /// The worker that ran it (its versions only grow: see [`Swap`]).
+    pub worker: usize,
 }
 
 /// What a worker switches to before its next job: a new session (a new
@@ -274,6 +276,7 @@ impl Worker {
                 padded: after.padded.saturating_sub(before.padded),
             },
             version: self.version,
+            worker: self.id,
         }
     }
 }

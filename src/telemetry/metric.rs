@@ -113,6 +113,9 @@ metric_table! {
     /// Hot reloads of the model and of the policy. Labels: outcome (loaded,
     /// refused).
     MODEL_RELOADS_TOTAL = "modstream_model_reloads_total", Counter, Count, "hot reloads of the model, by outcome (loaded, refused)";
+    /// Versions of a model whose identity the hub holds: the one it started
+    /// with and those a worker may still answer with. Labels: model.
+    MODEL_VERSIONS_HELD = "modstream_model_versions_held", Gauge, Count, "versions of a model the hub holds: the first and those a worker may still answer with";
     POLICY_RELOADS_TOTAL = "modstream_policy_reloads_total", Counter, Count, "reloads of the policy on SIGHUP, by outcome (loaded, refused)";
     /// Shadow scoring: live and shadow verdicts of the same events (labels:
     /// live, shadow), events skipped because the shadow queue was full, and

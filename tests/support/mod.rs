@@ -60,6 +60,8 @@ pub fn prepared_python(var: &str, venv: &str) -> PathBuf {
 pub struct Modstream {
     child: Option<Child>,
     pub name: String,
+    /// How the process ended, once it was seen to end by itself.
+    exited: Option<std::process::ExitStatus>,
 }
 
 pub fn write_config(dir: &Path, bootstrap: &str, group: &str) -> PathBuf {
@@ -141,6 +143,7 @@ impl Modstream {
         Modstream {
             child: Some(child),
             name: name.to_string(),
+            exited: None,
         }
     }
 
@@ -149,6 +152,7 @@ impl Modstream {
         Modstream {
             child: Some(child),
             name: name.to_string(),
+            exited: None,
         }
     }
 
@@ -196,9 +200,24 @@ impl Modstream {
     }
 
     pub fn is_running(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().unwrap().is_none())
+        let Some(child) = self.child.as_mut() else {
+            return false;
+        };
+        match child.try_wait().unwrap() {
+            None => true,
+            Some(status) => {
+                self.exited = Some(status);
+                self.child = None;
+                false
+            }
+        }
+    }
+
+    /// The exit code of a process that ended by itself (seen by
+    /// [`Modstream::is_running`]); None while it runs or if it was killed.
+    pub fn exit_code(&mut self) -> Option<i32> {
+        self.is_running();
+        self.exited.and_then(|s| s.code())
     }
 }
 
@@ -416,6 +435,64 @@ pub fn committed_on(bootstrap: &str, group: &str, topic: &str, partitions: i32) 
         .collect()
 }
 
+/// Samples `group`'s committed offsets of the input every 200 ms in a
+/// background thread, until stopped: a committed offset that ever moves
+/// backwards shows a member committing work it no longer owned.
+pub struct CommitWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Vec<i64>>>,
+}
+
+impl CommitWatch {
+    pub fn start(bootstrap: &str, group: &str, partitions: i32) -> CommitWatch {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", group)
+            .create()
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition(INPUT, p);
+        }
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(c) = consumer.committed_offsets(tpl.clone(), Duration::from_secs(5)) {
+                    samples.push(
+                        (0..partitions)
+                            .map(|p| match c.find_partition(INPUT, p).map(|e| e.offset()) {
+                                Some(Offset::Offset(o)) => o,
+                                _ => -1,
+                            })
+                            .collect(),
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            samples
+        });
+        CommitWatch { stop, thread }
+    }
+
+    /// Stop sampling; asserts no partition's committed offset ever moved
+    /// backwards, and returns how many samples were taken.
+    pub fn never_backwards(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let samples = self.thread.join().unwrap();
+        for pair in samples.windows(2) {
+            for (p, (before, after)) in pair[0].iter().zip(&pair[1]).enumerate() {
+                assert!(
+                    after >= before,
+                    "partition {p}: committed offset moved back from {before} to {after}"
+                );
+            }
+        }
+        samples.len()
+    }
+}
+
 /// (partition, source offset) of every verdict in the topic now: reads each
 /// partition up to its current high watermark.
 pub fn verdict_sources(bootstrap: &str) -> HashSet<(i32, i64)> {
@@ -552,6 +629,48 @@ pub fn log_of(dir: &Path, name: &str) -> String {
     let dir =
         std::env::var_os("MODSTREAM_TEST_LOGDIR").map_or_else(|| dir.to_path_buf(), Into::into);
     std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
+}
+
+/// Every record of `topic` now: each partition read to its high watermark,
+/// off the async runtime.
+pub async fn read_to_end(bootstrap: &str, topic: &str) -> Vec<modstream::tools::read::ReadRecord> {
+    let (b, t) = (bootstrap.to_string(), topic.to_string());
+    tokio::task::spawn_blocking(move || {
+        TopicReader::from_beginning(&b, &t, None)
+            .unwrap()
+            .read_to_end(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("could not read {t} to its end: {e}"))
+    })
+    .await
+    .unwrap()
+}
+
+/// The event ids of these records (JSON values with an `event_id`), each
+/// with how many records carry it.
+pub fn event_id_counts(records: &[modstream::tools::read::ReadRecord]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for r in records {
+        let v = r.json().expect("a JSON record");
+        let id = v["event_id"].as_str().expect("an event_id").to_string();
+        *counts.entry(id).or_default() += 1;
+    }
+    counts
+}
+
+/// This test binary's Prometheus recorder, installed on first use: the
+/// metrics of every pipeline the binary runs in-process.
+pub fn metrics() -> &'static metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
+        std::sync::OnceLock::new();
+    HANDLE.get_or_init(|| modstream::telemetry::install_recorder().unwrap())
+}
+
+/// The value of one series (`name{labels}` as the exposition writes it).
+pub fn metric_value(series: &str) -> Option<f64> {
+    metrics()
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// `topic` read from its beginning until `want` records arrived or 60 s

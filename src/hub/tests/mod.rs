@@ -189,6 +189,7 @@ fn scored(job: &InferenceJob) -> InferenceResult {
         elapsed: Duration::from_millis(3),
         tokens: TokenStats::default(),
         version: 0,
+        worker: 0,
     }
 }
 
@@ -452,6 +453,7 @@ fn failed(job: &InferenceJob) -> InferenceResult {
         elapsed: Duration::from_millis(3),
         tokens: TokenStats::default(),
         version: 0,
+        worker: 0,
     }
 }
 
