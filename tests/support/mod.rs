@@ -175,9 +175,16 @@ impl Modstream {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = c.try_wait().unwrap() {
+                if !status.success() {
+                    println!("{}: exited with {status} after SIGTERM", self.name);
+                }
                 return status.success();
             }
             if Instant::now() > deadline {
+                println!(
+                    "{}: still running {timeout:?} after SIGTERM; killed",
+                    self.name
+                );
                 let _ = c.kill();
                 let _ = c.wait();
                 return false;

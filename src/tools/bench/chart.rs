@@ -469,3 +469,57 @@ fn cascade_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -
         .draw()?;
     root.present()
 }
+
+/// One panel of [`time_series`]: its y axis and its points (x, y).
+pub struct Panel<'a> {
+    pub y_label: &'a str,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Panels stacked over one x axis, as an SVG at `path` (the soak's chart:
+/// RSS, p99 and the like against minutes).
+pub fn time_series(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    panels: &[Panel<'_>],
+) -> anyhow::Result<()> {
+    register_font()?;
+    let height = 220 * panels.len().max(1) as u32 + 40;
+    let root = SVGBackend::new(path, (SIZE.0, height)).into_drawing_area();
+    let drawn = (|| -> Drawn<SVGBackend> {
+        root.fill(&WHITE)?;
+        let root = root.titled(title, (FONT, 18))?;
+        let x_max = panels
+            .iter()
+            .flat_map(|p| p.points.iter().map(|(x, _)| *x))
+            .fold(1.0, f64::max);
+        for (area, panel) in root
+            .split_evenly((panels.len().max(1), 1))
+            .iter()
+            .zip(panels)
+        {
+            let y_max = panel.points.iter().map(|(_, y)| *y).fold(1.0, f64::max) * 1.15;
+            let mut chart = ChartBuilder::on(area)
+                .margin(10)
+                .x_label_area_size(35)
+                .y_label_area_size(60)
+                .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+            chart
+                .configure_mesh()
+                .x_desc(x_label)
+                .y_desc(panel.y_label)
+                .label_style((FONT, 13))
+                .draw()?;
+            chart.draw_series(LineSeries::new(panel.points.iter().copied(), &BLUE))?;
+            chart.draw_series(
+                panel
+                    .points
+                    .iter()
+                    .map(|p| Circle::new(*p, 3, BLUE.filled())),
+            )?;
+        }
+        root.present()
+    })();
+    drawn.map_err(|e| anyhow::anyhow!("drawing {}: {e}", path.display()))
+}

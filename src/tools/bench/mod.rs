@@ -32,6 +32,7 @@ use crate::inference::Model;
 use crate::manifest::InputKind;
 use crate::tools::generator::{Mix, generate, generate_mix};
 
+pub use chart::{Panel, time_series};
 pub use markdown::{BEGIN as TABLES_BEGIN, render as markdown, splice as splice_tables};
 use measure::Clock;
 pub use measure::{Batching, raw_model_throughput};
