@@ -7,7 +7,6 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -26,36 +25,6 @@ fn topics(broker: &Broker, input_partitions: i32) {
     broker.create_topic(DLQ, 1);
 }
 
-fn kcat(args: &[&str], stdin: Option<&str>) -> String {
-    let mut child = Command::new("kcat")
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kcat is installed (scripts/test.sh installs it)");
-    if let Some(input) = stdin {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kcat {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 #[test]
 fn kcat_in_kcat_out_field_by_field() {
     let _serial = serial();
@@ -72,11 +41,11 @@ fn kcat_in_kcat_out_field_by_field() {
         lines.push_str(&format!("{key}\t{}\n", String::from_utf8(payload).unwrap()));
     }
     lines.push_str("bad-key\tthis is not json\n");
-    kcat(&["-P", "-b", &b, "-t", INPUT, "-K", "\t"], Some(&lines));
+    support::kcat(&["-P", "-b", &b, "-t", INPUT, "-K", "\t"], Some(&lines));
 
     let deadline = Instant::now() + Duration::from_secs(60);
     let verdicts = loop {
-        let out = kcat(
+        let out = support::kcat(
             &[
                 "-C",
                 "-b",
@@ -123,7 +92,7 @@ fn kcat_in_kcat_out_field_by_field() {
         assert!(v["latency_ms"].as_i64().unwrap() >= 0);
         chrono::DateTime::parse_from_rfc3339(v["processed_at"].as_str().unwrap()).unwrap();
     }
-    let dlq = kcat(
+    let dlq = support::kcat(
         &[
             "-C",
             "-b",

@@ -268,28 +268,7 @@ impl<D: Deliver> Hub<D> {
             }
         };
         match outcome {
-            Outcome::Verdict(decided) => {
-                let (label, event_time_ms) = (decided.verdict, decided.event_time_ms);
-                self.summary.verdicts += 1;
-                metrics::counter!(metric::VERDICTS_TOTAL, "verdict" => label.as_str()).increment(1);
-                if let Some(rule) = decided.rules.rules.get(decided.rule) {
-                    metrics::counter!(metric::POLICY_VERDICTS_TOTAL, "rule" => rule.id.clone(), "verdict" => label.as_str())
-                        .increment(1);
-                }
-                let in_hub = received_at.elapsed();
-                let end_to_end = event_time_ms.map(|t| {
-                    let ms = (chrono::Utc::now().timestamp_millis() - t).max(0);
-                    metrics::histogram!(metric::END_TO_END_SECONDS).record(ms as f64 / 1000.0);
-                    std::time::Duration::from_millis(ms as u64)
-                });
-                // Without a record timestamp only the part in the hub is known.
-                let end_to_end = end_to_end.unwrap_or(in_hub).max(in_hub);
-                for &l in &decided.models {
-                    if let Some(controller) = self.lanes.get_mut(l).and_then(|l| l.slo.as_mut()) {
-                        controller.delivered(end_to_end, end_to_end - in_hub, took);
-                    }
-                }
-            }
+            Outcome::Verdict(decided) => self.verdict_delivered(&decided, received_at, took),
             Outcome::Dlq(reason) => {
                 self.summary.dlq += 1;
                 metrics::counter!(metric::DLQ_TOTAL, "reason" => reason.code()).increment(1);
@@ -297,6 +276,36 @@ impl<D: Deliver> Hub<D> {
         }
         self.count_refused_copies(&tp, offset, &refused_copies);
         self.advance(&tp, generation, offset);
+    }
+
+    /// A verdict reached its topic: counted by verdict and rule, and its
+    /// latency told to the latency controllers of the models that scored it.
+    fn verdict_delivered(
+        &mut self,
+        decided: &Decided,
+        received_at: Instant,
+        took: std::time::Duration,
+    ) {
+        let label = decided.verdict;
+        self.summary.verdicts += 1;
+        metrics::counter!(metric::VERDICTS_TOTAL, "verdict" => label.as_str()).increment(1);
+        if let Some(rule) = decided.rules.rules.get(decided.rule) {
+            metrics::counter!(metric::POLICY_VERDICTS_TOTAL, "rule" => rule.id.clone(), "verdict" => label.as_str())
+                .increment(1);
+        }
+        let in_hub = received_at.elapsed();
+        let end_to_end = decided.event_time_ms.map(|t| {
+            let ms = (chrono::Utc::now().timestamp_millis() - t).max(0);
+            metrics::histogram!(metric::END_TO_END_SECONDS).record(ms as f64 / 1000.0);
+            std::time::Duration::from_millis(ms as u64)
+        });
+        // Without a record timestamp only the part in the hub is known.
+        let end_to_end = end_to_end.unwrap_or(in_hub).max(in_hub);
+        for &l in &decided.models {
+            if let Some(controller) = self.lanes.get_mut(l).and_then(|l| l.slo.as_mut()) {
+                controller.delivered(end_to_end, end_to_end - in_hub, took);
+            }
+        }
     }
 
     /// The copies of a committed offset that the broker refused for good.

@@ -176,22 +176,9 @@ pub async fn run(opts: RescoreOptions) -> anyhow::Result<RescoreReport> {
     };
     scoring.run(records, results, &mut report).await?;
     reader.await??;
-    // Retries are bounded: what is not acknowledged within
-    // kafka.shutdown_timeout after the last verdict fails the command.
-    let all = futures::future::try_join_all(std::mem::take(&mut scoring.deliveries));
-    let timeout = settings.kafka.shutdown_timeout;
-    match tokio::time::timeout(timeout, all).await {
-        Ok(delivered) => {
-            delivered.map_err(|e| anyhow::anyhow!("a verdict was not delivered: {e}"))?;
-        }
-        Err(_) => {
-            scoring.cancel.cancel();
-            anyhow::bail!(
-                "verdicts not acknowledged within kafka.shutdown_timeout ({} s) after the range was scored",
-                timeout.as_secs()
-            );
-        }
-    }
+    scoring
+        .delivered_within(settings.kafka.shutdown_timeout)
+        .await?;
     drop(scoring.jobs);
     pool.shutdown();
     report.seconds = started.elapsed().as_secs_f64();
@@ -258,6 +245,25 @@ struct Scoring {
 }
 
 impl Scoring {
+    /// Retries are bounded: what is not acknowledged within `timeout`
+    /// (kafka.shutdown_timeout) after the last verdict fails the command.
+    async fn delivered_within(&mut self, timeout: std::time::Duration) -> anyhow::Result<()> {
+        let all = futures::future::try_join_all(std::mem::take(&mut self.deliveries));
+        match tokio::time::timeout(timeout, all).await {
+            Ok(delivered) => {
+                delivered.map_err(|e| anyhow::anyhow!("a verdict was not delivered: {e}"))?;
+                Ok(())
+            }
+            Err(_) => {
+                self.cancel.cancel();
+                anyhow::bail!(
+                    "verdicts not acknowledged within kafka.shutdown_timeout ({} s) after the range was scored",
+                    timeout.as_secs()
+                );
+            }
+        }
+    }
+
     async fn run(
         &mut self,
         mut records: tokio::sync::mpsc::Receiver<Result<Item, ()>>,

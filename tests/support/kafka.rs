@@ -522,3 +522,35 @@ fn make_certificates(dir: &Path) -> Tls {
         other_ca_pem: tls.join("other-ca.pem"),
     }
 }
+
+/// Run kcat (installed by scripts/test.sh) with `stdin` fed to it; its
+/// standard output. Fails the test if kcat fails.
+pub fn kcat(args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = Command::new("kcat")
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kcat is installed (scripts/test.sh installs it)");
+    if let Some(input) = stdin {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kcat {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}

@@ -1,0 +1,134 @@
+//! What `modstream bench` measures: its command line.
+
+use std::path::PathBuf;
+
+use super::{cascade, formats};
+use crate::config::ExecutionProvider;
+
+/// What to measure; also the command line of `modstream bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchOptions {
+    /// Events per saturation run.
+    #[arg(long, default_value_t = 20_000)]
+    pub events: usize,
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
+    pub batch_sizes: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "5,20")]
+    pub delays_ms: Vec<u64>,
+    /// Offered load as fractions of saturation, for the latency curve.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "0.25,0.5,0.75,1.0")]
+    pub loads: Vec<f64>,
+    /// Seconds of paced load per latency point.
+    #[arg(long, default_value_t = 5)]
+    pub latency_seconds: u64,
+    #[arg(long, default_value_t = 1)]
+    pub intra_threads: usize,
+    /// Model directory (default: models/profanity-check).
+    #[arg(long = "model")]
+    pub model_dir: Option<PathBuf>,
+    /// Run against this Kafka cluster instead of the embedded one (each run
+    /// creates fresh `modstream-bench-*` topics there, left behind, and a
+    /// fresh group).
+    #[arg(long)]
+    pub bootstrap: Option<String>,
+    /// Execution providers in order of preference (cuda, tensorrt, cpu).
+    #[arg(long, value_delimiter = ',', default_value = "cpu")]
+    pub providers: Vec<ExecutionProvider>,
+    /// Fail unless a GPU provider can be used.
+    #[arg(long)]
+    pub require_gpu: bool,
+    /// Inference workers (sessions) in the pipeline; the raw loop uses one.
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// Score cache bytes in the pipeline (`inference.cache_bytes`; 0: off).
+    #[arg(long, default_value_t = 0)]
+    pub cache_bytes: u64,
+    /// Offer this multiple of saturation to a separate `modstream run` for
+    /// 3 s and report its peak RSS (0: skip).
+    #[arg(long, default_value_t = 10.0)]
+    pub overload: f64,
+    /// The adaptive mode's latency target (`batching.target_p99`), run beside
+    /// the fixed grid with the largest batch size and delay as its bounds
+    /// (0: skip).
+    #[arg(long, default_value_t = 50)]
+    pub target_p99_ms: u64,
+    /// Step-load trace of the adaptive mode: 20 % of the best fixed cell's
+    /// saturation, then ×4, then back, this many seconds each (0: skip).
+    #[arg(long, default_value_t = 10)]
+    pub step_seconds: u64,
+    /// Shares of repeated texts for the score-cache sweep (empty: skip).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "0,0.3,0.7")]
+    pub repeat_shares: Vec<f64>,
+    /// The score cache's size in that sweep.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub repeat_cache_bytes: u64,
+    /// Python interpreter with confluent-kafka and onnxruntime (made by
+    /// bench/python-baseline.sh) for the plain-Python baseline (absent: skip).
+    #[arg(long)]
+    pub python: Option<PathBuf>,
+    /// The baseline script (default: bench/python_consumer.py).
+    #[arg(long)]
+    pub python_script: Option<PathBuf>,
+    /// A shadow model: the default cell (64 / 20 ms) at saturation with it
+    /// scoring every event and without (absent: skip).
+    #[arg(long)]
+    pub shadow_model: Option<PathBuf>,
+    /// At-least-once against exactly-once (`kafka.delivery`), one
+    /// exactly-once contender per transaction interval given here
+    /// (`kafka.commit_interval`, ms), on the default cell (64 / 20 ms):
+    /// saturation, then latency as a `read_committed` reader sees it at half
+    /// the at-least-once saturation (empty: skip). Needs `--bootstrap`: the
+    /// embedded cluster's `read_committed` is not Kafka's.
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub delivery_intervals_ms: Vec<u64>,
+    /// Input formats on the same events, each on the default cell
+    /// (64 / 20 ms): json, mapped-json, avro, protobuf (empty: skip).
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub formats: Vec<formats::BenchFormat>,
+    /// The Schema Registry (Confluent API) for `--formats avro,protobuf`.
+    #[arg(long)]
+    pub registry_url: Option<String>,
+    /// A second model: the default cell with the model alone, then with a
+    /// copy of it and with this one on every event, then this one on a
+    /// quarter (absent: skip).
+    #[arg(long)]
+    pub second_model: Option<PathBuf>,
+    /// A transformer behind the configured model: one run per band of
+    /// `--cascade-bands` with it scoring only the events whose `offensive`
+    /// score is in the band, against it on every event (absent: skip).
+    #[arg(long)]
+    pub cascade: Option<PathBuf>,
+    /// (empty: no band sweep; the cost table's cascade still runs).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 0..,
+        default_value = "0.4-0.6,0.2-0.8,0.1-0.9,0.05-0.95,0.02-0.98,0-1"
+    )]
+    pub cascade_bands: Vec<cascade::Band>,
+    /// The cascade's band in the cost table (default: the policy's).
+    #[arg(long, default_value_t = cascade::Band::DEFAULT)]
+    pub cascade_band: cascade::Band,
+    /// Models for the cost table: raw at its best, `modstream run` at its
+    /// default (CPU seconds per million verdicts, peak RSS), the latency
+    /// target, p99 at half load, the Python consumer; then the cascade with
+    /// `--cascade` (empty: skip).
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub cost: Vec<PathBuf>,
+    /// The session-options sweep: `modstream run` at its default and with
+    /// one session option changed at a time (workers × intra-op threads,
+    /// spinning, graph optimization, memory arena).
+    #[arg(long)]
+    pub session_sweep: bool,
+    /// Set by the format sweep for its runs.
+    #[arg(skip)]
+    pub encoding: formats::Encoding,
+    /// Set by the delivery sweep for its runs.
+    #[arg(skip)]
+    pub exactly_once: bool,
+    #[arg(skip)]
+    pub commit_interval_ms: Option<u64>,
+    /// Where bench.json and the charts go.
+    #[arg(long = "out", default_value = "target/bench")]
+    pub out_dir: PathBuf,
+}
