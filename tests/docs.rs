@@ -396,3 +396,24 @@ fn the_readmes_plan_examples_are_what_plan_prints_from_their_reports() {
         );
     }
 }
+
+#[test]
+fn the_reliability_page_is_rendered_from_its_committed_rows() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(root.join("scripts/reliability-table.sh"))
+        .arg("--print")
+        .current_dir(root)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    let page = std::fs::read_to_string(root.join("docs/reliability.md")).unwrap();
+    assert!(
+        page == rendered,
+        "docs/reliability.md is not what scripts/reliability-table.sh renders from docs/reliability/rows (and soak.json); run it"
+    );
+}
