@@ -28,10 +28,12 @@ def soak_section(soak):
             f"{soak['rate_per_s']} events/s ({soak['load_share']:.0%} of the saturation measured first, "
             f"{soak['saturation_per_s']:.0f}/s), a model hot reload every {soak['reload_every_s']} s, "
             f"a member joining and leaving every {soak['member_every_s']} s, a policy change every "
-            f"{soak['policy_every_s']} s. Sampled every {soak['sample_every_s']} s: the service's RSS, "
-            "open file descriptors, threads, the p99 of the last interval's verdicts "
-            "(event time to verdict) and the scorer versions the hub holds. Chart: "
-            "[reliability/soak.svg](reliability/soak.svg).", "",
+            f"{soak['policy_every_s']} s. Sampled every {soak['sample_every_s']} s: the first member's RSS, "
+            "open file descriptors, threads, the p99 of the verdicts read since the last sample "
+            "(their `latency_ms`: input record timestamp to verdict) and, from its /metrics, the "
+            "model versions its hub holds and the partitions stalled. "
+            + (f"Build: {soak['build']}, commit {soak['commit']}. " if 'commit' in soak else "")
+            + "Chart: [reliability/soak.svg](reliability/soak.svg).", "",
             "| figure | value |", "|---|---|",
             f"| events acknowledged | {s['acked']} |",
             f"| lost | {s['lost']} |",
@@ -43,9 +45,9 @@ def soak_section(soak):
             f"| threads first / last | {s['threads_first']} / {s['threads_last']} |",
             f"| p99 first / last / max interval | {s['p99_first_ms']:.0f} / {s['p99_last_ms']:.0f} / {s['p99_max_ms']:.0f} ms |",
             f"| p99 drift per hour (least squares) | {s['p99_drift_ms_per_hour']:.1f} ms |",
-            f"| scorer versions held, max | {s['versions_held_max']} |",
+            f"| model versions the hub held, max | {s['versions_held_max']:.0f} |",
             f"| model reloads / member changes / policy changes | {s['reloads']} / {s['member_changes']} / {s['policy_changes']} |",
-            f"| most partitions stalled at once (/readyz) | {s['most_stalled']} |"]
+            f"| most partitions stalled at once (sampled) | {s['most_stalled']:.0f} |"]
 
 counted = [r for r in rows if "copies_histogram" in r]
 timed = [r for r in rows if "copies_histogram" not in r]

@@ -278,7 +278,14 @@ fn soak(plan: &Plan) -> serde_json::Value {
         last.threads <= first.threads + THREAD_GROWTH_BOUND,
         "threads: {summary}"
     );
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     serde_json::json!({
+        "build": if cfg!(debug_assertions) { "debug" } else { "release" },
+        "commit": commit,
         "minutes": plan.duration.as_secs_f64() / 60.0,
         "rate_per_s": rate,
         "load_share": plan.load_share,
