@@ -7,7 +7,7 @@
 
 use rdkafka::ClientConfig;
 
-use crate::config::KafkaSettings;
+use crate::config::{KafkaSettings, Limits, Settings};
 
 /// The verdict producer's own librdkafka retries end after this; then
 /// [`crate::producer::Sink::deliver`] sends the record again. The default
@@ -35,14 +35,67 @@ pub enum ProducerRole {
     Shadow,
 }
 
+/// What librdkafka may hold of the input before modstream sees it, derived
+/// from `limits.max_in_flight_bytes`: the byte budget bounds the records in
+/// the hub, and without these librdkafka's own fetch queue (64 MiB by
+/// default) and each broker's fetch response (up to 50 MiB) come on top.
+/// Each gets an eighth of the budget, and never less than one record of
+/// `limits.max_payload_bytes`, so that the largest record accepted still
+/// fits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FetchBounds {
+    /// `queued.max.messages.kbytes`: the consumer queue, in KiB.
+    pub queued_kbytes: usize,
+    /// `fetch.max.bytes`: one fetch response of one broker.
+    pub fetch_max_bytes: usize,
+}
+
+/// librdkafka's limits for the two properties (its own defaults are lower
+/// than the second; the first is its maximum).
+const MAX_QUEUED_KBYTES: usize = 2_097_151;
+const DEFAULT_FETCH_MAX_BYTES: usize = 52_428_800;
+
+impl FetchBounds {
+    pub fn of(limits: &Limits) -> FetchBounds {
+        let share = (limits.max_in_flight_bytes / 8).max(limits.max_payload_bytes);
+        FetchBounds {
+            queued_kbytes: share.div_ceil(1024).clamp(1, MAX_QUEUED_KBYTES),
+            fetch_max_bytes: share.min(DEFAULT_FETCH_MAX_BYTES),
+        }
+    }
+
+    /// The user's `kafka.consumer` properties that set either bound above
+    /// its derived value: (property, theirs, derived).
+    pub fn exceeded_by(&self, kafka: &KafkaSettings) -> Vec<(&'static str, String, usize)> {
+        [
+            ("queued.max.messages.kbytes", self.queued_kbytes),
+            ("fetch.max.bytes", self.fetch_max_bytes),
+        ]
+        .into_iter()
+        .filter_map(|(key, derived)| {
+            let theirs = kafka.consumer.get(key)?;
+            let over = theirs.trim().parse::<usize>().map_or(true, |v| v > derived);
+            over.then(|| (key, theirs.clone(), derived))
+        })
+        .collect()
+    }
+}
+
 /// A consumer's configuration; `group_id` is its group.
-pub fn consumer(kafka: &KafkaSettings, role: ConsumerRole, group_id: &str) -> ClientConfig {
+pub fn consumer(settings: &Settings, role: ConsumerRole, group_id: &str) -> ClientConfig {
+    let kafka = &settings.kafka;
+    let bounds = FetchBounds::of(&settings.limits);
     let mut cfg = ClientConfig::new();
     cfg.set("bootstrap.servers", &kafka.bootstrap_servers)
         .set("group.id", group_id)
         .set("enable.auto.offset.store", "false")
         .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        .set(
+            "queued.max.messages.kbytes",
+            bounds.queued_kbytes.to_string(),
+        )
+        .set("fetch.max.bytes", bounds.fetch_max_bytes.to_string());
     if role == ConsumerRole::Group {
         cfg.set("auto.offset.reset", "earliest")
             .set("statistics.interval.ms", "5000");
@@ -51,6 +104,16 @@ pub fn consumer(kafka: &KafkaSettings, role: ConsumerRole, group_id: &str) -> Cl
             // (KIP-447), nor aborted input.
             cfg.set("isolation.level", "read_committed");
         }
+    }
+    for (key, theirs, derived) in bounds.exceeded_by(kafka) {
+        tracing::warn!(
+            property = key,
+            set = %theirs,
+            derived,
+            max_in_flight_bytes = settings.limits.max_in_flight_bytes,
+            "kafka.consumer sets {key} above what limits.max_in_flight_bytes gives it: \
+             librdkafka may hold more of the input than the byte budget says"
+        );
     }
     for (k, v) in &kafka.consumer {
         cfg.set(k, v);
@@ -91,34 +154,81 @@ pub fn producer(kafka: &KafkaSettings, role: ProducerRole) -> ClientConfig {
 mod tests {
     use super::*;
 
-    fn kafka() -> KafkaSettings {
-        crate::config::Settings::from_toml(
+    fn settings() -> Settings {
+        Settings::from_toml(
             "[kafka]\nbootstrap_servers = \"127.0.0.1:9\"\n[kafka.consumer]\n\"fetch.wait.max.ms\" = \"7\"\n[kafka.producer]\n\"linger.ms\" = \"50\"\n\"message.timeout.ms\" = \"9000\"\n[input]\ntopics = [\"in\"]\n[output]\ntopic = \"out\"\ndlq_topic = \"dlq\"",
         )
         .unwrap()
-        .kafka
     }
 
     #[test]
     fn every_client_gets_modstreams_settings_then_the_users_properties() {
-        let kafka = kafka();
-        let group = consumer(&kafka, ConsumerRole::Group, "g");
+        let settings = settings();
+        let kafka = &settings.kafka;
+        let group = consumer(&settings, ConsumerRole::Group, "g");
         assert_eq!(group.get("enable.auto.offset.store"), Some("false"));
         assert_eq!(group.get("statistics.interval.ms"), Some("5000"));
         assert_eq!(group.get("fetch.wait.max.ms"), Some("7"));
-        let reader = consumer(&kafka, ConsumerRole::RangeReader, "r");
+        let reader = consumer(&settings, ConsumerRole::RangeReader, "r");
         assert_eq!(reader.get("group.id"), Some("r"));
         assert_eq!(reader.get("enable.auto.commit"), Some("false"));
         assert_eq!(reader.get("statistics.interval.ms"), None);
         assert_eq!(reader.get("fetch.wait.max.ms"), Some("7"));
-        let verdicts = producer(&kafka, ProducerRole::Verdicts);
+        let verdicts = producer(kafka, ProducerRole::Verdicts);
         assert_eq!(verdicts.get("enable.idempotence"), Some("true"));
         assert_eq!(verdicts.get("acks"), Some("all"));
         // The user's properties win over modstream's defaults.
         assert_eq!(verdicts.get("linger.ms"), Some("50"));
         assert_eq!(verdicts.get("message.timeout.ms"), Some("9000"));
-        let shadow = producer(&kafka, ProducerRole::Shadow);
+        let shadow = producer(kafka, ProducerRole::Shadow);
         assert_eq!(shadow.get("enable.idempotence"), None);
         assert_eq!(shadow.get("linger.ms"), Some("50"));
+    }
+
+    #[test]
+    fn librdkafkas_queues_get_an_eighth_of_the_byte_budget_each() {
+        let mut settings = settings();
+        let group = consumer(&settings, ConsumerRole::Group, "g");
+        // The default budget, 128 MiB: 16 MiB each.
+        assert_eq!(group.get("queued.max.messages.kbytes"), Some("16384"));
+        assert_eq!(group.get("fetch.max.bytes"), Some("16777216"));
+        let reader = consumer(&settings, ConsumerRole::RangeReader, "r");
+        assert_eq!(reader.get("queued.max.messages.kbytes"), Some("16384"));
+        // Never below one record of the largest size accepted.
+        settings.limits.max_in_flight_bytes = 1024 * 1024;
+        settings.limits.max_payload_bytes = 512 * 1024;
+        let bounds = FetchBounds::of(&settings.limits);
+        assert_eq!(bounds.queued_kbytes, 512);
+        assert_eq!(bounds.fetch_max_bytes, 512 * 1024);
+        // A large budget keeps librdkafka's own fetch default.
+        settings.limits.max_in_flight_bytes = 4 << 30;
+        assert_eq!(
+            FetchBounds::of(&settings.limits).fetch_max_bytes,
+            52_428_800
+        );
+    }
+
+    #[test]
+    fn a_users_queue_bound_wins_and_is_reported_when_it_exceeds_the_budget() {
+        let mut settings = settings();
+        let bounds = FetchBounds::of(&settings.limits);
+        assert!(bounds.exceeded_by(&settings.kafka).is_empty());
+        settings
+            .kafka
+            .consumer
+            .0
+            .insert("queued.max.messages.kbytes".into(), "65536".into());
+        settings
+            .kafka
+            .consumer
+            .0
+            .insert("fetch.max.bytes".into(), "1024".into());
+        assert_eq!(
+            bounds.exceeded_by(&settings.kafka),
+            vec![("queued.max.messages.kbytes", "65536".to_string(), 16384)]
+        );
+        let group = consumer(&settings, ConsumerRole::Group, "g");
+        assert_eq!(group.get("queued.max.messages.kbytes"), Some("65536"));
+        assert_eq!(group.get("fetch.max.bytes"), Some("1024"));
     }
 }

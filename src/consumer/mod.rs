@@ -203,7 +203,7 @@ fn create(
     health: Arc<Health>,
 ) -> Result<KafkaConsumer, ConsumerError> {
     let kafka = &settings.kafka;
-    let cfg = client::consumer(kafka, ConsumerRole::Group, &kafka.group_id);
+    let cfg = client::consumer(settings, ConsumerRole::Group, &kafka.group_id);
     let context = ModstreamContext {
         fatal: OnceLock::new(),
         transaction_fatal: AtomicBool::new(false),

@@ -30,7 +30,7 @@ pub fn open(
         chrono::Utc::now().timestamp_millis()
     );
     let consumer: BaseConsumer =
-        client::consumer(&settings.kafka, ConsumerRole::RangeReader, &group).create()?;
+        client::consumer(settings, ConsumerRole::RangeReader, &group).create()?;
     let metadata = consumer.fetch_metadata(Some(topic), TIMEOUT)?;
     let partitions: Vec<i32> = metadata
         .topics()

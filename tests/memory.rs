@@ -1,0 +1,97 @@
+//! Memory is bounded by what the config says: a flood of large records on
+//! Apache Kafka (one KRaft node) keeps the service's peak RSS within
+//! `limits.max_in_flight_bytes` (the hub's share) + what it held once the
+//! model was loaded and the group joined + a stated constant (librdkafka's
+//! queues, derived from the same budget, and the allocator's slack).
+
+mod support;
+
+use std::time::Duration;
+
+use support::{Broker, DLQ, INPUT, Modstream, VERDICTS};
+
+const PARTITIONS: i32 = 4;
+/// 3,000 records of 200 KB: 572 MiB, far more than the 128 MiB budget.
+const RECORDS: usize = 3000;
+const RECORD_BYTES: usize = 200 * 1024;
+/// The text scored (within `limits.max_text_bytes`); the rest of each
+/// record is a field the mapping does not read.
+const TEXT_BYTES: usize = 8 * 1024;
+const BUDGET_MIB: u64 = 128;
+/// What may come on top of the budget: librdkafka's consumer queue and one
+/// fetch response (an eighth of the budget each) and the allocator's slack.
+const CONSTANT_MIB: u64 = 64;
+
+fn large_events() -> Vec<(String, String, Vec<u8>)> {
+    let posts = modstream::tools::generator::sample_posts();
+    (0..RECORDS)
+        .map(|i| {
+            let id = format!("f-{i}");
+            let mut text = String::new();
+            while text.len() < TEXT_BYTES {
+                text.push_str(posts[(i + text.len()) % posts.len()].1);
+                text.push(' ');
+            }
+            let attachment = "x".repeat(RECORD_BYTES - TEXT_BYTES - 64);
+            let payload =
+                serde_json::json!({"event_id": id, "text": text, "attachment": attachment})
+                    .to_string()
+                    .into_bytes();
+            (id, format!("user-{}", i % 97), payload)
+        })
+        .collect()
+}
+
+/// A `/proc/PID/status` field in MiB (VmRSS, VmHWM).
+fn status_mib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |kb| kb / 1024)
+}
+
+#[test]
+fn a_flood_of_large_records_stays_within_the_byte_budget() {
+    support::init_logs();
+    let broker = Broker::start();
+    broker.create_topic(INPUT, PARTITIONS);
+    broker.create_topic(VERDICTS, PARTITIONS);
+    broker.create_topic(DLQ, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-flood");
+
+    // Settled: a first run loads the model, joins the group and writes the
+    // warm-up's verdicts; what it holds then is the baseline.
+    let mut first = Modstream::start(&config, "settle", dir.path());
+    let warm = support::produce(&broker.bootstrap(), &support::events("w-", 0..20));
+    let v = support::verify(&broker.bootstrap(), &warm, Duration::from_secs(90));
+    assert!(v.lost.is_empty(), "warm-up lost {:?}", v.lost);
+    let settled = status_mib(first.pid().expect("modstream runs"), "VmRSS:");
+    assert!(first.terminate(Duration::from_secs(30)), "stops cleanly");
+
+    // The flood waits in the topic before the second run starts on it.
+    let flood = large_events();
+    let acked = support::produce(&broker.bootstrap(), &flood);
+    drop(flood);
+    let mut service = Modstream::start(&config, "flood", dir.path());
+    let pid = service.pid().expect("modstream runs");
+    let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(300));
+    let peak = status_mib(pid, "VmHWM:");
+    println!(
+        "flood of {RECORDS} × {} KiB: settled {settled} MiB, peak {peak} MiB, \
+         bound {} MiB; lost {}, duplicates {}",
+        RECORD_BYTES / 1024,
+        settled + BUDGET_MIB + CONSTANT_MIB,
+        v.lost.len(),
+        v.duplicates
+    );
+    assert!(v.lost.is_empty(), "lost {} events", v.lost.len());
+    assert!(settled > 0 && peak > 0, "RSS not read");
+    assert!(
+        peak <= settled + BUDGET_MIB + CONSTANT_MIB,
+        "peak RSS {peak} MiB over settled {settled} + budget {BUDGET_MIB} + {CONSTANT_MIB} MiB"
+    );
+    assert!(service.terminate(Duration::from_secs(30)), "stops cleanly");
+}
