@@ -308,7 +308,20 @@ fn an_evicted_member_commits_nothing_for_partitions_it_lost() {
     ));
     let b_log_before = support::log_of(dir.path(), "b").len();
     a.signal("-STOP");
-    std::thread::sleep(Duration::from_secs(10)); // > session.timeout.ms (6 s)
+    // Frozen past session.timeout.ms (6 s) until b has taken every
+    // partition (bounded: on a loaded machine the rebalance takes longer).
+    let took_over = |log: &str| {
+        log[b_log_before.min(log.len())..]
+            .lines()
+            .any(|l| l.contains("partitions assigned") && l.contains("partitions=4"))
+    };
+    let frozen = Instant::now();
+    while frozen.elapsed() < Duration::from_secs(10)
+        || (!took_over(&support::log_of(dir.path(), "b"))
+            && frozen.elapsed() < Duration::from_secs(40))
+    {
+        std::thread::sleep(Duration::from_millis(200));
+    }
     a.signal("-CONT");
     let acked = load.join().unwrap();
     let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(120));
@@ -321,9 +334,7 @@ fn an_evicted_member_commits_nothing_for_partitions_it_lost() {
     // The frozen member was evicted: b took over every partition.
     let b_log = support::log_of(dir.path(), "b");
     assert!(
-        b_log[b_log_before.min(b_log.len())..]
-            .lines()
-            .any(|l| l.contains("partitions assigned") && l.contains("partitions=4")),
+        took_over(&b_log),
         "b was assigned all four partitions while a was frozen:\n{}",
         &b_log[b_log_before.min(b_log.len())..]
     );

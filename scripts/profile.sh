@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Where modstream's CPU goes under load: `perf record` of one process, then
+# the top entries by thread, by thread and library, and by thread and symbol.
+#   scripts/profile.sh [--events N] [--out DIR]
+#       `modstream demo --events N` (embedded cluster in the same process;
+#       its threads are the rdk:* and mock ones) from start to end.
+#   scripts/profile.sh --bootstrap HOST:PORT [--events N] [--seconds S] [--out DIR]
+#       N events produced to fresh topics on that cluster first, then
+#       `modstream run` (the shipped defaults) recorded for S seconds.
+# Writes DIR/perf.data and DIR/profile.txt (default target/profile).
+# Needs perf (linux-perf) and kernel.perf_event_paranoid <= 2 for a process
+# of one's own.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+events=100000
+seconds=15
+out=target/profile
+bootstrap=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --events) events=$2; shift 2 ;;
+    --seconds) seconds=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --bootstrap) bootstrap=$2; shift 2 ;;
+    *) echo "profile: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+command -v perf >/dev/null || { echo "profile: perf not found (apt-get install linux-perf)" >&2; exit 1; }
+ORT_DYLIB_PATH=$(scripts/fetch-onnxruntime.sh | tail -n 1)
+export ORT_DYLIB_PATH
+cargo build --release --locked --quiet
+bin=target/release/modstream
+mkdir -p "$out"
+data="$out/perf.data"
+
+if [ -z "$bootstrap" ]; then
+  perf record -F 999 -o "$data" -- "$bin" demo --events "$events" --max-seconds 600 >/dev/null
+else
+  run="profile-$(date +%s)"
+  cat > "$out/modstream.toml" <<EOF
+[kafka]
+bootstrap_servers = "$bootstrap"
+group_id = "$run"
+[input]
+topics = ["$run-events"]
+[output]
+topic = "$run-verdicts"
+dlq_topic = "$run-dlq"
+[telemetry]
+listen = "127.0.0.1:0"
+log_level = "warn"
+EOF
+  "$bin" produce --bootstrap "$bootstrap" --topic "$run-events" --count "$events" >/dev/null
+  "$bin" run --config "$out/modstream.toml" >/dev/null &
+  pid=$!
+  trap 'kill -TERM $pid 2>/dev/null || true' EXIT
+  # The model loaded and the group joined before recording starts.
+  sleep 5
+  perf record -F 999 -p "$pid" -o "$data" -- sleep "$seconds"
+  kill -TERM "$pid"
+  wait "$pid" || true
+  trap - EXIT
+fi
+
+report() { perf report -i "$data" --no-children --stdio --percent-limit 0.5 "$@" 2>/dev/null | grep -v '^#' | sed '/^$/d'; }
+{
+  echo "## by thread"; report --sort comm | head -20
+  echo; echo "## by thread and library"; report --sort comm,dso | head -30
+  echo; echo "## by thread and symbol (top 40)"; report --sort comm,dso,symbol | head -40
+} | tee "$out/profile.txt"
+echo "profile: $out/profile.txt ($data)" >&2
