@@ -29,7 +29,7 @@ command -v perf >/dev/null || { echo "profile: perf not found (apt-get install l
 ORT_DYLIB_PATH=$(scripts/fetch-onnxruntime.sh | tail -n 1)
 export ORT_DYLIB_PATH
 cargo build --release --locked --quiet
-bin=target/release/modstream
+bin=${CARGO_TARGET_DIR:-target}/release/modstream
 mkdir -p "$out"
 data="$out/perf.data"
 
@@ -62,10 +62,15 @@ EOF
   trap - EXIT
 fi
 
-report() { perf report -i "$data" --no-children --stdio --percent-limit 0.5 "$@" 2>/dev/null | grep -v '^#' | sed '/^$/d'; }
+report() {
+  perf report -i "$data" --no-children --stdio --percent-limit "${limit:-0.5}" "$@" 2>/dev/null \
+    | grep -v '^#' | sed -e '/^$/d' -e 's/[ -]*$//'
+}
 {
   echo "## by thread"; report --sort comm | head -20
   echo; echo "## by thread and library"; report --sort comm,dso | head -30
   echo; echo "## by thread and symbol (top 40)"; report --sort comm,dso,symbol | head -40
+  echo; echo "## modstream's own code by thread and symbol (top 30)"
+  limit=0.1 report --dsos modstream --sort comm,symbol | head -30
 } | tee "$out/profile.txt"
 echo "profile: $out/profile.txt ($data)" >&2
