@@ -50,6 +50,12 @@ dlq_topic = "$run-dlq"
 listen = "127.0.0.1:0"
 log_level = "warn"
 EOF
+  # Four partitions each (clusters like the tests' do not create topics on use).
+  libs=$(scripts/fetch-kafka.sh | tail -n 1)
+  for t in events verdicts dlq; do
+    java -Xmx256m -XX:+UseSerialGC -cp "$libs/*" org.apache.kafka.tools.TopicCommand \
+      --bootstrap-server "$bootstrap" --create --topic "$run-$t" --partitions 4 >/dev/null
+  done
   "$bin" produce --bootstrap "$bootstrap" --topic "$run-events" --count "$events" >/dev/null
   "$bin" run --config "$out/modstream.toml" >/dev/null &
   pid=$!
