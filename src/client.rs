@@ -50,8 +50,8 @@ pub struct FetchBounds {
     pub fetch_max_bytes: usize,
 }
 
-/// librdkafka's limits for the two properties (its own defaults are lower
-/// than the second; the first is its maximum).
+/// librdkafka's maximum for the first property and its default for the
+/// second (a larger budget never raises it).
 const MAX_QUEUED_KBYTES: usize = 2_097_151;
 const DEFAULT_FETCH_MAX_BYTES: usize = 52_428_800;
 
