@@ -31,6 +31,8 @@ pub(super) struct ProcessRun {
     /// Between the first sample after a verdict was read and the last
     /// sample, and the verdicts read between those two samples.
     pub cpu: CpuTime,
+    /// The broker's CPU seconds over the same span (`--broker-pid`).
+    pub broker_cpu_s: Option<f64>,
     pub verdicts: usize,
 }
 
@@ -40,6 +42,12 @@ impl ProcessRun {
     pub fn cpu_s_per_million(&self) -> Option<f64> {
         (self.verdicts >= 20 && self.cpu.total_s > 0.0)
             .then(|| self.cpu.total_s * 1e6 / self.verdicts as f64)
+    }
+
+    /// The broker's CPU microseconds per verdict over the same span.
+    pub fn broker_cpu_us_per_verdict(&self) -> Option<f64> {
+        let s = self.broker_cpu_s?;
+        (self.verdicts >= 20).then(|| s * 1e6 / self.verdicts as f64)
     }
 
     /// The Kafka client's threads' share of the CPU time.
@@ -83,18 +91,8 @@ pub(super) async fn modstream(
     model_dir: &Path,
     extra: &str,
 ) -> anyhow::Result<ProcessRun> {
-    let exe = std::env::current_exe()?;
-    anyhow::ensure!(
-        exe.file_stem().is_some_and(|n| n == "modstream"),
-        "the baseline needs the modstream binary (run `modstream bench`)"
-    );
-    let cell = Cell::new(opts).await?;
-    send::produce_all(&cell.bootstrap, &cell.input, events).await?;
-    let dir = tempfile_dir("modstream-baseline")?;
-    let config = dir.join("modstream.toml");
-    std::fs::write(
-        &config,
-        format!(
+    service_process(opts, events, |cell| {
+        Ok(format!(
             "[kafka]\nbootstrap_servers = {:?}\ngroup_id = {:?}\n[input]\ntopics = [{:?}]\n\
              [output]\ntopic = {:?}\ndlq_topic = {:?}\n\
              [telemetry]\nlisten = \"127.0.0.1:0\"\nlog_level = \"warn\"\n\
@@ -105,14 +103,43 @@ pub(super) async fn modstream(
             cell.verdicts,
             cell.dlq,
             model_dir.display().to_string()
-        ),
-    )?;
+        ))
+    })
+    .await
+}
+
+/// The `modstream` binary this bench runs as; None when it runs inside
+/// another program (a test), which cannot start `modstream run`.
+pub(super) fn service_binary() -> Option<PathBuf> {
+    std::env::current_exe()
+        .ok()
+        .filter(|exe| exe.file_stem().is_some_and(|n| n == "modstream"))
+}
+
+/// `modstream run` as its own process, with the configuration `config`
+/// writes for a fresh cell that holds `events`, watched until every verdict
+/// is read.
+pub(super) async fn service_process(
+    opts: &BenchOptions,
+    events: &[GeneratedEvent],
+    config: impl FnOnce(&Cell) -> anyhow::Result<String>,
+) -> anyhow::Result<ProcessRun> {
+    let exe = service_binary().ok_or_else(|| {
+        anyhow::anyhow!(
+            "a separate modstream process needs the modstream binary (run `modstream bench`)"
+        )
+    })?;
+    let cell = Cell::new(opts).await?;
+    send::produce_all(&cell.bootstrap, &cell.input, events).await?;
+    let dir = tempfile_dir("modstream-baseline")?;
+    let path = dir.join("modstream.toml");
+    std::fs::write(&path, config(&cell)?)?;
     let mut child = Command::new(&exe)
         .args(["run", "--config"])
-        .arg(&config)
+        .arg(&path)
         .stdout(Stdio::null())
         .spawn()?;
-    let watched = watch(&mut child, &cell, events.len(), false).await;
+    let watched = watch(&mut child, &cell, events.len(), false, opts.broker_pid).await;
     let pid = child.id().to_string();
     let _ = Command::new("kill").args(["-TERM", &pid]).status();
     let _ = tokio::task::spawn_blocking(move || child.wait()).await?;
@@ -141,7 +168,7 @@ pub(super) async fn python_job(
         .arg(events.len().to_string())
         .stdout(Stdio::null())
         .spawn()?;
-    let run = watch(&mut child, &cell, events.len(), true).await?;
+    let run = watch(&mut child, &cell, events.len(), true, opts.broker_pid).await?;
     anyhow::ensure!(
         run.peak_rss_bytes > 0,
         "could not read the Python consumer's peak RSS"
@@ -149,26 +176,44 @@ pub(super) async fn python_job(
     Ok(run)
 }
 
-/// Reads `want` verdicts of `cell` while sampling the process every 50 ms;
-/// `exits_itself`: the process ends on its own once done (its last sample
-/// is the last taken while it lived), else it must outlive the reading.
+/// One sample of a watched process: its CPU time, the broker's (with
+/// `--broker-pid`) and the verdicts read by then.
+#[derive(Debug, Clone, Copy, Default)]
+struct Sample {
+    cpu: CpuTime,
+    broker_s: Option<f64>,
+    verdicts: usize,
+}
+
+/// Reads `want` verdicts of `cell` while sampling the process (and the
+/// broker's, `broker_pid`) every 50 ms; `exits_itself`: the process ends on
+/// its own once done (its last sample is the last taken while it lived),
+/// else it must outlive the reading.
 async fn watch(
     child: &mut Child,
     cell: &Cell,
     want: usize,
     exits_itself: bool,
+    broker_pid: Option<u32>,
 ) -> anyhow::Result<ProcessRun> {
     let pid = child.id().to_string();
+    let broker = broker_pid.map(|p| p.to_string());
     let read = Arc::new(AtomicUsize::new(0));
     let reader = spawn_timed_reader(cell, want, read.clone());
-    let (mut peak, mut first, mut last) = (0, None, (CpuTime::default(), 0));
+    let (mut peak, mut first, mut last): (u64, Option<Sample>, Sample) =
+        (0, None, Sample::default());
     loop {
         peak = peak.max(peak_rss_of(&pid));
-        let seen = read.load(Ordering::SeqCst);
-        if let Some(now) = cpu_time_of(&pid) {
-            last = (now, seen);
-            if first.is_none() && seen > 0 {
-                first = Some((now, seen));
+        let verdicts = read.load(Ordering::SeqCst);
+        if let Some(cpu) = cpu_time_of(&pid) {
+            let broker_s = broker.as_deref().and_then(cpu_time_of).map(|c| c.total_s);
+            last = Sample {
+                cpu,
+                broker_s,
+                verdicts,
+            };
+            if first.is_none() && verdicts > 0 {
+                first = Some(last);
             }
         }
         if reader.is_finished() {
@@ -184,12 +229,13 @@ async fn watch(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let per_s = reader.await??;
-    let (first, last) = (first.unwrap_or_default(), last);
+    let first = first.unwrap_or_default();
     Ok(ProcessRun {
         per_s,
         peak_rss_bytes: peak,
-        cpu: last.0.since(&first.0),
-        verdicts: last.1.saturating_sub(first.1),
+        cpu: last.cpu.since(&first.cpu),
+        broker_cpu_s: last.broker_s.zip(first.broker_s).map(|(l, f)| l - f),
+        verdicts: last.verdicts.saturating_sub(first.verdicts),
     })
 }
 

@@ -67,17 +67,71 @@ fn saturation(out: &mut String, report: &Report) {
         .iter()
         .any(|r| r.padding_efficiency.is_some());
     let _ = writeln!(out, "**Throughput at saturation**\n");
-    let mut header = "| max_batch_size | max_batch_delay | events | pipeline verdicts/s | raw model events/s | pipeline ÷ raw | mean run | wait / model / produce ms |".to_string();
-    let mut rule = "|---|---|---|---|---|---|---|---|".to_string();
+    // Reports from before issue 34 have no CPU columns; their raw model was
+    // one session.
+    let cpu = report.saturation.iter().any(|r| r.raw_sessions.is_some());
+    let broker = report.saturation.iter().any(|r| {
+        r.own_process
+            .as_ref()
+            .is_some_and(|o| o.broker_cpu_us_per_verdict.is_some())
+    });
+    let mut header = if cpu {
+        let sessions = report
+            .saturation
+            .iter()
+            .find_map(|r| r.raw_sessions)
+            .unwrap_or(1);
+        format!(
+            "| max_batch_size | max_batch_delay | events | pipeline verdicts/s | raw model events/s ({sessions} session{}) | pipeline ÷ raw | own process verdicts/s | CPU µs per verdict | raw CPU µs per event | CPU ÷ raw |",
+            if sessions == 1 { "" } else { "s" }
+        )
+    } else {
+        "| max_batch_size | max_batch_delay | events | pipeline verdicts/s | raw model events/s | pipeline ÷ raw |".to_string()
+    };
+    let mut rule = if cpu {
+        "|---|---|---|---|---|---|---|---|---|---|"
+    } else {
+        "|---|---|---|---|---|---|"
+    }
+    .to_string();
+    if broker {
+        header += " broker CPU µs per verdict |";
+        rule += "---|";
+    }
+    header += " mean run | wait / model / produce ms |";
+    rule += "---|---|";
     if tokens {
         header += " padding efficiency | raw unbucketed/s |";
         rule += "---|---|";
     }
     let _ = writeln!(out, "{header}\n{rule}");
+    let opt = |v: Option<f64>, d: usize| v.map_or("-".into(), |v| format!("{v:.d$}"));
     for r in &report.saturation {
         let _ = write!(out, "{}", saturation_row(r));
+        if cpu {
+            let own = r.own_process.as_ref();
+            let _ = write!(
+                out,
+                " {} | {} | {} | {} |",
+                opt(own.map(|o| o.per_s), 0),
+                opt(own.and_then(|o| o.cpu_us_per_verdict), 1),
+                opt(r.raw_cpu_us_per_event, 1),
+                opt(r.cpu_over_raw(), 2)
+            );
+        }
+        if broker {
+            let b = r
+                .own_process
+                .as_ref()
+                .and_then(|o| o.broker_cpu_us_per_verdict);
+            let _ = write!(out, " {} |", opt(b, 1));
+        }
+        let _ = write!(
+            out,
+            " {:.1} | {:.0} / {:.1} / {:.1} |",
+            r.mean_batch_size, r.batch_wait_ms, r.inference_ms, r.produce_ms
+        );
         if tokens {
-            let opt = |v: Option<f64>, d: usize| v.map_or("-".into(), |v| format!("{v:.d$}"));
             let _ = write!(
                 out,
                 " {} | {} |",
@@ -96,16 +150,12 @@ fn saturation_row(r: &SaturationRow) -> String {
         None => format!("{} ms", r.max_batch_delay_ms),
     };
     format!(
-        "| {} | {delay} | {} | {:.0} | {:.0} | {:.2} | {:.1} | {:.0} / {:.1} / {:.1} |",
+        "| {} | {delay} | {} | {:.0} | {:.0} | {:.2} |",
         cell_name(r.max_batch_size, r.target_p99_ms),
         r.events,
         r.pipeline_per_s,
         r.raw_model_per_s,
         r.pipeline_over_raw,
-        r.mean_batch_size,
-        r.batch_wait_ms,
-        r.inference_ms,
-        r.produce_ms
     )
 }
 

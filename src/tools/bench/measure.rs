@@ -505,29 +505,8 @@ pub(super) async fn peak_rss_under_load(
     let dir = std::env::temp_dir().join(format!("modstream-overload-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config = dir.join("modstream.toml");
-    let inference = inference_settings(opts);
-    let model_dir = std::path::absolute(&inference.model_dir)?;
-    let toml = [
-        cell.config(b.size, b.delay_ms),
-        "[inference]".to_string(),
-        format!("model_dir = {:?}", model_dir.display().to_string()),
-        format!("intra_threads = {}", inference.intra_threads),
-        format!("workers = {}", inference.worker_count()),
-        format!("cache_bytes = {}", inference.cache_bytes),
-        format!(
-            "execution_providers = {:?}",
-            inference
-                .execution_providers
-                .iter()
-                .map(|p| p.name())
-                .collect::<Vec<_>>()
-        ),
-        format!("require_gpu = {}", inference.require_gpu),
-        "[telemetry]".to_string(),
-        "listen = \"127.0.0.1:0\"".to_string(),
-        "log_level = \"warn\"".to_string(),
-    ];
-    std::fs::write(&config, toml.join("\n"))?;
+    let toml = service_toml(opts, &cell, b)?;
+    std::fs::write(&config, toml)?;
     let mut child = std::process::Command::new(&exe)
         .args(["run", "--config"])
         .arg(&config)
@@ -576,6 +555,44 @@ pub(super) async fn peak_rss_under_load(
         "could not read the peak RSS of pid {pid} (exit {exit:?})"
     );
     Ok((count, peak))
+}
+
+/// The configuration of `modstream run` as its own process for `cell` at
+/// `b`: the in-process runs' settings (the cell's Kafka settings, the
+/// bench's inference options, the batching) written as TOML.
+pub(super) fn service_toml(
+    opts: &BenchOptions,
+    cell: &Cell,
+    b: Batching,
+) -> anyhow::Result<String> {
+    let inference = inference_settings(opts);
+    let model_dir = std::path::absolute(&inference.model_dir)?;
+    // The cell's configuration ends in its [batching] table.
+    let target = b
+        .target_p99_ms
+        .map_or(String::new(), |t| format!("target_p99 = \"{t}ms\""));
+    let toml = [
+        cell.config(b.size, b.delay_ms),
+        target,
+        "[inference]".to_string(),
+        format!("model_dir = {:?}", model_dir.display().to_string()),
+        format!("intra_threads = {}", inference.intra_threads),
+        format!("workers = {}", inference.worker_count()),
+        format!("cache_bytes = {}", inference.cache_bytes),
+        format!(
+            "execution_providers = {:?}",
+            inference
+                .execution_providers
+                .iter()
+                .map(|p| p.name())
+                .collect::<Vec<_>>()
+        ),
+        format!("require_gpu = {}", inference.require_gpu),
+        "[telemetry]".to_string(),
+        "listen = \"127.0.0.1:0\"".to_string(),
+        "log_level = \"warn\"".to_string(),
+    ];
+    Ok(toml.join("\n"))
 }
 
 pub(super) fn inference_settings(opts: &BenchOptions) -> InferenceSettings {

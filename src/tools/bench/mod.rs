@@ -22,6 +22,7 @@ mod measure;
 pub mod models;
 mod options;
 mod process;
+mod raw;
 mod report;
 mod session;
 mod sweep_rows;
@@ -41,7 +42,7 @@ pub use options::BenchOptions;
 pub use process::{CpuTime, cpu_time_of, peak_rss_bytes, peak_rss_of};
 pub use report::{
     BaselineRow, CascadeRow, ChoicePoint, CostRow, DeliveryRow, FloorRow, LatencyRow, OverloadRow,
-    RepeatRow, Report, SaturationRow, SessionRow, ShadowRow, StepBin, StepTrace,
+    OwnProcess, RepeatRow, Report, SaturationRow, SessionRow, ShadowRow, StepBin, StepTrace,
 };
 
 /// Run the whole sweep, print the tables as it goes, write bench.json,
@@ -159,8 +160,10 @@ pub fn update_docs(doc: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The fixed grid at saturation, then the adaptive cell; the raw model on
-/// the same batches beside each size.
+/// The fixed grid at saturation, then the adaptive cell; beside each size
+/// the raw model on as many sessions as the pipeline has workers, and
+/// beside each cell the same cell as its own `modstream run` process (its
+/// CPU per verdict).
 async fn saturation_grid(
     opts: &BenchOptions,
     inference: &InferenceSettings,
@@ -176,39 +179,77 @@ async fn saturation_grid(
         })?),
         InputKind::Text => None,
     };
+    let mut sessions = (0..inference.worker_count())
+        .map(|_| Model::load(inference))
+        .collect::<Result<Vec<_>, _>>()?;
     let texts: Vec<String> = generate(opts.events, 0, "raw-")
         .into_iter()
         .filter_map(|e| e.text)
         .collect();
+    if baseline::service_binary().is_none() {
+        eprintln!("not the modstream binary: the cells' own-process CPU is not measured");
+    }
     let mut rows = Vec::new();
     let mut raw_at = std::collections::HashMap::new();
     report::print_saturation_header();
     for &batch in &opts.batch_sizes {
-        let (raw, _) = raw_model_throughput(model, &texts, batch)?;
+        let raw = raw::raw_on_sessions(&mut sessions, &texts, batch)?;
         raw_at.insert(batch, raw);
         let naive = match unbucketed.as_mut() {
             Some(m) => Some(raw_model_throughput(m, &texts, batch)?),
             None => None,
         };
         for &delay in &opts.delays_ms {
-            let (per_s, summary, elapsed) =
-                measure::saturation(opts, Batching::fixed(batch, delay)).await?;
+            let b = Batching::fixed(batch, delay);
+            let (per_s, summary, elapsed) = measure::saturation(opts, b).await?;
             let cell = (batch, delay, opts.events);
-            let row = SaturationRow::new(cell, per_s, raw, &summary, elapsed, naive);
+            let row = SaturationRow::new(cell, per_s, raw.per_s, &summary, elapsed, naive);
+            let row = beside(row, raw, own_process(opts, b).await?);
             row.print();
             rows.push(row);
         }
     }
     if let Some(b) = adaptive_cell(opts) {
         let (per_s, summary, elapsed) = measure::saturation(opts, b).await?;
-        let raw = raw_at.get(&b.size).copied().unwrap_or(f64::NAN);
+        let raw = raw_at.get(&b.size).copied();
         let cell = (b.size, b.delay_ms, opts.events);
-        let mut row = SaturationRow::new(cell, per_s, raw, &summary, elapsed, None);
+        let raw_per_s = raw.map_or(f64::NAN, |r| r.per_s);
+        let mut row = SaturationRow::new(cell, per_s, raw_per_s, &summary, elapsed, None);
         row.target_p99_ms = b.target_p99_ms;
+        if let Some(raw) = raw {
+            row = beside(row, raw, own_process(opts, b).await?);
+        }
         row.print();
         rows.push(row);
     }
     Ok(rows)
+}
+
+/// A saturation row with the raw model's run and its own process's beside it.
+fn beside(mut row: SaturationRow, raw: raw::RawRun, own: Option<OwnProcess>) -> SaturationRow {
+    row.raw_sessions = Some(raw.sessions);
+    row.raw_cpu_us_per_event = Some(raw.cpu_us_per_event);
+    row.own_process = own;
+    row
+}
+
+/// The cell `b` as its own `modstream run` process on the saturation
+/// run's events (None when the bench is not the `modstream` binary).
+async fn own_process(opts: &BenchOptions, b: Batching) -> anyhow::Result<Option<OwnProcess>> {
+    if baseline::service_binary().is_none() {
+        return Ok(None);
+    }
+    let events = generate(opts.events, 0, "s-");
+    let run = baseline::service_process(opts, &events, |cell| measure::service_toml(opts, cell, b))
+        .await?;
+    Ok(Some(OwnProcess {
+        per_s: run.per_s,
+        // CPU seconds per million verdicts = CPU µs per verdict.
+        cpu_us_per_verdict: run.cpu_s_per_million(),
+        kafka_cpu_share: run.kafka_share(),
+        peak_rss_bytes: run.peak_rss_bytes,
+        broker_cpu_us_per_verdict: run.broker_cpu_us_per_verdict(),
+    }))
 }
 
 /// The adaptive cell: a latency target, bounded by the grid's largest size

@@ -31,6 +31,11 @@ pub struct BenchOptions {
     /// fresh group).
     #[arg(long)]
     pub bootstrap: Option<String>,
+    /// With `--bootstrap`: the broker's process id, whose CPU time per
+    /// verdict is read beside each `modstream run` process's (a broker on
+    /// the same machine is part of what a verdict costs there).
+    #[arg(long)]
+    pub broker_pid: Option<u32>,
     /// Execution providers in order of preference (cuda, tensorrt, cpu).
     #[arg(long, value_delimiter = ',', default_value = "cpu")]
     pub providers: Vec<ExecutionProvider>,

@@ -41,6 +41,43 @@ pub struct SaturationRow {
     pub raw_unbucketed_per_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raw_unbucketed_padding_efficiency: Option<f64>,
+    /// How many sessions the raw model ran on at once: the pipeline's
+    /// workers (`raw_model_per_s` is theirs together). Absent in reports
+    /// from before issue 34, whose raw model was one session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_sessions: Option<usize>,
+    /// The raw model's CPU time per event on those sessions, µs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_cpu_us_per_event: Option<f64>,
+    /// The same cell as its own `modstream run` process (only when the
+    /// bench runs as the `modstream` binary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_process: Option<OwnProcess>,
+}
+
+/// A cell run as its own `modstream run` process on the same events: its
+/// verdicts/s (from the verdicts' timestamps), its CPU time per verdict
+/// (utime + stime from `/proc`, first verdict to last), the Kafka client's
+/// share of it, its peak RSS; with `--broker-pid`, the broker's CPU time per
+/// verdict over the same span.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OwnProcess {
+    pub per_s: f64,
+    pub cpu_us_per_verdict: Option<f64>,
+    pub kafka_cpu_share: f64,
+    pub peak_rss_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker_cpu_us_per_verdict: Option<f64>,
+}
+
+impl SaturationRow {
+    /// CPU per verdict of the own process against the raw model's CPU per
+    /// event: 1 would be a pipeline that costs nothing beyond its model.
+    pub fn cpu_over_raw(&self) -> Option<f64> {
+        let own = self.own_process.as_ref()?.cpu_us_per_verdict?;
+        let raw = self.raw_cpu_us_per_event.filter(|r| *r > 0.0)?;
+        Some(own / raw)
+    }
 }
 
 /// Peak memory of a separate `modstream run` process offered more than it
@@ -415,6 +452,9 @@ impl SaturationRow {
                 .then(|| summary.real_tokens as f64 / summary.verdicts.max(1) as f64),
             raw_unbucketed_per_s: naive.map(|n| n.0),
             raw_unbucketed_padding_efficiency: naive.and_then(|n| n.1),
+            raw_sessions: None,
+            raw_cpu_us_per_event: None,
+            own_process: None,
         }
     }
 
@@ -424,8 +464,9 @@ impl SaturationRow {
         if let Some(t) = self.target_p99_ms {
             eprint!("adaptive, p99 target {t} ms, bounds: ");
         }
+        let own = self.own_process.as_ref();
         eprintln!(
-            "{:>6} {:>6}ms {:>11.0} {:>9.0} {:>6.2} {:>7.1} {:>8.1} {:>8.1} {:>8.1} {:>6} {:>10}",
+            "{:>6} {:>6}ms {:>11.0} {:>9.0} {:>6.2} {:>7.1} {:>8.1} {:>8.1} {:>8.1} {:>6} {:>10} {:>8} {:>8} {:>8} {:>7}",
             self.max_batch_size,
             self.max_batch_delay_ms,
             self.pipeline_per_s,
@@ -436,14 +477,18 @@ impl SaturationRow {
             self.inference_ms,
             self.produce_ms,
             opt(self.padding_efficiency, 2),
-            opt(self.raw_unbucketed_per_s, 0)
+            opt(self.raw_unbucketed_per_s, 0),
+            opt(own.map(|o| o.per_s), 0),
+            opt(own.and_then(|o| o.cpu_us_per_verdict), 1),
+            opt(self.raw_cpu_us_per_event, 1),
+            opt(self.cpu_over_raw(), 2),
         );
     }
 }
 
 pub fn print_saturation_header() {
     eprintln!(
-        "{:>6} {:>8} {:>11} {:>9} {:>6} {:>7} {:>8} {:>8} {:>8} {:>6} {:>10}",
+        "{:>6} {:>8} {:>11} {:>9} {:>6} {:>7} {:>8} {:>8} {:>8} {:>6} {:>10} {:>8} {:>8} {:>8} {:>7}",
         "batch",
         "delay",
         "pipeline/s",
@@ -454,7 +499,11 @@ pub fn print_saturation_header() {
         "model ms",
         "prod ms",
         "pad eff",
-        "unbucketed"
+        "unbucketed",
+        "own/s",
+        "cpu µs/v",
+        "raw µs/e",
+        "cpu÷raw"
     );
 }
 
