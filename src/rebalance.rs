@@ -180,7 +180,8 @@ struct PendingRevoke {
 #[derive(Default)]
 pub struct Revokes {
     pending: Vec<PendingRevoke>,
-    revoked_at: HashMap<Tp, u64>,
+    /// Read per record (foldhash: see the hub's partitions).
+    revoked_at: foldhash::HashMap<Tp, u64>,
     resume_at: HashMap<Tp, i64>,
 }
 

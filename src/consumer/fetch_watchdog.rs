@@ -21,7 +21,8 @@ use crate::tp::Tp;
 pub(super) struct FetchWatchdog {
     lags_rx: std::sync::mpsc::Receiver<Vec<(Tp, i64)>>,
     lags: HashMap<Tp, i64>,
-    last_record: HashMap<Tp, Instant>,
+    /// Written per record (foldhash: see the hub's partitions).
+    last_record: foldhash::HashMap<Tp, Instant>,
     stalls: StallReporter,
     stall_after: Duration,
     next_check: Instant,
@@ -38,7 +39,7 @@ impl FetchWatchdog {
         FetchWatchdog {
             lags_rx,
             lags: HashMap::new(),
-            last_record: HashMap::new(),
+            last_record: Default::default(),
             stalls: StallReporter::new(StallKind::Unfetched, health),
             stall_after,
             next_check: Instant::now(),
@@ -98,7 +99,7 @@ impl FetchWatchdog {
 /// Partitions with a lag and no record for `stall_after`.
 fn unfetched(
     lags: &HashMap<Tp, i64>,
-    last_record: &HashMap<Tp, Instant>,
+    last_record: &foldhash::HashMap<Tp, Instant>,
     now: Instant,
     stall_after: Duration,
 ) -> Vec<Stall> {
@@ -130,13 +131,14 @@ mod tests {
         let now = Instant::now();
         let long_ago = now - Duration::from_secs(90);
         let lags: HashMap<Tp, i64> = [(tp(0), 500), (tp(1), 0), (tp(2), 7)].into();
-        let last_record: HashMap<Tp, Instant> = [
+        let last_record: foldhash::HashMap<Tp, Instant> = [
             (tp(0), long_ago), // lags, nothing for 90 s: not fetched
             (tp(1), long_ago), // at its end: nothing to fetch
             (tp(2), now),      // lags, but records come
             (tp(3), long_ago), // no statistics yet
         ]
-        .into();
+        .into_iter()
+        .collect();
         let found = unfetched(&lags, &last_record, now, Duration::from_secs(60));
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!((found[0].partition, found[0].pending), (0, 500));

@@ -33,6 +33,28 @@ pub(super) struct PollLoop<'a> {
     backlog: VecDeque<Ingested>,
     paused: bool,
     backlog_since: Option<Instant>,
+    topics: Topics,
+    in_flight_bytes: metrics::Gauge,
+}
+
+/// Each input topic's name, shared by its records' [`Tp`]s, and its
+/// `modstream_events_consumed_total` counter: found by name per record
+/// (a handful of topics) instead of allocated and looked up each time.
+#[derive(Default)]
+struct Topics(Vec<(std::sync::Arc<str>, metrics::Counter)>);
+
+impl Topics {
+    fn of(&mut self, topic: &str) -> &(std::sync::Arc<str>, metrics::Counter) {
+        let i = match self.0.iter().position(|(t, _)| &**t == topic) {
+            Some(i) => i,
+            None => {
+                let counter = metrics::counter!(metric::CONSUMED_TOTAL, "topic" => topic.to_string());
+                self.0.push((std::sync::Arc::from(topic), counter));
+                self.0.len() - 1
+            }
+        };
+        &self.0[i]
+    }
 }
 
 /// Whether the hub is still there to take records.
@@ -58,6 +80,8 @@ impl<'a> PollLoop<'a> {
             backlog: VecDeque::new(),
             paused: false,
             backlog_since: None,
+            topics: Topics::default(),
+            in_flight_bytes: metrics::gauge!(metric::IN_FLIGHT_BYTES),
         }
     }
 
@@ -76,7 +100,7 @@ impl<'a> PollLoop<'a> {
             if let Hub::Gone = self.forward_backlog() {
                 return;
             }
-            metrics::gauge!(metric::IN_FLIGHT_BYTES).set(self.budget.used() as f64);
+            self.in_flight_bytes.set(self.budget.used() as f64);
             let rebalanced = consumer.context().rebalanced.swap(false, Ordering::SeqCst);
             if rebalanced {
                 self.after_rebalance();
@@ -163,9 +187,13 @@ impl<'a> PollLoop<'a> {
         match self.consumer.poll(timeout) {
             Some(Ok(m)) => {
                 let generation = self.consumer.context().generation.load(Ordering::SeqCst);
-                metrics::counter!(metric::CONSUMED_TOTAL, "topic" => m.topic().to_string())
-                    .increment(1);
-                let record = ingested(&m, generation);
+                let (topic, consumed) = self.topics.of(m.topic());
+                consumed.increment(1);
+                let tp = Tp {
+                    topic: topic.clone(),
+                    partition: m.partition(),
+                };
+                let record = ingested(&m, tp, generation);
                 consumer_note(self.consumer, &record);
                 self.watchdog.fetched(&record.tp);
                 if !self.backlog.is_empty() {
@@ -202,9 +230,9 @@ fn consumer_note(consumer: &KafkaConsumer, record: &Ingested) {
 }
 
 /// A polled message, owned, stamped with the rebalance generation.
-fn ingested(m: &BorrowedMessage<'_>, generation: u64) -> Ingested {
+fn ingested(m: &BorrowedMessage<'_>, tp: Tp, generation: u64) -> Ingested {
     Ingested {
-        tp: Tp::new(m.topic(), m.partition()),
+        tp,
         offset: m.offset(),
         key: m.key().map(<[u8]>::to_vec),
         payload: m.payload().map(<[u8]>::to_vec),

@@ -20,28 +20,83 @@ pub struct RecordParts<'a> {
     pub headers: &'a [(String, Option<Vec<u8>>)],
 }
 
+/// A field's source with what reading it needs worked out once: its name
+/// (in warnings and rejections) and, for a JSON pointer, its reference
+/// tokens unescaped (`Value::pointer` would split and unescape them again
+/// for every record).
+#[derive(Debug, Clone)]
+struct Source {
+    from: FieldSource,
+    name: String,
+    tokens: Vec<String>,
+}
+
+impl Source {
+    fn new(from: FieldSource) -> Source {
+        let tokens = match &from {
+            FieldSource::Pointer(p) => p
+                .split('/')
+                .skip(1)
+                .map(|t| t.replace("~1", "/").replace("~0", "~"))
+                .collect(),
+            _ => Vec::new(),
+        };
+        Source {
+            name: from.to_string(),
+            from,
+            tokens,
+        }
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+/// The value a JSON pointer's tokens lead to, by RFC 6901 as
+/// `serde_json::Value::pointer` reads it (an array index is decimal without
+/// a sign or a leading zero).
+fn lookup<'v>(mut value: &'v Value, tokens: &[String]) -> Option<&'v Value> {
+    for token in tokens {
+        value = match value {
+            Value::Object(map) => map.get(token)?,
+            Value::Array(items) => {
+                let valid = !token.is_empty()
+                    && token.bytes().all(|b| b.is_ascii_digit())
+                    && (token == "0" || !token.starts_with('0'));
+                items.get(token.parse::<usize>().ok().filter(|_| valid)?)?
+            }
+            _ => return None,
+        };
+    }
+    Some(value)
+}
+
 /// A mapping with its sources parsed.
 #[derive(Debug, Clone)]
 struct Compiled {
-    id: FieldSource,
-    text: Vec<FieldSource>,
+    id: Source,
+    text: Vec<Source>,
     text_separator: String,
-    user_id: Option<FieldSource>,
-    lang: Option<FieldSource>,
-    created_at: Option<FieldSource>,
+    user_id: Option<Source>,
+    lang: Option<Source>,
+    created_at: Option<Source>,
     created_at_unit: TimeUnit,
-    priority: Option<FieldSource>,
-    tenant: Option<FieldSource>,
-    metadata: Option<FieldSource>,
+    priority: Option<Source>,
+    tenant: Option<Source>,
+    metadata: Option<Source>,
 }
 
 impl Compiled {
     /// Sources were checked when the settings loaded; one that does not
     /// parse reads nothing.
     fn new(m: &Mapping) -> Compiled {
-        let parse = |s: &str| FieldSource::parse(s).ok().flatten();
+        let parse = |s: &str| FieldSource::parse(s).ok().flatten().map(Source::new);
         Compiled {
-            id: parse(&m.id).unwrap_or_else(|| FieldSource::Pointer("/event_id".into())),
+            id: parse(&m.id)
+                .unwrap_or_else(|| Source::new(FieldSource::Pointer("/event_id".into()))),
             text: m.text.iter().filter_map(|t| parse(t)).collect(),
             text_separator: m.text_separator.clone(),
             user_id: parse(&m.user_id),
@@ -147,10 +202,10 @@ struct View<'a> {
 }
 
 impl View<'_> {
-    fn get(&self, source: &FieldSource) -> Option<Cow<'_, Value>> {
+    fn get(&self, source: &Source) -> Option<Cow<'_, Value>> {
         let text = |b: &[u8]| Cow::Owned(Value::String(String::from_utf8_lossy(b).into_owned()));
-        match source {
-            FieldSource::Pointer(p) => self.data.pointer(p).map(Cow::Borrowed),
+        match &source.from {
+            FieldSource::Pointer(_) => lookup(&self.data, &source.tokens).map(Cow::Borrowed),
             FieldSource::Key => self.record.key.map(text),
             FieldSource::Header(name) => self
                 .record
@@ -167,7 +222,7 @@ impl View<'_> {
         }
     }
 
-    fn take(&self, source: Option<&FieldSource>) -> Option<Value> {
+    fn take(&self, source: Option<&Source>) -> Option<Value> {
         source.and_then(|s| self.get(s)).map(Cow::into_owned)
     }
 
@@ -208,32 +263,34 @@ impl View<'_> {
                 ),
             ));
         }
-        let at = |s: &Option<FieldSource>| s.as_ref().map(ToString::to_string).unwrap_or_default();
+        fn at(s: &Option<Source>) -> &str {
+            s.as_ref().map_or("", |s| s.name.as_str())
+        }
         let mut o = Optional::default();
         let user_id = o.id_like(
             OptionalField::UserId,
-            &at(&m.user_id),
+            at(&m.user_id),
             self.take(m.user_id.as_ref()),
         );
         let tenant = o.id_like(
             OptionalField::Tenant,
-            &at(&m.tenant),
+            at(&m.tenant),
             self.take(m.tenant.as_ref()),
         );
         let lang = o.string(
             OptionalField::Lang,
-            &at(&m.lang),
+            at(&m.lang),
             self.take(m.lang.as_ref()),
         );
         let created_at_ms = o.created_at(
-            &at(&m.created_at),
+            at(&m.created_at),
             self.take(m.created_at.as_ref()),
             m.created_at_unit,
         );
-        let priority = o.priority(&at(&m.priority), self.take(m.priority.as_ref()));
+        let priority = o.priority(at(&m.priority), self.take(m.priority.as_ref()));
         let metadata = o.object(
             OptionalField::Metadata,
-            &at(&m.metadata),
+            at(&m.metadata),
             self.take(m.metadata.as_ref()),
         );
         Ok(Event {
@@ -252,15 +309,17 @@ impl View<'_> {
     /// The text sources that are there, joined; one of another type is
     /// the event's fault.
     fn text(&self, m: &Compiled) -> Result<String, Rejection> {
-        let mut parts = Vec::new();
+        let mut parts: Vec<Cow<'_, str>> = Vec::with_capacity(m.text.len());
         for source in &m.text {
-            match self.get(source).as_deref() {
-                None | Some(Value::Null) => {}
-                Some(Value::String(s)) => parts.push(s.clone()),
+            match self.get(source) {
+                None => {}
+                Some(Cow::Borrowed(Value::String(s))) => parts.push(Cow::Borrowed(s)),
+                Some(Cow::Owned(Value::String(s))) => parts.push(Cow::Owned(s)),
+                Some(v) if v.is_null() => {}
                 Some(other) => {
                     return Err(reject(
                         RejectReason::WrongType,
-                        format!("text ({source}) must be a string, got {}", kind(other)),
+                        format!("text ({source}) must be a string, got {}", kind(&other)),
                     ));
                 }
             }
@@ -279,13 +338,14 @@ impl View<'_> {
             ));
         }
         parts.retain(|p| !p.is_empty());
-        if parts.is_empty() {
-            return Err(reject(
+        match parts.len() {
+            0 => Err(reject(
                 RejectReason::EmptyText,
                 format!("text ({}) is empty", names()),
-            ));
+            )),
+            1 => Ok(parts.swap_remove(0).into_owned()),
+            _ => Ok(parts.join(&m.text_separator)),
         }
-        Ok(parts.join(&m.text_separator))
     }
 }
 
@@ -441,5 +501,21 @@ mod tests {
         let plain = decode(&d, "comments", r#"{"body": "x"}"#, None, &[]).unwrap_err();
         assert_eq!(plain.reason, RejectReason::MissingEventId);
         assert!(plain.message.contains("ce:id"), "{}", plain.message);
+    }
+
+    #[test]
+    fn a_compiled_pointer_reads_what_serde_json_pointer_reads() {
+        let v: Value = serde_json::from_str(
+            r#"{"a": {"b/c": [10, {"d~e": "x"}], "": 1, "0": "zero"}, "list": [1, 2, 3]}"#,
+        )
+        .unwrap();
+        for p in [
+            "/a", "/a/b~1c", "/a/b~1c/0", "/a/b~1c/1/d~0e", "/a/b~1c/01", "/a/b~1c/+1",
+            "/a/b~1c/-1", "/a/b~1c/", "/a/", "/a/0", "/list/2", "/list/3", "/missing",
+            "/a/b~1c/0/deeper", "/list/1e0",
+        ] {
+            let compiled = Source::new(FieldSource::Pointer(p.to_string()));
+            assert_eq!(lookup(&v, &compiled.tokens), v.pointer(p), "{p}");
+        }
     }
 }

@@ -68,7 +68,7 @@ impl<D: Deliver> Hub<D> {
         let answer = Answer {
             source: &pending.tp,
             offset: pending.offset,
-            key: pending.original.key.clone(),
+            key: pending.original.key.as_deref(),
             event: &pending.event,
             timestamp_ms: pending.original.timestamp_ms,
         };
@@ -138,7 +138,8 @@ impl<D: Deliver> Hub<D> {
         }
     }
 
-    /// Enqueue one record now; a task reports its acknowledgement. `bytes`
+    /// Enqueue one record now; [`Self::flush_deliveries`] reports its
+    /// acknowledgement. `bytes`
     /// (the input's share of the byte budget) is given back after it;
     /// `received_at` is when the input was polled.
     pub(super) fn deliver(
@@ -180,9 +181,8 @@ impl<D: Deliver> Hub<D> {
                 async move { (copy, acked.await) }
             })
             .collect();
-        let acks = self.acks_tx.clone();
         let started = Instant::now();
-        self.deliveries.spawn(async move {
+        self.outgoing.push(Box::pin(async move {
             // The offset is done when all its records are acknowledged.
             let (main, also) = futures::future::join(main, futures::future::join_all(also)).await;
             let Delivered {
@@ -191,19 +191,34 @@ impl<D: Deliver> Hub<D> {
             } = combine(main, also);
             let outcome = delivered.map(|()| outcome);
             drop(bytes);
-            let _ = acks
-                .send(Ack {
-                    tp,
-                    generation,
-                    offset,
-                    outcome,
-                    kind,
-                    refused_copies,
-                    took: started.elapsed(),
-                    received_at,
-                    txn: epoch,
-                })
-                .await;
+            Ack {
+                tp,
+                generation,
+                offset,
+                outcome,
+                kind,
+                refused_copies,
+                took: started.elapsed(),
+                received_at,
+                txn: epoch,
+            }
+        }));
+    }
+
+    /// Wait for the records handed over since the last call in one task:
+    /// each offset's [`Ack`] goes to the hub as soon as all its records are
+    /// acknowledged (one task per batch of deliveries, not per offset).
+    pub(super) fn flush_deliveries(&mut self) {
+        if self.outgoing.is_empty() {
+            return;
+        }
+        let mut waiting: futures::stream::FuturesUnordered<_> = self.outgoing.drain(..).collect();
+        let acks = self.acks_tx.clone();
+        self.deliveries.spawn(async move {
+            use futures::StreamExt;
+            while let Some(ack) = waiting.next().await {
+                let _ = acks.send(ack).await;
+            }
         });
     }
 
@@ -288,15 +303,11 @@ impl<D: Deliver> Hub<D> {
     ) {
         let label = decided.verdict;
         self.summary.verdicts += 1;
-        metrics::counter!(metric::VERDICTS_TOTAL, "verdict" => label.as_str()).increment(1);
-        if let Some(rule) = decided.rules.rules.get(decided.rule) {
-            metrics::counter!(metric::POLICY_VERDICTS_TOTAL, "rule" => rule.id.clone(), "verdict" => label.as_str())
-                .increment(1);
-        }
+        self.meters.verdict(label, &decided.rules, decided.rule);
         let in_hub = received_at.elapsed();
         let end_to_end = decided.event_time_ms.map(|t| {
             let ms = (chrono::Utc::now().timestamp_millis() - t).max(0);
-            metrics::histogram!(metric::END_TO_END_SECONDS).record(ms as f64 / 1000.0);
+            self.meters.end_to_end.record(ms as f64 / 1000.0);
             std::time::Duration::from_millis(ms as u64)
         });
         // Without a record timestamp only the part in the hub is known.
@@ -341,7 +352,7 @@ impl<D: Deliver> Hub<D> {
 
     pub(super) fn release(&mut self, events: usize) {
         self.in_flight = self.in_flight.saturating_sub(events);
-        metrics::gauge!(metric::IN_FLIGHT_EVENTS).set(self.in_flight as f64);
+        self.meters.in_flight.set(self.in_flight as f64);
     }
 
     /// Record a partition's new position, for the consumer thread to store.

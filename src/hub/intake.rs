@@ -38,7 +38,7 @@ impl<D: Deliver> Hub<D> {
         });
         partition.track(record.offset);
         self.in_flight += 1;
-        metrics::gauge!(metric::IN_FLIGHT_EVENTS).set(self.in_flight as f64);
+        self.meters.in_flight.set(self.in_flight as f64);
 
         // Acknowledgements are matched against this partition state's own
         // generation, not the (newer) one a later rebalance stamps on records.

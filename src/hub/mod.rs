@@ -18,7 +18,6 @@
 //! partitions (the consumer thread learns them by message) and the revokes
 //! in progress ([`Revokes`]).
 
-use std::collections::HashMap;
 
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
@@ -49,6 +48,7 @@ mod dispatch;
 mod formats;
 mod intake;
 mod lanes;
+mod meters;
 mod queue;
 mod revoke;
 mod transaction;
@@ -205,20 +205,25 @@ pub struct Hub<D: Deliver> {
     stop: CancellationToken,
     /// A fatal producer error: nothing more can be delivered; the run stops.
     producer_fatal: Option<ProducerError>,
-    partitions: HashMap<Tp, Partition>,
+    // foldhash: these are looked up per event and per acknowledgement,
+    // where SipHash's DoS resistance buys nothing (keys are the assignment).
+    partitions: foldhash::HashMap<Tp, Partition>,
     revokes: Revokes,
     /// The last position stored for each owned partition, and those not yet
     /// handed to the consumer thread (its channel was full).
-    positions: HashMap<Tp, i64>,
-    unsent_positions: HashMap<Tp, i64>,
+    positions: foldhash::HashMap<Tp, i64>,
+    unsent_positions: foldhash::HashMap<Tp, i64>,
     /// Runs in inference: the lane and the batches whose events it scores.
-    in_inference: HashMap<u64, (usize, Vec<ReadyBatch>)>,
+    in_inference: foldhash::HashMap<u64, (usize, Vec<ReadyBatch>)>,
     next_job_id: u64,
     /// Events accepted and not yet acknowledged (or abandoned).
     in_flight: usize,
     acks_tx: mpsc::Sender<Ack>,
     acks_rx: Option<mpsc::Receiver<Ack>>,
     deliveries: TaskTracker,
+    /// Offsets handed to the producer since the last flush, each resolving
+    /// to its acknowledgement (see [`Hub::flush_deliveries`]).
+    outgoing: Vec<BoxFuture<'static, Ack>>,
     summary: RunSummary,
     /// The watchdog: partitions stalled now, and when it looks next.
     health: std::sync::Arc<Health>,
@@ -235,6 +240,8 @@ pub struct Hub<D: Deliver> {
     schemas: Option<Arc<crate::schema::SchemaStore>>,
     /// With `output.format = "avro"`: the registered verdict schema.
     verdict_encoder: Option<crate::schema::verdict::VerdictEncoder>,
+    /// Per-event metric handles.
+    meters: meters::Meters,
 }
 
 impl<D: Deliver> Hub<D> {
@@ -268,7 +275,8 @@ impl<D: Deliver> Hub<D> {
             ..Default::default()
         };
         let rules = Arc::new(rules);
-        policy_loaded(&rules);
+        let meters = meters::Meters::new(&rules);
+        policy_loaded_at();
         Hub {
             settings,
             lanes,
@@ -279,16 +287,17 @@ impl<D: Deliver> Hub<D> {
             abort: shutdown.abort.clone(),
             stop: shutdown.stop.clone(),
             producer_fatal: None,
-            partitions: HashMap::new(),
+            partitions: Default::default(),
             revokes: Revokes::default(),
-            positions: HashMap::new(),
-            unsent_positions: HashMap::new(),
-            in_inference: HashMap::new(),
+            positions: Default::default(),
+            unsent_positions: Default::default(),
+            in_inference: Default::default(),
             next_job_id: 0,
             in_flight: 0,
             acks_tx,
             acks_rx: Some(acks_rx),
             deliveries: TaskTracker::new(),
+            outgoing: Vec::new(),
             summary,
             stalls: StallReporter::new(StallKind::Undelivered, health.clone()),
             health,
@@ -298,6 +307,7 @@ impl<D: Deliver> Hub<D> {
             decoder,
             schemas: None,
             verdict_encoder: None,
+            meters,
         }
     }
 
@@ -361,6 +371,7 @@ impl<D: Deliver> Hub<D> {
             }
         }
         self.finish_revokes(true);
+        self.flush_deliveries();
         self.deliveries.close();
         self.deliveries.wait().await;
         let last: Positions = self.unsent_positions.drain().collect();
@@ -383,6 +394,7 @@ impl<D: Deliver> Hub<D> {
         if self.next_slo_tick().is_some_and(|t| Instant::now() >= t) {
             self.adjust_batching();
         }
+        self.flush_deliveries();
     }
 
     fn next_wake(&self) -> Option<Instant> {
@@ -426,19 +438,14 @@ impl<D: Deliver> Hub<D> {
     /// it (events already accepted keep theirs).
     fn on_policy(&mut self, rules: Arc<Ruleset>) {
         tracing::info!(from = %self.rules.version, to = %rules.version, rules = rules.rules.len(), "policy in force");
-        policy_loaded(&rules);
+        self.meters.policy_loaded(&rules);
+        policy_loaded_at();
         self.rules = rules;
     }
 }
 
-/// Every rule × verdict series at 0, and when this policy took over.
-fn policy_loaded(rules: &Ruleset) {
-    for rule in rules.rule_ids() {
-        for verdict in Verdict::ALL {
-            metrics::counter!(metric::POLICY_VERDICTS_TOTAL, "rule" => rule.to_string(), "verdict" => verdict.as_str())
-                .increment(0);
-        }
-    }
+/// When the policy in force took over.
+fn policy_loaded_at() {
     metrics::gauge!(metric::POLICY_LOADED_TIMESTAMP_SECONDS)
         .set(chrono::Utc::now().timestamp_millis() as f64 / 1000.0);
 }

@@ -1,6 +1,6 @@
 //! Re-sends in offset order, per input partition.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 #[cfg(test)]
 use std::time::Duration;
@@ -16,7 +16,8 @@ use crate::tp::{Source, Tp};
 /// so each offset counts its places.
 #[derive(Default)]
 pub(super) struct Resends {
-    waiting: std::sync::Mutex<HashMap<Tp, BTreeMap<i64, usize>>>,
+    /// Read per record (foldhash: see the hub's partitions).
+    waiting: std::sync::Mutex<foldhash::HashMap<Tp, BTreeMap<i64, usize>>>,
     turn: tokio::sync::Notify,
 }
 

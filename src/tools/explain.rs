@@ -119,7 +119,7 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
         let answer = Answer {
             source: &f.tp,
             offset: f.offset,
-            key: f.key.clone(),
+            key: f.key.as_deref(),
             event: &f.event,
             timestamp_ms: f.timestamp_ms,
         };

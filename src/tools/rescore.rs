@@ -322,7 +322,7 @@ impl Scoring {
         let answer = crate::verdict::Answer {
             source: &item.tp,
             offset: item.offset,
-            key: item.key,
+            key: item.key.as_deref(),
             event: &item.event,
             timestamp_ms: item.timestamp_ms,
         };

@@ -76,7 +76,8 @@ pub struct Judged<'a> {
 pub struct Answer<'a> {
     pub source: &'a Tp,
     pub offset: i64,
-    pub key: Option<Vec<u8>>,
+    /// The input record's key (each record written copies it).
+    pub key: Option<&'a [u8]>,
     pub event: &'a Event,
     /// The input record's Kafka timestamp.
     pub timestamp_ms: Option<i64>,
@@ -228,7 +229,7 @@ pub fn verdict_record(
             .map(ToString::to_string)
             .collect(),
     };
-    record(topic, answer.key.clone(), &body, RecordKind::Verdict)
+    record(topic, answer.key.map(<[u8]>::to_vec), &body, RecordKind::Verdict)
 }
 
 /// The compact audit record for `output.decisions_topic`, keyed by event id
@@ -274,8 +275,19 @@ fn record(
     body: &impl serde::Serialize,
     kind: RecordKind,
 ) -> OutRecord {
+    thread_local! {
+        /// Grown once to the largest record written on this thread, so that
+        /// serializing does not reallocate as the record grows.
+        static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
     // Serializing these structs cannot fail; an empty body would be a bug.
-    let payload = serde_json::to_vec(body).unwrap_or_default();
+    let payload = BUFFER.with_borrow_mut(|buffer| {
+        buffer.clear();
+        match serde_json::to_writer(&mut *buffer, body) {
+            Ok(()) => buffer.clone(),
+            Err(_) => Vec::new(),
+        }
+    });
     OutRecord {
         topic: topic.to_string(),
         key,
