@@ -138,7 +138,7 @@ impl<D: Deliver> Hub<D> {
         }
     }
 
-    /// Enqueue one record now; [`Self::flush_deliveries`] reports its
+    /// Enqueue one record now; the hub's loop polls for its
     /// acknowledgement. `bytes`
     /// (the input's share of the byte budget) is given back after it;
     /// `received_at` is when the input was polled.
@@ -203,23 +203,6 @@ impl<D: Deliver> Hub<D> {
                 txn: epoch,
             }
         }));
-    }
-
-    /// Wait for the records handed over since the last call in one task:
-    /// each offset's [`Ack`] goes to the hub as soon as all its records are
-    /// acknowledged (one task per batch of deliveries, not per offset).
-    pub(super) fn flush_deliveries(&mut self) {
-        if self.outgoing.is_empty() {
-            return;
-        }
-        let mut waiting: futures::stream::FuturesUnordered<_> = self.outgoing.drain(..).collect();
-        let acks = self.acks_tx.clone();
-        self.deliveries.spawn(async move {
-            use futures::StreamExt;
-            while let Some(ack) = waiting.next().await {
-                let _ = acks.send(ack).await;
-            }
-        });
     }
 
     pub(super) fn on_ack(&mut self, ack: Ack) {

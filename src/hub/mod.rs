@@ -19,11 +19,12 @@
 //! in progress ([`Revokes`]).
 
 
+use futures::StreamExt;
 use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::config::Settings;
 use crate::consumer::Ingested;
@@ -218,11 +219,8 @@ pub struct Hub<D: Deliver> {
     next_job_id: u64,
     /// Events accepted and not yet acknowledged (or abandoned).
     in_flight: usize,
-    acks_tx: mpsc::Sender<Ack>,
-    acks_rx: Option<mpsc::Receiver<Ack>>,
-    deliveries: TaskTracker,
-    /// Offsets handed to the producer since the last flush, each resolving
-    /// to its acknowledgement (see [`Hub::flush_deliveries`]).
+    /// Offsets handed to the producer since the loop last looked, each
+    /// resolving to its acknowledgement (the loop polls them).
     outgoing: Vec<BoxFuture<'static, Ack>>,
     summary: RunSummary,
     /// The watchdog: partitions stalled now, and when it looks next.
@@ -256,7 +254,6 @@ impl<D: Deliver> Hub<D> {
         health: std::sync::Arc<Health>,
         shutdown: &Shutdown,
     ) -> Self {
-        let (acks_tx, acks_rx) = mpsc::channel(settings.limits.max_in_flight);
         let settings_eos = settings.kafka.exactly_once();
         let decoder = crate::event::Decoder::new(&settings.input, &settings.limits);
         let lanes: Vec<Lane> = models
@@ -294,9 +291,6 @@ impl<D: Deliver> Hub<D> {
             in_inference: Default::default(),
             next_job_id: 0,
             in_flight: 0,
-            acks_tx,
-            acks_rx: Some(acks_rx),
-            deliveries: TaskTracker::new(),
             outgoing: Vec::new(),
             summary,
             stalls: StallReporter::new(StallKind::Undelivered, health.clone()),
@@ -333,13 +327,24 @@ impl<D: Deliver> Hub<D> {
     /// the delivery tasks and hand the last positions to the consumer.
     /// Returns the counts and the producer error that stopped it, if one did.
     pub async fn run(mut self, mut inputs: Inputs) -> (RunSummary, Option<ProducerError>) {
-        let Some(mut acks_rx) = self.acks_rx.take() else {
-            return (self.summary, None);
-        };
         let mut input_open = true;
         let abort = self.abort.clone();
+        // The offsets handed to the producer, each resolving once all its
+        // records are acknowledged: polled here, so that an acknowledgement
+        // wakes the hub itself (no task, no channel per offset).
+        let mut delivering = FuturesUnordered::new();
+        // One timer, moved when the next deadline changes (a new one per
+        // turn of the loop would be registered and dropped each time).
+        let wake = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(wake);
+        let mut wake_set = None;
         loop {
+            delivering.extend(self.outgoing.drain(..));
             let wake_at = self.next_wake();
+            if let Some(at) = wake_at.filter(|at| wake_set != Some(*at)) {
+                wake.as_mut().reset(at);
+                wake_set = Some(at);
+            }
             let open = self.any_breaker_open();
             let accepting =
                 input_open && self.in_flight < self.settings.limits.max_in_flight && !open;
@@ -353,10 +358,10 @@ impl<D: Deliver> Hub<D> {
                     }
                 }
                 Some(rules) = inputs.policies.recv() => self.on_policy(rules),
-                Some(ack) = acks_rx.recv() => self.on_ack(ack),
+                Some(ack) = delivering.next() => self.on_ack(ack),
                 Some(result) = inputs.results.recv() => self.on_inference_result(result),
                 _ = abort.cancelled(), if holding => self.give_up_held(),
-                _ = sleep_until(wake_at) => {}
+                _ = &mut wake, if wake_at.is_some() => wake_set = None,
                 record = inputs.records.recv(), if accepting => match record {
                     Some(record) => self.on_record(record),
                     None => {
@@ -371,9 +376,8 @@ impl<D: Deliver> Hub<D> {
             }
         }
         self.finish_revokes(true);
-        self.flush_deliveries();
-        self.deliveries.close();
-        self.deliveries.wait().await;
+        delivering.extend(self.outgoing.drain(..));
+        while delivering.next().await.is_some() {}
         let last: Positions = self.unsent_positions.drain().collect();
         if !last.is_empty() {
             let _ = self.positions_tx.send(last).await;
@@ -388,13 +392,13 @@ impl<D: Deliver> Hub<D> {
         self.finish_revokes(false);
         self.answer_seal();
         self.send_positions();
-        if Instant::now() >= self.next_stall_check {
+        let now = Instant::now();
+        if now >= self.next_stall_check {
             self.check_stalls();
         }
-        if self.next_slo_tick().is_some_and(|t| Instant::now() >= t) {
+        if self.next_slo_tick().is_some_and(|t| now >= t) {
             self.adjust_batching();
         }
-        self.flush_deliveries();
     }
 
     fn next_wake(&self) -> Option<Instant> {
@@ -448,13 +452,6 @@ impl<D: Deliver> Hub<D> {
 fn policy_loaded_at() {
     metrics::gauge!(metric::POLICY_LOADED_TIMESTAMP_SECONDS)
         .set(chrono::Utc::now().timestamp_millis() as f64 / 1000.0);
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
 }
 
 #[cfg(test)]

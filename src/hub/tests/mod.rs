@@ -96,7 +96,8 @@ struct Harness {
     hub: Hub<Outbox>,
     outbox: Outbox,
     jobs: async_channel::Receiver<InferenceJob>,
-    acks: mpsc::Receiver<Ack>,
+    /// The offsets the hub handed over, resolving to their acknowledgements.
+    acks: futures::stream::FuturesUnordered<futures::future::BoxFuture<'static, Ack>>,
     positions: async_channel::Receiver<Positions>,
 }
 
@@ -157,7 +158,7 @@ fn harness_of(
         Arc::default(),
         &Shutdown::new(),
     );
-    let acks = hub.acks_rx.take().unwrap();
+    let acks = Default::default();
     Harness {
         hub,
         outbox,
@@ -207,7 +208,8 @@ impl Harness {
     /// Feed `n` acknowledgements back to the hub.
     async fn acks(&mut self, n: usize) {
         for _ in 0..n {
-            let ack = self.acks.recv().await.unwrap();
+            self.acks.extend(self.hub.outgoing.drain(..));
+            let ack = futures::StreamExt::next(&mut self.acks).await.unwrap();
             self.hub.on_ack(ack);
             self.hub.after_event();
         }
