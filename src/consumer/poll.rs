@@ -48,7 +48,8 @@ impl Topics {
         let i = match self.0.iter().position(|(t, _)| &**t == topic) {
             Some(i) => i,
             None => {
-                let counter = metrics::counter!(metric::CONSUMED_TOTAL, "topic" => topic.to_string());
+                let counter =
+                    metrics::counter!(metric::CONSUMED_TOTAL, "topic" => topic.to_string());
                 self.0.push((std::sync::Arc::from(topic), counter));
                 self.0.len() - 1
             }

@@ -277,11 +277,7 @@ impl View<'_> {
             at(&m.tenant),
             self.take(m.tenant.as_ref()),
         );
-        let lang = o.string(
-            OptionalField::Lang,
-            at(&m.lang),
-            self.take(m.lang.as_ref()),
-        );
+        let lang = o.string(OptionalField::Lang, at(&m.lang), self.take(m.lang.as_ref()));
         let created_at_ms = o.created_at(
             at(&m.created_at),
             self.take(m.created_at.as_ref()),
@@ -510,9 +506,21 @@ mod tests {
         )
         .unwrap();
         for p in [
-            "/a", "/a/b~1c", "/a/b~1c/0", "/a/b~1c/1/d~0e", "/a/b~1c/01", "/a/b~1c/+1",
-            "/a/b~1c/-1", "/a/b~1c/", "/a/", "/a/0", "/list/2", "/list/3", "/missing",
-            "/a/b~1c/0/deeper", "/list/1e0",
+            "/a",
+            "/a/b~1c",
+            "/a/b~1c/0",
+            "/a/b~1c/1/d~0e",
+            "/a/b~1c/01",
+            "/a/b~1c/+1",
+            "/a/b~1c/-1",
+            "/a/b~1c/",
+            "/a/",
+            "/a/0",
+            "/list/2",
+            "/list/3",
+            "/missing",
+            "/a/b~1c/0/deeper",
+            "/list/1e0",
         ] {
             let compiled = Source::new(FieldSource::Pointer(p.to_string()));
             assert_eq!(lookup(&v, &compiled.tokens), v.pointer(p), "{p}");

@@ -18,7 +18,6 @@
 //! partitions (the consumer thread learns them by message) and the revokes
 //! in progress ([`Revokes`]).
 
-
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;

@@ -229,7 +229,12 @@ pub fn verdict_record(
             .map(ToString::to_string)
             .collect(),
     };
-    record(topic, answer.key.map(<[u8]>::to_vec), &body, RecordKind::Verdict)
+    record(
+        topic,
+        answer.key.map(<[u8]>::to_vec),
+        &body,
+        RecordKind::Verdict,
+    )
 }
 
 /// The compact audit record for `output.decisions_topic`, keyed by event id

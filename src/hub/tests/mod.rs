@@ -1,4 +1,5 @@
 use super::*;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -149,7 +150,7 @@ fn harness_of(
 ) -> Harness {
     let (positions_tx, positions) = async_channel::bounded(64);
     let outbox = Outbox::default();
-    let mut hub = Hub::new(
+    let hub = Hub::new(
         settings,
         lanes,
         rules,

@@ -71,6 +71,8 @@ pub(super) async fn run(opts: &BenchOptions, python: &Path) -> anyhow::Result<Ba
         modstream_cpu_s_per_million: m.cpu_s_per_million(),
         modstream_kafka_cpu_share: Some(m.kafka_share()),
         python_cpu_s_per_million: p.cpu_s_per_million(),
+        modstream_broker_cpu_us_per_verdict: m.broker_cpu_us_per_verdict(),
+        python_broker_cpu_us_per_verdict: p.broker_cpu_us_per_verdict(),
     })
 }
 

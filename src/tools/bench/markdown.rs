@@ -296,6 +296,15 @@ fn extras(out: &mut String, report: &Report) {
                 _ => "not recorded".to_string(),
             }
         );
+        if let (Some(m), Some(p)) = (
+            b.modstream_broker_cpu_us_per_verdict,
+            b.python_broker_cpu_us_per_verdict,
+        ) {
+            let _ = writeln!(
+                out,
+                "The broker's CPU while each ran (`--broker-pid`), µs per verdict: {m:.1} beside modstream, {p:.1} beside Python.\n"
+            );
+        }
     }
     if let Some(s) = &report.shadow {
         let _ = writeln!(

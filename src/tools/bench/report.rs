@@ -287,6 +287,11 @@ pub struct BaselineRow {
     pub modstream_kafka_cpu_share: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python_cpu_s_per_million: Option<f64>,
+    /// With `--broker-pid`: the broker's CPU µs per verdict while each ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modstream_broker_cpu_us_per_verdict: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_broker_cpu_us_per_verdict: Option<f64>,
 }
 
 impl BaselineRow {
