@@ -16,13 +16,6 @@ use modstream::tools::{bench, demo, send};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-/// mimalloc: the hub allocates and frees small objects per event on one
-/// thread and hands others across threads (records, scores), where glibc's
-/// malloc spent a tenth of the service's own CPU (docs/benchmarks.md,
-/// "Where the CPU goes").
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "modstream",

@@ -247,6 +247,7 @@ async fn own_process(opts: &BenchOptions, b: Batching) -> anyhow::Result<Option<
         // CPU seconds per million verdicts = CPU µs per verdict.
         cpu_us_per_verdict: run.cpu_s_per_million(),
         kafka_cpu_share: run.kafka_share(),
+        inference_cpu_share: run.cpu.inference_s / run.cpu.total_s.max(1e-9),
         peak_rss_bytes: run.peak_rss_bytes,
         broker_cpu_us_per_verdict: run.broker_cpu_us_per_verdict(),
     }))

@@ -65,6 +65,10 @@ pub struct OwnProcess {
     pub per_s: f64,
     pub cpu_us_per_verdict: Option<f64>,
     pub kafka_cpu_share: f64,
+    /// The inference workers' threads' share (ONNX Runtime's own threads,
+    /// which inherit their name, included).
+    #[serde(default)]
+    pub inference_cpu_share: f64,
     pub peak_rss_bytes: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub broker_cpu_us_per_verdict: Option<f64>,
