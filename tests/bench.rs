@@ -79,8 +79,14 @@ fn a_tiny_bench_writes_a_complete_report() {
         // The raw model on the pipeline's one worker, and the cell as its
         // own `modstream run` process beside it.
         assert_eq!(row.raw_sessions, Some(1), "{row:?}");
-        assert!(row.raw_cpu_us_per_event.is_some_and(|us| us > 0.0), "{row:?}");
-        let own = row.own_process.as_ref().expect("the cell as its own process");
+        assert!(
+            row.raw_cpu_us_per_event.is_some_and(|us| us > 0.0),
+            "{row:?}"
+        );
+        let own = row
+            .own_process
+            .as_ref()
+            .expect("the cell as its own process");
         assert!(own.per_s > 0.0 && own.peak_rss_bytes > 0, "{own:?}");
         if let (Some(cpu), Some(raw)) = (own.cpu_us_per_verdict, row.raw_cpu_us_per_event) {
             assert!((row.cpu_over_raw().unwrap() - cpu / raw).abs() < 1e-9);

@@ -126,7 +126,7 @@ pub trait Deliver: Send + 'static {
     }
 }
 
-/// What the delivery tasks report back.
+/// What an offset's delivery resolves to.
 pub struct Ack {
     tp: Tp,
     generation: u64,
@@ -323,7 +323,7 @@ impl<D: Deliver> Hub<D> {
     }
 
     /// Run until the input is closed and nothing is in flight; then wait for
-    /// the delivery tasks and hand the last positions to the consumer.
+    /// the deliveries left and hand the last positions to the consumer.
     /// Returns the counts and the producer error that stopped it, if one did.
     pub async fn run(mut self, mut inputs: Inputs) -> (RunSummary, Option<ProducerError>) {
         let mut input_open = true;

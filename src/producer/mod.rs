@@ -106,7 +106,7 @@ pub fn is_service_level(e: &KafkaError) -> bool {
 }
 
 /// Service-level delivery failures now, by topic: since when, and the last
-/// error. Written by the delivery tasks, read by the hub's watchdog.
+/// error. Written by the deliveries, read by the hub's watchdog.
 #[derive(Default)]
 struct ServiceFailures(std::sync::Mutex<HashMap<String, (std::time::Instant, String)>>);
 
