@@ -124,6 +124,15 @@ fn a_tiny_bench_writes_a_complete_report() {
             && overload.peak_rss_bytes > 0
             && overload.light_load_peak_rss_bytes > 0
     );
+    let bound = overload
+        .bound_bytes
+        .expect("the overload run's memory bound");
+    assert!(
+        overload.peak_rss_bytes <= bound,
+        "peak RSS {} MiB under overload, past the budget's bound {} MiB",
+        overload.peak_rss_bytes >> 20,
+        bound >> 20
+    );
 
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("bench.json")).unwrap())

@@ -25,14 +25,123 @@ const MAX_PROBE_DELAY: std::time::Duration = std::time::Duration::from_secs(30);
 /// poison events alone cannot keep the breaker open.
 #[derive(Default)]
 pub(super) struct Breaker {
-    pub(super) dead_runs: u32,
-    pub(super) open: bool,
+    dead_runs: u32,
+    open: bool,
     /// The probe's job id while it runs.
-    pub(super) probe: Option<u64>,
-    pub(super) next_probe: Option<Instant>,
+    probe: Option<u64>,
+    next_probe: Option<Instant>,
     delay: std::time::Duration,
     /// The last text the model scored.
-    pub(super) last_scored: Option<String>,
+    last_scored: Option<String>,
+}
+
+/// What a finished run of the model tells the breaker.
+#[derive(Debug)]
+pub(super) enum RunOutcome {
+    /// At least one event was scored (or the run had no result at all);
+    /// the text of one that was, the probe from now on.
+    Scored(Option<String>),
+    /// Every event of the run failed.
+    AllFailed,
+}
+
+/// What the hub does with a run's batches.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum BreakerAction {
+    /// Deliver its results as usual (events that failed go to the DLQ).
+    Deliver,
+    /// Put its batches back at the front of the queue: the model is taken
+    /// as broken. `opened`: the breaker has just opened after this many
+    /// runs in a row that failed whole.
+    HoldBack { opened: Option<u32> },
+}
+
+/// The end of a probe.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum ProbeOutcome {
+    /// The model scored the probe: the breaker is closed again.
+    Closed,
+    /// It still fails; the next probe waits this long.
+    StillFailing { retry_in: std::time::Duration },
+}
+
+impl Breaker {
+    pub(super) fn is_open(&self) -> bool {
+        self.open
+    }
+
+    /// A run ended. `limit`: `inference.breaker_after` (0: never opens).
+    pub(super) fn on_run(
+        &mut self,
+        outcome: RunOutcome,
+        limit: u32,
+        now: Instant,
+    ) -> BreakerAction {
+        match outcome {
+            RunOutcome::Scored(text) => {
+                self.dead_runs = 0;
+                if text.is_some() {
+                    self.last_scored = text;
+                }
+                BreakerAction::Deliver
+            }
+            RunOutcome::AllFailed => {
+                self.dead_runs += 1;
+                if limit == 0 || (!self.open && self.dead_runs < limit) {
+                    return BreakerAction::Deliver;
+                }
+                let opened = (!self.open).then_some(self.dead_runs);
+                if !self.open {
+                    self.open = true;
+                    self.delay = FIRST_PROBE_DELAY;
+                    self.next_probe = Some(now + FIRST_PROBE_DELAY);
+                }
+                BreakerAction::HoldBack { opened }
+            }
+        }
+    }
+
+    /// The probe's text when one is due at `now` and none runs.
+    pub(super) fn probe_due(&self, now: Instant) -> Option<String> {
+        let due = self.next_probe.is_some_and(|t| now >= t);
+        (self.probe.is_none() && due).then(|| {
+            self.last_scored
+                .clone()
+                .unwrap_or_else(|| PROBE_TEXT.to_string())
+        })
+    }
+
+    /// The probe went to the model as job `id`.
+    pub(super) fn probe_sent(&mut self, id: u64) {
+        self.probe = Some(id);
+    }
+
+    /// Whether job `id` is this breaker's probe.
+    pub(super) fn is_probe(&self, id: u64) -> bool {
+        self.probe == Some(id)
+    }
+
+    /// The probe's result: `scored` when the model scored it.
+    pub(super) fn on_probe(&mut self, scored: bool, now: Instant) -> ProbeOutcome {
+        self.probe = None;
+        if scored {
+            *self = Breaker {
+                last_scored: self.last_scored.take(),
+                ..Breaker::default()
+            };
+            return ProbeOutcome::Closed;
+        }
+        self.delay = (self.delay * 2).clamp(FIRST_PROBE_DELAY, MAX_PROBE_DELAY);
+        self.next_probe = Some(now + self.delay);
+        ProbeOutcome::StillFailing {
+            retry_in: self.delay,
+        }
+    }
+
+    /// When the next probe is due (none while one runs).
+    pub(super) fn next_probe(&self) -> Option<Instant> {
+        self.next_probe.filter(|_| self.probe.is_none())
+    }
 }
 
 impl<D: Deliver> Hub<D> {
@@ -40,64 +149,61 @@ impl<D: Deliver> Hub<D> {
     /// text.
     pub(super) fn probe(&mut self, l: usize) {
         let lane = &mut self.lanes[l];
-        let breaker = &mut lane.breaker;
-        let due = breaker.next_probe.is_some_and(|t| Instant::now() >= t);
-        if breaker.probe.is_some() || !due || lane.running >= lane.capacity {
+        if lane.running >= lane.capacity {
             return;
         }
+        let Some(text) = lane.breaker.probe_due(Instant::now()) else {
+            return;
+        };
         let id = self.next_job_id;
         self.next_job_id += 1;
-        let text = breaker.last_scored.clone();
         let job = InferenceJob {
             id,
-            texts: vec![text.unwrap_or_else(|| PROBE_TEXT.to_string())],
+            texts: vec![text],
         };
         if lane.jobs.try_send(job).is_ok() {
-            breaker.probe = Some(id);
+            lane.breaker.probe_sent(id);
         }
     }
 
     pub(super) fn on_probe(&mut self, l: usize, result: InferenceResult) {
         let lane = &mut self.lanes[l];
         let model = lane.scorer.id.clone();
-        lane.breaker.probe = None;
-        if result.scores.iter().any(Result::is_ok) {
-            tracing::info!(
-                model,
-                held = lane.queued(),
-                "the model scores again; closing the circuit breaker"
-            );
-            lane.breaker = Breaker {
-                last_scored: lane.breaker.last_scored.take(),
-                ..Breaker::default()
-            };
-            let open = self.any_breaker_open();
-            self.health
-                .model_failing
-                .store(open, std::sync::atomic::Ordering::SeqCst);
-            metrics::gauge!(metric::INFERENCE_BREAKER_OPEN).set(f64::from(u8::from(open)));
-            return;
+        let scored = result.scores.iter().any(Result::is_ok);
+        match lane.breaker.on_probe(scored, Instant::now()) {
+            ProbeOutcome::Closed => {
+                tracing::info!(
+                    model,
+                    held = lane.queued(),
+                    "the model scores again; closing the circuit breaker"
+                );
+                let open = self.any_breaker_open();
+                self.health
+                    .model_failing
+                    .store(open, std::sync::atomic::Ordering::SeqCst);
+                metrics::gauge!(metric::INFERENCE_BREAKER_OPEN).set(f64::from(u8::from(open)));
+            }
+            ProbeOutcome::StillFailing { retry_in } => {
+                let error = result
+                    .scores
+                    .into_iter()
+                    .find_map(Result::err)
+                    .unwrap_or_default();
+                tracing::warn!(model, error = %error, retry_in_s = retry_in.as_secs(), "the model still fails");
+            }
         }
-        let breaker = &mut lane.breaker;
-        breaker.delay = (breaker.delay * 2).clamp(FIRST_PROBE_DELAY, MAX_PROBE_DELAY);
-        breaker.next_probe = Some(Instant::now() + breaker.delay);
-        let error = result
-            .scores
-            .into_iter()
-            .find_map(Result::err)
-            .unwrap_or_default();
-        tracing::warn!(model, error = %error, retry_in_s = breaker.delay.as_secs(), "the model still fails");
     }
 
-    /// A run in which every event failed, the breaker's limit reached (or
-    /// the breaker already open): the model is taken as broken. The batch
-    /// goes back to the front of the queue (texts restored), nothing more
-    /// goes to the DLQ.
+    /// The breaker holds a run back (see [`BreakerAction::HoldBack`]): the
+    /// batch goes back to the front of the queue (texts restored), nothing
+    /// more goes to the DLQ; `opened`: the breaker just opened after that
+    /// many runs that failed whole.
     pub(super) fn hold_back(
         &mut self,
         l: usize,
         mut segments: Vec<ReadyBatch>,
         result: InferenceResult,
+        opened: Option<u32>,
     ) {
         let error = result
             .scores
@@ -105,12 +211,8 @@ impl<D: Deliver> Hub<D> {
             .find_map(Result::err)
             .unwrap_or_default();
         let lane = &mut self.lanes[l];
-        let breaker = &mut lane.breaker;
-        if !breaker.open {
-            tracing::error!(model = %lane.scorer.id, runs = breaker.dead_runs, error = %error, "the model fails every event; holding events back and retrying it (circuit breaker open)");
-            breaker.open = true;
-            breaker.delay = FIRST_PROBE_DELAY;
-            breaker.next_probe = Some(Instant::now() + FIRST_PROBE_DELAY);
+        if let Some(runs) = opened {
+            tracing::error!(model = %lane.scorer.id, runs, error = %error, "the model fails every event; holding events back and retrying it (circuit breaker open)");
             self.health
                 .model_failing
                 .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -142,5 +244,86 @@ impl<D: Deliver> Hub<D> {
         );
         self.summary.abandoned += held as u64;
         self.release(held);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn failed(b: &mut Breaker, now: Instant) -> BreakerAction {
+        b.on_run(RunOutcome::AllFailed, 3, now)
+    }
+
+    #[test]
+    fn it_opens_after_the_limit_of_runs_that_failed_whole_in_a_row() {
+        let now = Instant::now();
+        let mut b = Breaker::default();
+        assert_eq!(failed(&mut b, now), BreakerAction::Deliver);
+        assert_eq!(failed(&mut b, now), BreakerAction::Deliver);
+        // A run that scored anything starts the count again.
+        assert_eq!(
+            b.on_run(RunOutcome::Scored(Some("ok".into())), 3, now),
+            BreakerAction::Deliver
+        );
+        assert_eq!(failed(&mut b, now), BreakerAction::Deliver);
+        assert_eq!(failed(&mut b, now), BreakerAction::Deliver);
+        assert!(!b.is_open());
+        assert_eq!(
+            failed(&mut b, now),
+            BreakerAction::HoldBack { opened: Some(3) }
+        );
+        assert!(b.is_open());
+        // Open: every failed run is held back, without opening again.
+        assert_eq!(
+            failed(&mut b, now),
+            BreakerAction::HoldBack { opened: None }
+        );
+        // No limit: it never opens.
+        let mut never = Breaker::default();
+        for _ in 0..10 {
+            assert_eq!(
+                never.on_run(RunOutcome::AllFailed, 0, now),
+                BreakerAction::Deliver
+            );
+        }
+    }
+
+    #[test]
+    fn probes_use_the_last_scored_text_and_back_off_until_the_model_scores() {
+        let start = Instant::now();
+        let mut b = Breaker::default();
+        assert_eq!(b.probe_due(start), None, "closed: no probe");
+        b.on_run(RunOutcome::Scored(Some("last good".into())), 1, start);
+        assert_eq!(
+            b.on_run(RunOutcome::AllFailed, 1, start),
+            BreakerAction::HoldBack { opened: Some(1) }
+        );
+        assert_eq!(b.probe_due(start), None, "not before its delay");
+        assert_eq!(b.next_probe(), Some(start + FIRST_PROBE_DELAY));
+        let at = start + FIRST_PROBE_DELAY;
+        assert_eq!(b.probe_due(at).as_deref(), Some("last good"));
+        b.probe_sent(7);
+        assert!(b.is_probe(7) && !b.is_probe(8));
+        assert_eq!(b.probe_due(at), None, "one probe at a time");
+        assert_eq!(b.next_probe(), None);
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            match b.on_probe(false, at) {
+                ProbeOutcome::StillFailing { retry_in } => waits.push(retry_in.as_secs()),
+                ProbeOutcome::Closed => panic!("closed on a failed probe"),
+            }
+        }
+        assert_eq!(waits, [2, 4, 8, 16, 30, 30, 30], "doubling to the ceiling");
+        assert!(b.is_open());
+        assert_eq!(b.on_probe(true, at), ProbeOutcome::Closed);
+        assert!(!b.is_open() && b.next_probe().is_none());
+        // Closed again with its last scored text kept, the count from zero.
+        b.on_run(RunOutcome::AllFailed, 1, at + Duration::from_secs(1));
+        assert_eq!(
+            b.probe_due(at + Duration::from_secs(3)).as_deref(),
+            Some("last good")
+        );
     }
 }

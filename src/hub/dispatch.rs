@@ -2,10 +2,12 @@
 //! results taken back to the batches (then on to the next model, or to
 //! their partitions).
 
+use super::breaker::{BreakerAction, RunOutcome};
 use super::{Deliver, Hub};
 use crate::inference::{InferenceJob, InferenceResult};
 use crate::partition::ReadyBatch;
 use crate::telemetry::metric;
+use tokio::time::Instant;
 
 /// Events of a batch that model `lane` is to score.
 fn needing(batch: &ReadyBatch, lane: usize) -> usize {
@@ -23,7 +25,7 @@ impl<D: Deliver> Hub<D> {
     /// Coalesce ready batches (possibly of several partitions) into runs of
     /// at most the model's run size, counting the events it is to score.
     fn dispatch_lane(&mut self, l: usize) {
-        if self.lanes[l].breaker.open {
+        if self.lanes[l].breaker.is_open() {
             self.probe(l);
             return;
         }
@@ -90,7 +92,7 @@ impl<D: Deliver> Hub<D> {
             .get(&result.id)
             .map(|(l, _)| *l)
             .or_else(|| {
-                let probe = |lane: &super::Lane| lane.breaker.probe == Some(result.id);
+                let probe = |lane: &super::Lane| lane.breaker.is_probe(result.id);
                 self.lanes.iter().position(probe)
             });
         if let Some(lane) = run_lane.and_then(|l| self.lanes.get_mut(l)) {
@@ -99,7 +101,7 @@ impl<D: Deliver> Hub<D> {
         if let Some(l) = self
             .lanes
             .iter()
-            .position(|lane| lane.breaker.probe == Some(result.id))
+            .position(|lane| lane.breaker.is_probe(result.id))
         {
             self.on_probe(l, result);
             return;
@@ -110,18 +112,18 @@ impl<D: Deliver> Hub<D> {
         let lane = &mut self.lanes[l];
         lane.running = lane.running.saturating_sub(1);
         let dead = !result.scores.is_empty() && result.scores.iter().all(Result::is_err);
-        if !dead {
-            lane.breaker.dead_runs = 0;
-            if let Some(i) = result.scores.iter().position(Result::is_ok) {
-                lane.breaker.last_scored = result.texts.get(i).cloned();
-            }
+        let outcome = if dead {
+            RunOutcome::AllFailed
         } else {
-            lane.breaker.dead_runs += 1;
-            let limit = self.settings.inference.breaker_after;
-            if limit > 0 && (lane.breaker.open || lane.breaker.dead_runs >= limit) {
-                self.hold_back(l, segments, result);
-                return;
-            }
+            let scored = result.scores.iter().position(Result::is_ok);
+            RunOutcome::Scored(scored.and_then(|i| result.texts.get(i).cloned()))
+        };
+        let limit = self.settings.inference.breaker_after;
+        if let BreakerAction::HoldBack { opened } =
+            lane.breaker.on_run(outcome, limit, Instant::now())
+        {
+            self.hold_back(l, segments, result, opened);
+            return;
         }
         metrics::histogram!(metric::INFERENCE_SECONDS).record(result.elapsed.as_secs_f64());
         if let Some(controller) = lane.slo.as_mut() {

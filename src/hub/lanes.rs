@@ -179,7 +179,7 @@ impl<D: Deliver> Hub<D> {
 
     /// Whether any model's circuit breaker is open.
     pub(super) fn any_breaker_open(&self) -> bool {
-        self.lanes.iter().any(|l| l.breaker.open)
+        self.lanes.iter().any(|l| l.breaker.is_open())
     }
 
     /// Events waiting for a model.

@@ -412,7 +412,7 @@ impl<D: Deliver> Hub<D> {
         let probe = self
             .lanes
             .iter()
-            .filter_map(|l| l.breaker.next_probe.filter(|_| l.breaker.probe.is_none()))
+            .filter_map(|l| l.breaker.next_probe())
             .min();
         // Positions waiting for the consumer thread to take the last batch.
         let positions =

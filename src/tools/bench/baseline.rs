@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::BenchOptions;
-use super::measure::{Cell, inference_settings};
+use super::cell::Cell;
+use super::measure::inference_settings;
 use super::process::{CpuTime, cpu_time_of, peak_rss_of};
 use super::report::BaselineRow;
 use crate::tools::generator::{GeneratedEvent, generate};

@@ -7,7 +7,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use super::report::{Report, SaturationRow, StepTrace};
+use super::report::{BaselineRow, Report, SaturationRow, StepTrace};
 
 mod repeats;
 
@@ -58,90 +58,109 @@ fn cell_name(size: usize, target: Option<u64>) -> String {
     }
 }
 
+/// Which optional column groups a saturation table has.
+#[derive(Clone, Copy)]
+struct SaturationColumns {
+    /// Token models: padding efficiency and the raw model without buckets.
+    tokens: bool,
+    /// Reports from issue 34 on: the own process's CPU against the raw
+    /// model's (before, the raw model was one session).
+    cpu: bool,
+    /// With `--broker-pid`: the broker's CPU per verdict.
+    broker: bool,
+}
+
 fn saturation(out: &mut String, report: &Report) {
     if report.saturation.is_empty() {
         return;
     }
-    let tokens = report
-        .saturation
-        .iter()
-        .any(|r| r.padding_efficiency.is_some());
-    let _ = writeln!(out, "**Throughput at saturation**\n");
-    // Reports from before issue 34 have no CPU columns; their raw model was
-    // one session.
-    let cpu = report.saturation.iter().any(|r| r.raw_sessions.is_some());
-    let broker = report.saturation.iter().any(|r| {
-        r.own_process
-            .as_ref()
-            .is_some_and(|o| o.broker_cpu_us_per_verdict.is_some())
-    });
-    let mut header = if cpu {
-        let sessions = report
-            .saturation
-            .iter()
-            .find_map(|r| r.raw_sessions)
-            .unwrap_or(1);
-        format!(
-            "| max_batch_size | max_batch_delay | events | pipeline verdicts/s | raw model events/s ({sessions} session{}) | pipeline ÷ raw | own process verdicts/s | CPU µs per verdict | raw CPU µs per event | CPU ÷ raw |",
-            if sessions == 1 { "" } else { "s" }
-        )
-    } else {
-        "| max_batch_size | max_batch_delay | events | pipeline verdicts/s | raw model events/s | pipeline ÷ raw |".to_string()
-    };
-    let mut rule = if cpu {
-        "|---|---|---|---|---|---|---|---|---|---|"
-    } else {
-        "|---|---|---|---|---|---|"
-    }
-    .to_string();
-    if broker {
-        header += " broker CPU µs per verdict |";
-        rule += "---|";
-    }
-    header += " mean run | wait / model / produce ms |";
-    rule += "---|---|";
-    if tokens {
-        header += " padding efficiency | raw unbucketed/s |";
-        rule += "---|---|";
-    }
-    let _ = writeln!(out, "{header}\n{rule}");
-    let opt = |v: Option<f64>, d: usize| v.map_or("-".into(), |v| format!("{v:.d$}"));
-    for r in &report.saturation {
-        let _ = write!(out, "{}", saturation_row(r));
-        if cpu {
-            let own = r.own_process.as_ref();
-            let _ = write!(
-                out,
-                " {} | {} | {} | {} |",
-                opt(own.map(|o| o.per_s), 0),
-                opt(own.and_then(|o| o.cpu_us_per_verdict), 1),
-                opt(r.raw_cpu_us_per_event, 1),
-                opt(r.cpu_over_raw(), 2)
-            );
-        }
-        if broker {
-            let b = r
-                .own_process
+    let rows = &report.saturation;
+    let columns = SaturationColumns {
+        tokens: rows.iter().any(|r| r.padding_efficiency.is_some()),
+        cpu: rows.iter().any(|r| r.raw_sessions.is_some()),
+        broker: rows.iter().any(|r| {
+            r.own_process
                 .as_ref()
-                .and_then(|o| o.broker_cpu_us_per_verdict);
-            let _ = write!(out, " {} |", opt(b, 1));
-        }
-        let _ = write!(
-            out,
-            " {:.1} | {:.0} / {:.1} / {:.1} |",
-            r.mean_batch_size, r.batch_wait_ms, r.inference_ms, r.produce_ms
-        );
-        if tokens {
-            let _ = write!(
-                out,
-                " {} | {} |",
-                opt(r.padding_efficiency, 2),
-                opt(r.raw_unbucketed_per_s, 0)
-            );
-        }
-        out.push('\n');
+                .is_some_and(|o| o.broker_cpu_us_per_verdict.is_some())
+        }),
+    };
+    let sessions = rows.iter().find_map(|r| r.raw_sessions).unwrap_or(1);
+    let _ = writeln!(out, "**Throughput at saturation**\n");
+    let _ = writeln!(out, "{}", saturation_header(columns, sessions));
+    for r in rows {
+        let _ = writeln!(out, "{}", saturation_cells(r, columns));
     }
     out.push('\n');
+}
+
+/// The header and rule lines of a saturation table.
+fn saturation_header(c: SaturationColumns, sessions: usize) -> String {
+    let mut names = vec![
+        "max_batch_size".to_string(),
+        "max_batch_delay".into(),
+        "events".into(),
+        "pipeline verdicts/s".into(),
+    ];
+    if c.cpu {
+        let plural = if sessions == 1 { "" } else { "s" };
+        names.push(format!("raw model events/s ({sessions} session{plural})"));
+        names.push("pipeline ÷ raw".into());
+        for n in [
+            "own process verdicts/s",
+            "CPU µs per verdict",
+            "raw CPU µs per event",
+            "CPU ÷ raw",
+        ] {
+            names.push(n.into());
+        }
+    } else {
+        names.push("raw model events/s".into());
+        names.push("pipeline ÷ raw".into());
+    }
+    if c.broker {
+        names.push("broker CPU µs per verdict".into());
+    }
+    names.push("mean run".into());
+    names.push("wait / model / produce ms".into());
+    if c.tokens {
+        names.push("padding efficiency".into());
+        names.push("raw unbucketed/s".into());
+    }
+    format!("| {} |\n|{}", names.join(" | "), "---|".repeat(names.len()))
+}
+
+/// One row of a saturation table.
+fn saturation_cells(r: &SaturationRow, c: SaturationColumns) -> String {
+    let opt = |v: Option<f64>, d: usize| v.map_or("-".into(), |v| format!("{v:.d$}"));
+    let mut line = saturation_row(r);
+    let own = r.own_process.as_ref();
+    if c.cpu {
+        line += &format!(
+            " {} | {} | {} | {} |",
+            opt(own.map(|o| o.per_s), 0),
+            opt(own.and_then(|o| o.cpu_us_per_verdict), 1),
+            opt(r.raw_cpu_us_per_event, 1),
+            opt(r.cpu_over_raw(), 2)
+        );
+    }
+    if c.broker {
+        line += &format!(
+            " {} |",
+            opt(own.and_then(|o| o.broker_cpu_us_per_verdict), 1)
+        );
+    }
+    line += &format!(
+        " {:.1} | {:.0} / {:.1} / {:.1} |",
+        r.mean_batch_size, r.batch_wait_ms, r.inference_ms, r.produce_ms
+    );
+    if c.tokens {
+        line += &format!(
+            " {} | {} |",
+            opt(r.padding_efficiency, 2),
+            opt(r.raw_unbucketed_per_s, 0)
+        );
+    }
+    line
 }
 
 fn saturation_row(r: &SaturationRow) -> String {
@@ -258,6 +277,37 @@ fn step_table(out: &mut String, step: &StepTrace) {
     );
 }
 
+/// modstream at its default configuration against the plain Python consumer.
+fn baseline(out: &mut String, b: &BaselineRow) {
+    let cpu = |v: Option<f64>| v.map_or("not recorded".to_string(), |v| format!("{v:.0}"));
+    let _ = writeln!(
+        out,
+        "**Against a plain Python consumer** ({} events; peak RSS of each process, VmHWM; CPU seconds of each process between its first and last verdict, per million verdicts)\n\n| job | verdicts/s | peak RSS MiB | CPU-s per million |\n|---|---|---|---|\n| modstream run (default config) | {:.0} | {:.0} | {} |\n| Python (confluent-kafka + onnxruntime) | {:.0} | {:.0} | {} |\n| modstream ÷ Python | {:.2} | {:.2} | {} |\n",
+        b.events,
+        b.modstream_per_s,
+        b.modstream_peak_rss_bytes as f64 / MIB,
+        cpu(b.modstream_cpu_s_per_million),
+        b.python_per_s,
+        b.python_peak_rss_bytes as f64 / MIB,
+        cpu(b.python_cpu_s_per_million),
+        b.modstream_per_s / b.python_per_s,
+        b.modstream_peak_rss_bytes as f64 / b.python_peak_rss_bytes as f64,
+        match (b.modstream_cpu_s_per_million, b.python_cpu_s_per_million) {
+            (Some(m), Some(p)) => format!("{:.2}", m / p),
+            _ => "not recorded".to_string(),
+        }
+    );
+    if let (Some(m), Some(p)) = (
+        b.modstream_broker_cpu_us_per_verdict,
+        b.python_broker_cpu_us_per_verdict,
+    ) {
+        let _ = writeln!(
+            out,
+            "The broker's CPU while each ran (`--broker-pid`), µs per verdict: {m:.1} beside modstream, {p:.1} beside Python.\n"
+        );
+    }
+}
+
 fn extras(out: &mut String, report: &Report) {
     if !report.repeats.is_empty() {
         let _ = writeln!(
@@ -278,33 +328,7 @@ fn extras(out: &mut String, report: &Report) {
         out.push('\n');
     }
     if let Some(b) = &report.baseline {
-        let cpu = |v: Option<f64>| v.map_or("not recorded".to_string(), |v| format!("{v:.0}"));
-        let _ = writeln!(
-            out,
-            "**Against a plain Python consumer** ({} events; peak RSS of each process, VmHWM; CPU seconds of each process between its first and last verdict, per million verdicts)\n\n| job | verdicts/s | peak RSS MiB | CPU-s per million |\n|---|---|---|---|\n| modstream run (default config) | {:.0} | {:.0} | {} |\n| Python (confluent-kafka + onnxruntime) | {:.0} | {:.0} | {} |\n| modstream ÷ Python | {:.2} | {:.2} | {} |\n",
-            b.events,
-            b.modstream_per_s,
-            b.modstream_peak_rss_bytes as f64 / MIB,
-            cpu(b.modstream_cpu_s_per_million),
-            b.python_per_s,
-            b.python_peak_rss_bytes as f64 / MIB,
-            cpu(b.python_cpu_s_per_million),
-            b.modstream_per_s / b.python_per_s,
-            b.modstream_peak_rss_bytes as f64 / b.python_peak_rss_bytes as f64,
-            match (b.modstream_cpu_s_per_million, b.python_cpu_s_per_million) {
-                (Some(m), Some(p)) => format!("{:.2}", m / p),
-                _ => "not recorded".to_string(),
-            }
-        );
-        if let (Some(m), Some(p)) = (
-            b.modstream_broker_cpu_us_per_verdict,
-            b.python_broker_cpu_us_per_verdict,
-        ) {
-            let _ = writeln!(
-                out,
-                "The broker's CPU while each ran (`--broker-pid`), µs per verdict: {m:.1} beside modstream, {p:.1} beside Python.\n"
-            );
-        }
+        baseline(out, b);
     }
     if let Some(s) = &report.shadow {
         let _ = writeln!(
@@ -333,6 +357,18 @@ fn extras(out: &mut String, report: &Report) {
             o.peak_rss_bytes as f64 / MIB,
             o.light_load_peak_rss_bytes as f64 / MIB
         );
+        if let Some(bound) = o.bound_bytes {
+            let _ = writeln!(
+                out,
+                "The bound (the light-load peak + `limits.max_in_flight_bytes` + 64 MiB): {:.0} MiB, {}.\n",
+                bound as f64 / MIB,
+                if o.peak_rss_bytes <= bound {
+                    "held"
+                } else {
+                    "exceeded"
+                }
+            );
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 
 mod baseline;
 pub mod cascade;
+mod cell;
 mod chart;
 mod cost;
 pub mod formats;
@@ -372,6 +373,11 @@ async fn overload_row(
         events,
         peak_rss_bytes: peak,
         light_load_peak_rss_bytes: light,
+        bound_bytes: Some(
+            light
+                + crate::config::Limits::default().max_in_flight_bytes as u64
+                + measure::RSS_HEADROOM_BYTES,
+        ),
     };
     row.print();
     Ok(Some(row))

@@ -95,6 +95,12 @@ pub struct OverloadRow {
     pub events: usize,
     pub peak_rss_bytes: u64,
     pub light_load_peak_rss_bytes: u64,
+    /// What the peak may reach: the light-load peak, the byte budget
+    /// (`limits.max_in_flight_bytes`, which also bounds librdkafka's fetch
+    /// queues) and [`super::measure::RSS_HEADROOM_BYTES`]. Absent in reports
+    /// from before issue 34.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound_bytes: Option<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -547,13 +553,15 @@ impl LatencyRow {
 impl OverloadRow {
     pub fn print(&self) {
         eprintln!(
-            "overload: {} events offered at {:.0}× saturation ({:.0}/s for {:.1}s): peak RSS {} MiB (at 25 %: {} MiB)",
+            "overload: {} events offered at {:.0}× saturation ({:.0}/s for {:.1}s): peak RSS {} MiB (at 25 %: {} MiB; bound {} MiB)",
             self.events,
             self.offered_multiple,
             self.offered_per_s,
             self.seconds,
             self.peak_rss_bytes >> 20,
-            self.light_load_peak_rss_bytes >> 20
+            self.light_load_peak_rss_bytes >> 20,
+            self.bound_bytes
+                .map_or("-".to_string(), |b| (b >> 20).to_string())
         );
     }
 }

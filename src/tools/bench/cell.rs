@@ -1,0 +1,104 @@
+//! Where one run happens ([`Cell`]: a fresh embedded cluster, or fresh
+//! topics and group on `--bootstrap`).
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+
+use super::BenchOptions;
+use crate::tools::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS};
+use crate::tools::embedded::EmbeddedBroker;
+
+/// Partitions of every cell's input and verdict topics.
+pub(super) const PARTITIONS: i32 = 4;
+
+/// Where one run happens: a fresh embedded cluster, or (`--bootstrap`) fresh
+/// topics and a fresh group on the given cluster, so that runs never see
+/// each other's records.
+pub(super) struct Cell {
+    _embedded: Option<EmbeddedBroker>,
+    pub bootstrap: String,
+    pub input: String,
+    pub verdicts: String,
+    pub dlq: String,
+    pub group: String,
+}
+
+impl Cell {
+    pub(super) async fn new(opts: &BenchOptions) -> anyhow::Result<Cell> {
+        let Some(bootstrap) = &opts.bootstrap else {
+            let broker = EmbeddedBroker::start(&[
+                (DEMO_INPUT, PARTITIONS),
+                (DEMO_VERDICTS, PARTITIONS),
+                (DEMO_DLQ, 1),
+                // The shadow model's comparison records (`--shadow-model`).
+                ("moderation.shadow", 1),
+            ])?;
+            return Ok(Cell {
+                bootstrap: broker.bootstrap_servers().to_string(),
+                _embedded: Some(broker),
+                input: DEMO_INPUT.to_string(),
+                verdicts: DEMO_VERDICTS.to_string(),
+                dlq: DEMO_DLQ.to_string(),
+                group: "bench".to_string(),
+            });
+        };
+        static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let run = RUN.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let prefix = format!(
+            "modstream-bench-{}-{}-{run}",
+            std::process::id(),
+            chrono::Utc::now().timestamp()
+        );
+        let cell = Cell {
+            _embedded: None,
+            bootstrap: bootstrap.clone(),
+            input: format!("{prefix}-events"),
+            verdicts: format!("{prefix}-verdicts"),
+            dlq: format!("{prefix}-dlq"),
+            group: prefix,
+        };
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .create()?;
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        for (topic, partitions) in [
+            (&cell.input, PARTITIONS),
+            (&cell.verdicts, PARTITIONS),
+            (&cell.dlq, 1),
+        ] {
+            // The cluster's default replication first; 1 where that is refused.
+            let mut created = Err(String::new());
+            for replication in [-1, 1] {
+                let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+                created = match admin.create_topics([&new], &options).await {
+                    Ok(mut r) => r
+                        .pop()
+                        .unwrap_or(Err((
+                            topic.clone(),
+                            rdkafka::types::RDKafkaErrorCode::Unknown,
+                        )))
+                        .map(|_| ())
+                        .map_err(|(_, e)| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                if created.is_ok() {
+                    break;
+                }
+            }
+            created.map_err(|e| anyhow::anyhow!("cannot create bench topic {topic}: {e}"))?;
+        }
+        Ok(cell)
+    }
+
+    pub(super) fn config(&self, batch: usize, delay_ms: u64) -> String {
+        demo::demo_config_for(
+            &self.bootstrap,
+            &self.group,
+            [&self.input, &self.verdicts, &self.dlq],
+            batch,
+            delay_ms,
+        )
+    }
+}
