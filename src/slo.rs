@@ -1,37 +1,12 @@
-//! The latency target (`batching.target_p99`): chooses, every [`TICK`], the
-//! batch size and deadline from what it measures, instead of the user.
-//!
-//! What it measures: the model's time per run size (mean per power-of-two
-//! bucket of sizes, interpolated between buckets, extrapolated upward in
-//! proportion to size so that an unseen size is never assumed cheap), the
-//! arrival rate, and, per delivered verdict, the end-to-end latency (input
-//! record timestamp to acknowledgement) split into what the batching does
-//! not control: the time before the hub received the record (producer,
-//! broker, fetch) and the delivery of the verdict.
-//!
-//! How it chooses: the budget for batching is the target (less 20 %
-//! headroom, and less a correction learnt from the measured p99) minus the
-//! p99 of those uncontrolled parts. An event waits at most the deadline `d`
-//! for its batch, then about one run ahead of it and its own run: `d + 2·t(b)`
-//! must fit the budget. Among the sizes `b` that fit, it takes the one that
-//! makes the largest runs at the measured rate (the run the rate fills by
-//! the deadline, at most `b`): the most efficient for the model. When that
-//! would keep the workers more than 90 % busy, or no size fits, or closed
-//! batches already wait for more work than the budget (the arrival rate
-//! says nothing of a backlog: reading one, events come in only as fast as
-//! verdicts leave), the target cannot be held at this rate: it is at
-//! saturation and maximises throughput instead (the size with the most
-//! events per second of model time, larger sizes preferred within 15 %, and
-//! a deadline that closes batches at an eighth of it so that whole batches
-//! fill the runs), and reports the target missed while the measured p99 is
-//! above it; it leaves saturation when the workers would be below 75 % busy
-//! and less than a quarter of the budget's work waits. When the
-//! uncontrolled part alone takes most of the target (a slow broker, a
-//! consumer far from it), a quarter of the target is still planned for
-//! batching, and the target is reported missed while the measured p99 is
-//! above it.
-//! `batching.max_batch_size` and `max_batch_delay` are the upper bounds.
-//! Urgent events still close their batch at once (the batcher does that).
+//! The latency target (`batching.target_p99`): every [`TICK`] one controller
+//! per model chooses its batch size and deadline from what it measures (the
+//! model's time per run size, the arrival rate, the work waiting, and the
+//! p99 of the latency outside batching), so that an event's wait for its
+//! batch plus about two runs fits the target; when no choice can hold the
+//! target at the incoming rate it batches for throughput instead and
+//! reports the target missed. `batching.max_batch_size` and
+//! `max_batch_delay` are the upper bounds; urgent events still close their
+//! batch at once (the batcher does that).
 //!
 //! Pure: time is passed in, so the tests drive it with a simulated model and
 //! simulated arrivals.
@@ -59,9 +34,30 @@ const MIN_SAMPLES: u64 = 20;
 /// model time are within this share of the best size's: each run also
 /// costs dispatch, reordering and delivery that the model time leaves out,
 /// and two sizes' means, measured at different moments on shared cores,
-/// can differ by a tenth for the same work (on the 2-core bench machine a
-/// 5 % margin still took runs of 64 over 128 for the profanity model).
+/// can differ by a tenth for the same work.
 const LARGER_WITHIN: f64 = 0.15;
+/// The correction learnt from the measured p99 (a factor on the planned
+/// budget): shrunk by `CORRECTION_SHRINK` (not below `MIN_CORRECTION`)
+/// while the p99 is over the target in latency mode, and grown back by
+/// `CORRECTION_STEP` per tick (up to 1) while the p99 is below
+/// `RELAX_BELOW` of the target: quick to back off, slow to trust again.
+const CORRECTION_SHRINK: f64 = 0.8;
+const MIN_CORRECTION: f64 = 0.3;
+const CORRECTION_STEP: f64 = 0.05;
+const RELAX_BELOW: f64 = 0.85;
+/// The latency outside batching (before the hub and after the verdict)
+/// takes more than this share of the planned target: the target is out of
+/// reach whatever the batching, and reported so.
+const OUT_OF_REACH_SHARE: f64 = 0.75;
+/// The least share of the planned target kept for batching and the model,
+/// even when the latency outside batching takes it all.
+const MIN_BATCHING_SHARE: f64 = 0.25;
+/// Saturation is left only once less than this share of the budget's work
+/// waits (it is entered at the whole budget).
+const LEAVE_QUEUED_SHARE: f64 = 0.25;
+/// At saturation, a partition's batch closes at this share of the run size
+/// (see `for_throughput`).
+const THROUGHPUT_BATCH_SHARE: f64 = 0.125;
 /// Weight of a new observation in the model-time means.
 const ALPHA: f64 = 0.3;
 /// Weight of the last tick's arrival rate in the rate's running mean when
@@ -229,19 +225,21 @@ impl Controller {
         if let Some(p) = p99 {
             let p = p.as_secs_f64();
             if self.status.mode == Mode::Latency && p > target {
-                self.correction = (self.correction * 0.8).max(0.3);
-            } else if p < 0.85 * target {
-                self.correction = (self.correction + 0.05).min(1.0);
+                self.correction = (self.correction * CORRECTION_SHRINK).max(MIN_CORRECTION);
+            } else if p < RELAX_BELOW * target {
+                self.correction = (self.correction + CORRECTION_STEP).min(1.0);
             }
         }
         let uncontrolled = self.outside.p99().unwrap_or_default().as_secs_f64()
             + self.delivery.p99().unwrap_or_default().as_secs_f64();
-        // When the uncontrolled part alone takes (nearly) the whole target,
-        // the target cannot be met whatever the batching: keep a quarter of
-        // it for batching and the model rather than none, and say so.
+        // The budget for batching: the target less headroom and the learnt
+        // correction, less what batching does not control. When that part
+        // alone takes (nearly) the whole target, the target cannot be met
+        // whatever the batching: keep some of it for batching and the model
+        // rather than none, and say so.
         let planned = target * HEADROOM * self.correction;
-        let out_of_reach = uncontrolled > target * HEADROOM * 0.75;
-        let budget = (planned - uncontrolled).max(planned * 0.25);
+        let out_of_reach = uncontrolled > target * HEADROOM * OUT_OF_REACH_SHARE;
+        let budget = (planned - uncontrolled).max(planned * MIN_BATCHING_SHARE);
 
         // Saturation, with hysteresis: entered when the latency choice
         // would keep the workers busier than ENTER_BUSY, left below LEAVE_BUSY.
@@ -253,11 +251,11 @@ impl Controller {
         // is saturation whatever the arrival rate says (reading a backlog,
         // new events come in only as fast as verdicts leave, so the rate is
         // the throughput of the current choice, not the demand); it is left
-        // only once less than a quarter of the budget's worth waits.
+        // only once less than LEAVE_QUEUED_SHARE of the budget's worth waits.
         let queued = self.queued_seconds(queue.waiting)
             > match self.status.mode {
                 Mode::Latency => budget,
-                Mode::Throughput => budget / 4.0,
+                Mode::Throughput => budget * LEAVE_QUEUED_SHARE,
             };
         let (choice, mode) = if self.cost.is_empty() {
             (self.status.choice, Mode::Latency)
@@ -351,10 +349,10 @@ impl Controller {
         }
         let size = best.1;
         let per_partition = rate / partitions.max(1) as f64;
-        let eighth = size as f64 / 8.0 / per_partition.max(1e-9);
+        let fill = size as f64 * THROUGHPUT_BATCH_SHARE / per_partition.max(1e-9);
         Choice {
             size,
-            delay: Duration::from_secs_f64(eighth.min(self.max_delay.as_secs_f64())),
+            delay: Duration::from_secs_f64(fill.min(self.max_delay.as_secs_f64())),
         }
     }
 }

@@ -6,11 +6,8 @@
 //! ahead of it. A partition's verdicts leave in offset order, so an urgent
 //! event's verdict waits for those batches anyway; jumping them would only
 //! hold its verdict, and every later one of its partition, until they are
-//! scored. (Pushing urgent batches to the very front did that: reading a
-//! backlog where one post in twenty is urgent, most batches close early as
-//! urgent, the queue ran newest first, and verdicts scored in the first
-//! seconds were held until the oldest batches were scored at the end.)
-//! With several models, the partition's earlier batches waiting in the
+//! scored (reading a backlog where many batches close early as urgent, the
+//! queue would run newest first). With several models, the partition's earlier batches waiting in the
 //! other models' queues move ahead there too.
 
 use std::collections::VecDeque;
