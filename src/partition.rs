@@ -43,12 +43,21 @@ pub struct Pending {
     /// (which models score it, and by which thresholds).
     pub rules: Arc<Ruleset>,
     pub rule: usize,
-    /// Each model that scored it so far, in the order they ran: (model
-    /// index, the model version's identity, probabilities).
-    pub scores: Vec<(usize, Arc<Scorer>, Vec<f32>)>,
+    /// Each model that scored it so far, in the order they ran.
+    pub scores: Vec<ModelScores>,
     /// Why a model could not score it: it goes to the DLQ, and the models
     /// after that one skip it.
     pub failed: Option<String>,
+}
+
+/// One model's scores of an event.
+#[derive(Debug)]
+pub struct ModelScores {
+    /// The model's index (in the order models score an event).
+    pub model: usize,
+    /// The identity of the model version that scored it.
+    pub scorer: Arc<Scorer>,
+    pub probabilities: Vec<f32>,
 }
 
 impl Pending {
@@ -66,8 +75,8 @@ impl Pending {
     pub fn scores_of(&self, model: usize) -> Option<(&[String], &[f32])> {
         self.scores
             .iter()
-            .find(|(i, _, _)| *i == model)
-            .map(|(_, s, p)| (s.labels(), p.as_slice()))
+            .find(|m| m.model == model)
+            .map(|m| (m.scorer.labels(), m.probabilities.as_slice()))
     }
 }
 

@@ -5,7 +5,7 @@
 //! closes.
 //!
 //! ```text
-//! consumer thread ──records, rebalances──▶ hub ──jobs──▶ inference workers
+//! consumer thread ──records, control──▶ hub ──jobs──▶ inference workers
 //!       ▲                                   │ ◀──results──┘
 //!       └──────────── positions ────────────┤
 //!                                           └──records──▶ producer ──acks──▶ hub
@@ -71,7 +71,7 @@ impl Deliver for Sink {
         Box::pin(Sink::deliver(self, record, source, cancel))
     }
 
-    fn service_failure(&self) -> Option<(String, std::time::Duration, String)> {
+    fn service_failure(&self) -> Option<crate::producer::ServiceFailure> {
         Sink::service_failure(self)
     }
 }
@@ -141,7 +141,11 @@ pub async fn run_loaded(
     let watchdog = shutdown_watchdog(&shutdown, settings.kafka.shutdown_timeout);
     // Hot reload: a new model (or, on SIGHUP, policy) while running;
     // started last so that an early return leaves no task behind.
-    let (reloader, scorers, policies) = spawn_reloader(&settings, &models, &shutdown);
+    let Reloading {
+        task: reloader,
+        scorers,
+        policies,
+    } = spawn_reloader(&settings, &models, &shutdown);
     let shadow = crate::shadow::Shadow::start(&settings);
     let records = schema_stage(
         &settings,
@@ -164,7 +168,7 @@ pub async fn run_loaded(
     .with_formats(schemas, verdict_encoder);
     let inputs = Inputs {
         records,
-        rebalances: channels.rebalances,
+        control: channels.control,
         results: models.results,
         scorers,
         policies,
@@ -357,16 +361,13 @@ impl Models {
 
 /// The hot reload task, and where the hub learns each new model version
 /// and policy.
-#[allow(clippy::type_complexity)]
-fn spawn_reloader(
-    settings: &Settings,
-    models: &Models,
-    shutdown: &Shutdown,
-) -> (
-    tokio::task::JoinHandle<()>,
-    mpsc::Receiver<crate::verdict::NewScorer>,
-    mpsc::Receiver<Arc<Ruleset>>,
-) {
+struct Reloading {
+    task: tokio::task::JoinHandle<()>,
+    scorers: mpsc::Receiver<crate::verdict::NewScorer>,
+    policies: mpsc::Receiver<Arc<Ruleset>>,
+}
+
+fn spawn_reloader(settings: &Settings, models: &Models, shutdown: &Shutdown) -> Reloading {
     // Reloads are rare and the hub takes each at once (first in its loop).
     let (scorers_tx, scorers) = mpsc::channel(4);
     let (policies_tx, policies) = mpsc::channel(4);
@@ -391,11 +392,11 @@ fn spawn_reloader(
         scorers_tx,
         policies_tx,
     );
-    (
-        tokio::spawn(reloader.run(shutdown.stop.clone())),
+    Reloading {
+        task: tokio::spawn(reloader.run(shutdown.stop.clone())),
         scorers,
         policies,
-    )
+    }
 }
 
 /// The consumer reached the cluster; check the producer does too (same

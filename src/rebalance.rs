@@ -6,7 +6,7 @@
 //! before it delivered) have one owner, the hub; the consumer thread learns
 //! them by message and only hands them to librdkafka.
 //!
-//! **Revoke.** The callback ([`request_drain`]) sends [`RebalanceEvent::Revoke`]
+//! **Revoke.** The callback ([`request_drain`]) sends [`Control::Revoke`]
 //! and blocks, at most `kafka.drain_timeout` (kept below
 //! `session.timeout.ms` by config validation), for the answer. The hub
 //! ([`Revokes`]) closes the partitions' open batches at once, lets what is
@@ -22,7 +22,7 @@
 //! callback asks the hub ([`request_resume`]) for the positions it answered
 //! in the last revoke; those ahead of the group's committed offset (another
 //! member may have gone further) become the start positions, and the hub is
-//! told which were applied ([`RebalanceEvent::Resumed`]) so that the next
+//! told which were applied ([`Control::Resumed`]) so that the next
 //! revoke answers them again.
 
 use std::collections::{HashMap, HashSet};
@@ -34,9 +34,11 @@ use tokio::time::Instant;
 pub use crate::tp::Positions;
 use crate::tp::Tp;
 
-/// Sent by the consumer thread's rebalance callback to the hub.
+/// The consumer thread's control messages to the hub, on their own channel:
+/// the rebalance callback's revokes and assignments, and with exactly-once
+/// the ends of transactions (seal, unseal, rewind).
 #[derive(Debug)]
-pub enum RebalanceEvent {
+pub enum Control {
     /// Drain these partitions, then answer with their positions on `done`.
     Revoke {
         partitions: Vec<Tp>,
@@ -53,7 +55,7 @@ pub enum RebalanceEvent {
     /// Exactly-once, the end of a transaction: hand nothing more to the
     /// producer; once every record handed over is acknowledged (or at
     /// `deadline`), answer what the transaction holds. Records ready
-    /// meanwhile wait for [`RebalanceEvent::Unseal`].
+    /// meanwhile wait for [`Control::Unseal`].
     Seal {
         deadline: Instant,
         reply: std::sync::mpsc::Sender<Sealed>,
@@ -90,12 +92,9 @@ pub enum SealFailure {
 }
 
 /// Consumer side of a transaction's end: the hub's [`Sealed`] answer.
-pub fn request_seal(
-    tx: &mpsc::Sender<RebalanceEvent>,
-    deadline: Instant,
-) -> Result<Sealed, SealFailure> {
+pub fn request_seal(tx: &mpsc::Sender<Control>, deadline: Instant) -> Result<Sealed, SealFailure> {
     let (reply, answer) = std::sync::mpsc::channel();
-    tx.blocking_send(RebalanceEvent::Seal { deadline, reply })
+    tx.blocking_send(Control::Seal { deadline, reply })
         .map_err(|_| SealFailure::Gone)?;
     let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(1);
     answer.recv_timeout(wait).map_err(|e| match e {
@@ -107,13 +106,13 @@ pub fn request_seal(
 /// Consumer side of an abort: the hub dropped these partitions' state
 /// (waits at most `timeout`; false if the hub is gone).
 pub fn request_rewind(
-    tx: &mpsc::Sender<RebalanceEvent>,
+    tx: &mpsc::Sender<Control>,
     partitions: Vec<Tp>,
     generation: u64,
     timeout: Duration,
 ) -> bool {
     let (done, answer) = std::sync::mpsc::channel();
-    tx.blocking_send(RebalanceEvent::Rewind {
+    tx.blocking_send(Control::Rewind {
         partitions,
         generation,
         done,
@@ -126,13 +125,13 @@ pub fn request_rewind(
 /// their positions, at most `timeout`. `None` when the hub is gone (end of a
 /// shutdown) or did not answer in time; the caller commits what it stored.
 pub fn request_drain(
-    tx: &mpsc::Sender<RebalanceEvent>,
+    tx: &mpsc::Sender<Control>,
     partitions: Vec<Tp>,
     generation: u64,
     timeout: Duration,
 ) -> Option<Positions> {
     let (done, drained) = std::sync::mpsc::channel();
-    tx.blocking_send(RebalanceEvent::Revoke {
+    tx.blocking_send(Control::Revoke {
         partitions,
         generation,
         done,
@@ -153,13 +152,13 @@ pub fn request_drain(
 /// Consumer side of an assignment after a revoke: the positions the hub
 /// answered in the last revoke for these partitions (empty if none).
 pub fn request_resume(
-    tx: &mpsc::Sender<RebalanceEvent>,
+    tx: &mpsc::Sender<Control>,
     partitions: Vec<Tp>,
     timeout: Duration,
 ) -> Positions {
     let (reply, answer) = std::sync::mpsc::channel();
     if tx
-        .blocking_send(RebalanceEvent::Assign { partitions, reply })
+        .blocking_send(Control::Assign { partitions, reply })
         .is_err()
     {
         return Vec::new();

@@ -238,8 +238,11 @@ impl Reloader {
         .and_then(|r| r)
         .and_then(|sessions| self.fits(l, sessions));
         let model = &mut self.models[l];
-        let (sessions, rules) = match loaded {
-            Ok(loaded) => loaded,
+        let Fitting {
+            sessions,
+            new_rules: rules,
+        } = match loaded {
+            Ok(fitting) => fitting,
             Err(error) => {
                 tracing::error!(model = %model.spec.name, dir = %now.resolved.display(), %error, "new model refused; the running one keeps serving");
                 metrics::counter!(metric::MODEL_RELOADS_TOTAL, "outcome" => ReloadOutcome::Refused.as_str()).increment(1);
@@ -260,7 +263,14 @@ impl Reloader {
         }
         let model = &mut self.models[l];
         let scorer = Arc::new(Scorer::named(&model.spec.name, &manifest));
-        let _ = self.scorers.send((l, version, scorer)).await;
+        let _ = self
+            .scorers
+            .send(NewScorer {
+                model: l,
+                version,
+                scorer,
+            })
+            .await;
         for (swap, session) in model.swaps.iter().zip(sessions) {
             let _ = swap.send(Swap {
                 model: Some((session, inference.clone())),
@@ -285,18 +295,16 @@ impl Reloader {
     /// Whether the policy fits model `l`'s new sessions: every label a rule
     /// judges must be there. Without a policy file the rules follow the
     /// new manifest (its score_label): returned to be announced.
-    #[allow(clippy::type_complexity)]
-    fn fits(
-        &self,
-        l: usize,
-        sessions: Vec<inference::Model>,
-    ) -> Result<(Vec<inference::Model>, Option<Ruleset>), String> {
+    fn fits(&self, l: usize, sessions: Vec<inference::Model>) -> Result<Fitting, String> {
         let manifest = &sessions.first().ok_or("no worker to load for")?.manifest;
         let mut labels = self.labels();
         labels[l] = ModelLabels::of(&self.models[l].spec.name, manifest);
         if let PolicySource::Config(_) = self.source {
             let rules = self.source.rules(&labels).map_err(|e| e.to_string())?;
-            return Ok((sessions, (rules != self.rules).then_some(rules)));
+            return Ok(Fitting {
+                sessions,
+                new_rules: (rules != self.rules).then_some(rules),
+            });
         }
         let missing = self.rules.missing_labels(l, &manifest.labels);
         if !missing.is_empty() {
@@ -305,8 +313,18 @@ impl Reloader {
                 self.rules.version, manifest.labels
             ));
         }
-        Ok((sessions, None))
+        Ok(Fitting {
+            sessions,
+            new_rules: None,
+        })
     }
+}
+
+/// A new model's sessions that the policy fits, and the rules that follow
+/// its manifest when there is no policy file (None: unchanged).
+struct Fitting {
+    sessions: Vec<inference::Model>,
+    new_rules: Option<Ruleset>,
 }
 
 fn refuse_policy(error: &str) {

@@ -34,7 +34,7 @@ const BATCH: usize = 64;
 pub struct ShadowJob {
     pub event_id: String,
     pub text: String,
-    pub source: (Arc<str>, i32, i64),
+    pub source: crate::tp::Source,
     pub live_probabilities: Vec<f32>,
     pub live: Arc<Scorer>,
 }
@@ -187,9 +187,9 @@ fn serve(
                 live,
                 shadow,
                 source: Source {
-                    topic: &job.source.0,
-                    partition: job.source.1,
-                    offset: job.source.2,
+                    topic: &job.source.tp.topic,
+                    partition: job.source.tp.partition,
+                    offset: job.source.offset,
                 },
             };
             let Ok(payload) = serde_json::to_vec(&record) else {

@@ -21,7 +21,11 @@ impl Tp {
 }
 
 /// Where a record comes from: its input partition and offset.
-pub type Source = (Tp, i64);
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Source {
+    pub tp: Tp,
+    pub offset: i64,
+}
 
 /// Positions (next offset to read) of some partitions.
 pub type Positions = Vec<(Tp, i64)>;

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use super::exactly_once::TxnDriver;
 use super::exactly_once::{Decision, End};
 use super::{commit, is_fatal, store};
-use crate::rebalance::{self, RebalanceEvent, SealFailure};
+use crate::rebalance::{self, Control, SealFailure};
 use crate::telemetry::Health;
 use crate::telemetry::metric::{self, CommitOutcome, ErrorKind, RebalanceKind, TxnOutcome};
 use crate::tp::{Positions, Tp};
@@ -40,7 +40,7 @@ pub struct ModstreamContext {
     /// A revoke happened since the last assignment: ask the hub where the
     /// partitions it drained were delivered up to.
     pub(super) revoked: AtomicBool,
-    pub(super) rebalance_tx: mpsc::Sender<RebalanceEvent>,
+    pub(super) control_tx: mpsc::Sender<Control>,
     pub(super) positions_rx: async_channel::Receiver<Positions>,
     pub(super) drain_timeout: Duration,
     /// Records not yet polled, per partition, from each statistics report.
@@ -136,7 +136,7 @@ impl ModstreamContext {
             return Vec::new();
         }
         let candidates =
-            rebalance::request_resume(&self.rebalance_tx, partitions_of(tpl), self.drain_timeout);
+            rebalance::request_resume(&self.control_tx, partitions_of(tpl), self.drain_timeout);
         if candidates.is_empty() {
             return Vec::new();
         }
@@ -201,7 +201,7 @@ impl ModstreamContext {
             None
         } else {
             let timeout = driver.lock().map(|d| d.eo.timeout).unwrap_or_default();
-            match rebalance::request_seal(&self.rebalance_tx, Instant::now() + timeout) {
+            match rebalance::request_seal(&self.control_tx, Instant::now() + timeout) {
                 // The hub stopped: the shutdown's end commits what it sent.
                 Err(SealFailure::Gone) => return,
                 other => Some(other),
@@ -237,7 +237,7 @@ impl ModstreamContext {
         d.forget(end.revoked());
         drop(d);
         if !shutdown {
-            let _ = self.rebalance_tx.blocking_send(RebalanceEvent::Unseal);
+            let _ = self.control_tx.blocking_send(Control::Unseal);
         }
     }
 
@@ -289,7 +289,7 @@ impl ModstreamContext {
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         self.rebalanced.store(true, Ordering::SeqCst);
         let dropped = end.dropped_after_abort(owned);
-        rebalance::request_rewind(&self.rebalance_tx, dropped, generation, d.eo.timeout);
+        rebalance::request_rewind(&self.control_tx, dropped, generation, d.eo.timeout);
         // Positions the hub sent before the rewind are of the aborted records.
         while self.positions_rx.try_recv().is_ok() {}
     }
@@ -362,8 +362,8 @@ impl ConsumerContext for ModstreamContext {
             Ok(()) if !resumed.is_empty() => {
                 if store(consumer, &resumed) {
                     let _ = self
-                        .rebalance_tx
-                        .blocking_send(RebalanceEvent::Resumed { positions: resumed });
+                        .control_tx
+                        .blocking_send(Control::Resumed { positions: resumed });
                 }
             }
             Ok(()) => {}
@@ -389,7 +389,7 @@ impl ConsumerContext for ModstreamContext {
                 );
                 // The hub is gone at the very end of a shutdown; nothing to drain then.
                 let drained = rebalance::request_drain(
-                    &self.rebalance_tx,
+                    &self.control_tx,
                     partitions,
                     generation,
                     self.drain_timeout,

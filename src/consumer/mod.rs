@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::{self, ConsumerRole};
 use crate::config::Settings;
-use crate::rebalance::RebalanceEvent;
+use crate::rebalance::Control;
 use crate::telemetry::Health;
 use crate::tp::{Positions, Tp};
 
@@ -98,7 +98,7 @@ pub fn is_fatal(e: &KafkaError) -> bool {
 /// a sender for the positions to store.
 pub struct ConsumerChannels {
     pub records: mpsc::Receiver<Ingested>,
-    pub rebalances: mpsc::Receiver<RebalanceEvent>,
+    pub control: mpsc::Receiver<Control>,
     pub positions: async_channel::Sender<Positions>,
 }
 
@@ -196,7 +196,7 @@ type KafkaConsumer = BaseConsumer<ModstreamContext>;
 /// here, connection problems in [`check_connection`].
 fn create(
     settings: &Settings,
-    rebalance_tx: mpsc::Sender<RebalanceEvent>,
+    control_tx: mpsc::Sender<Control>,
     positions_rx: async_channel::Receiver<Positions>,
     lags_tx: std::sync::mpsc::Sender<Vec<(Tp, i64)>>,
     exactly_once: Option<ExactlyOnce>,
@@ -211,7 +211,7 @@ fn create(
         generation: AtomicU64::new(0),
         rebalanced: AtomicBool::new(false),
         revoked: AtomicBool::new(false),
-        rebalance_tx,
+        control_tx,
         positions_rx,
         drain_timeout: settings.kafka.drain_timeout,
         lags_tx,
@@ -310,7 +310,7 @@ pub async fn start(
     exactly_once: Option<ExactlyOnce>,
 ) -> Result<(ConsumerThread, ConsumerChannels), ConsumerError> {
     let (records_tx, records) = mpsc::channel(1024);
-    let (rebalance_tx, rebalances) = mpsc::channel(16);
+    let (control_tx, control) = mpsc::channel(16);
     // One batch at a time: the hub coalesces positions until it is taken.
     let (positions, positions_rx) = async_channel::bounded(1);
     let (ready_tx, ready) = oneshot::channel();
@@ -322,7 +322,7 @@ pub async fn start(
             let (lags_tx, lags_rx) = std::sync::mpsc::channel();
             let consumer = match create(
                 &settings,
-                rebalance_tx,
+                control_tx,
                 positions_rx,
                 lags_tx,
                 exactly_once,
@@ -374,7 +374,7 @@ pub async fn start(
         ConsumerThread { thread },
         ConsumerChannels {
             records,
-            rebalances,
+            control,
             positions,
         },
     ))

@@ -1,15 +1,15 @@
 //! Delivery: verdicts (or dead-letter records) produced in offset order,
 //! acknowledgements, and the positions they let the consumer store.
 
-use super::{Ack, Decided, Deliver, Hub, Outcome, Outgoing};
+use super::{Ack, Decided, Deliver, Hold, Hub, InputOffset, Outcome, Outgoing, ReadyOutput};
 use crate::event::{self, RejectReason};
 use crate::partition::{Finished, Partition, Pending};
 use crate::producer::ProducerError;
 use crate::rebalance::Positions;
 use crate::record::{self, OutRecord, RecordKind};
 use crate::telemetry::metric;
-use crate::tp::Tp;
-use crate::verdict::{self, Answer, Judged};
+use crate::tp::{Source, Tp};
+use crate::verdict::{self, Answer, Judged, ScoredBy};
 use tokio::time::Instant;
 
 impl<D: Deliver> Hub<D> {
@@ -24,17 +24,39 @@ impl<D: Deliver> Hub<D> {
                 Finished::Scored(scored) => scored,
                 Finished::Rejected(r) => {
                     let r = *r;
-                    let at = (tp.clone(), self.partition_generation(tp), r.offset);
-                    let held = (r.received_at, r.bytes);
-                    self.deliver(at, r.out.into(), Outcome::Dlq(r.reason), held);
+                    self.deliver(ReadyOutput {
+                        at: InputOffset {
+                            tp: tp.clone(),
+                            generation: self.partition_generation(tp),
+                            offset: r.offset,
+                        },
+                        out: r.out.into(),
+                        outcome: Outcome::Dlq(r.reason),
+                        hold: Hold {
+                            received_at: r.received_at,
+                            bytes: r.bytes,
+                        },
+                    });
                     continue;
                 }
             };
             for mut pending in scored {
-                let at = (pending.tp.clone(), pending.generation, pending.offset);
-                let held = (pending.received_at, pending.bytes.take());
+                let at = InputOffset {
+                    tp: pending.tp.clone(),
+                    generation: pending.generation,
+                    offset: pending.offset,
+                };
+                let hold = Hold {
+                    received_at: pending.received_at,
+                    bytes: pending.bytes.take(),
+                };
                 let (out, outcome) = self.outcome(pending);
-                self.deliver(at, out, outcome, held);
+                self.deliver(ReadyOutput {
+                    at,
+                    out,
+                    outcome,
+                    hold,
+                });
             }
         }
     }
@@ -62,7 +84,11 @@ impl<D: Deliver> Hub<D> {
             models: pending
                 .scores
                 .iter()
-                .map(|(i, s, p)| (*i, s.as_ref(), p.as_slice()))
+                .map(|m| ScoredBy {
+                    model: m.model,
+                    scorer: &m.scorer,
+                    probabilities: &m.probabilities,
+                })
                 .collect(),
         };
         let answer = Answer {
@@ -99,7 +125,7 @@ impl<D: Deliver> Hub<D> {
             event_time_ms: event::event_time_ms(pending.original.timestamp_ms, &pending.event),
             rules: pending.rules.clone(),
             rule: pending.rule,
-            models: pending.scores.iter().map(|(i, _, _)| *i).collect(),
+            models: pending.scores.iter().map(|m| m.model).collect(),
         };
         (Outgoing { main, also }, Outcome::Verdict(decided))
     }
@@ -120,52 +146,53 @@ impl<D: Deliver> Hub<D> {
         let Some(shadow) = &self.shadow else {
             return;
         };
-        let Some((_, live, probabilities)) = pending.scores.iter().find(|(i, _, _)| *i == 0) else {
+        let Some(first) = pending.scores.iter().find(|m| m.model == 0) else {
             return;
         };
         if shadow.samples(&pending.event.event_id) {
             shadow.offer(crate::shadow::ShadowJob {
                 event_id: pending.event.event_id.clone(),
                 text: std::mem::take(&mut pending.event.text),
-                source: (
-                    pending.tp.topic.clone(),
-                    pending.tp.partition,
-                    pending.offset,
-                ),
-                live_probabilities: probabilities.clone(),
-                live: live.clone(),
+                source: Source {
+                    tp: pending.tp.clone(),
+                    offset: pending.offset,
+                },
+                live_probabilities: first.probabilities.clone(),
+                live: first.scorer.clone(),
             });
         }
     }
 
-    /// Enqueue one record now; the hub's loop polls for its
-    /// acknowledgement. `bytes`
-    /// (the input's share of the byte budget) is given back after it;
-    /// `received_at` is when the input was polled.
-    pub(super) fn deliver(
-        &mut self,
-        (tp, generation, offset): (Tp, u64, i64),
-        out: Outgoing,
-        outcome: Outcome,
-        (received_at, bytes): (Instant, Option<tokio::sync::OwnedSemaphorePermit>),
-    ) {
+    /// Enqueue an input record's outputs now; the hub's loop polls for
+    /// their acknowledgement. Its hold (its share of the byte budget) is
+    /// given back after it.
+    pub(super) fn deliver(&mut self, ready: ReadyOutput) {
         let mut epoch = 0;
         if let Some(txn) = self.txn.as_mut() {
             if txn.holding() {
-                txn.held.push(super::transaction::Held {
-                    at: (tp, generation, offset),
-                    out,
-                    outcome,
-                    held: (received_at, bytes),
-                });
+                txn.held.push(ready);
                 return;
             }
             txn.outstanding += 1;
             txn.records += 1;
             epoch = txn.epoch;
         }
+        let ReadyOutput {
+            at:
+                InputOffset {
+                    tp,
+                    generation,
+                    offset,
+                },
+            out,
+            outcome,
+            hold: Hold { received_at, bytes },
+        } = ready;
         let kind = out.main.kind;
-        let source = (tp.clone(), offset);
+        let source = Source {
+            tp: tp.clone(),
+            offset,
+        };
         let main = self
             .outbox
             .deliver(out.main, source.clone(), self.abort.clone());

@@ -5,7 +5,7 @@
 use super::breaker::{BreakerAction, RunOutcome};
 use super::{Deliver, Hub};
 use crate::inference::{InferenceJob, InferenceResult};
-use crate::partition::ReadyBatch;
+use crate::partition::{ModelScores, ReadyBatch};
 use crate::telemetry::metric;
 use tokio::time::Instant;
 
@@ -67,7 +67,8 @@ impl<D: Deliver> Hub<D> {
                 sizes.resize(size + 1, 0);
             }
             sizes[size] += 1;
-            self.in_inference.insert(id, (l, segments));
+            self.in_inference
+                .insert(id, super::Running { lane: l, segments });
             if let Err(e) = jobs.try_send(InferenceJob { id, texts }) {
                 // Cannot happen while `running` bounds the queue; keep the
                 // events anyway (scored as failed).
@@ -90,7 +91,7 @@ impl<D: Deliver> Hub<D> {
         let run_lane = self
             .in_inference
             .get(&result.id)
-            .map(|(l, _)| *l)
+            .map(|r| r.lane)
             .or_else(|| {
                 let probe = |lane: &super::Lane| lane.breaker.is_probe(result.id);
                 self.lanes.iter().position(probe)
@@ -106,7 +107,8 @@ impl<D: Deliver> Hub<D> {
             self.on_probe(l, result);
             return;
         }
-        let Some((l, segments)) = self.in_inference.remove(&result.id) else {
+        let Some(super::Running { lane: l, segments }) = self.in_inference.remove(&result.id)
+        else {
             return;
         };
         let lane = &mut self.lanes[l];
@@ -145,7 +147,11 @@ impl<D: Deliver> Hub<D> {
             for p in segment.items.iter_mut().filter(|p| p.needs(l)) {
                 p.event.text = texts.next().unwrap_or_default();
                 match scores.next() {
-                    Some(Ok(probabilities)) => p.scores.push((l, scorer.clone(), probabilities)),
+                    Some(Ok(probabilities)) => p.scores.push(ModelScores {
+                        model: l,
+                        scorer: scorer.clone(),
+                        probabilities,
+                    }),
                     Some(Err(e)) => p.failed = Some(e),
                     None => p.failed = Some("no score returned".to_string()),
                 }

@@ -138,12 +138,19 @@ impl<D: Deliver> Hub<D> {
             self.emit_in_order(&tp);
             return;
         }
-        self.deliver(
-            (tp, generation, rejected.offset),
-            rejected.out.into(),
-            Outcome::Dlq(rejected.reason),
-            (rejected.received_at, rejected.bytes),
-        );
+        self.deliver(super::ReadyOutput {
+            at: super::InputOffset {
+                tp,
+                generation,
+                offset: rejected.offset,
+            },
+            out: rejected.out.into(),
+            outcome: Outcome::Dlq(rejected.reason),
+            hold: super::Hold {
+                received_at: rejected.received_at,
+                bytes: rejected.bytes,
+            },
+        });
     }
 
     /// A closed batch goes to its first model's queue (urgent ones ahead of

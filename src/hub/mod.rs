@@ -1,9 +1,9 @@
 //! The hub: the one task that owns all per-partition state, so nothing here
-//! needs a lock. Its loop handles, in priority order: rebalances, new
-//! scorers from the hot reload (before any result that carries their
-//! version), delivery acknowledgements, inference results, batch deadlines,
-//! then new input, and
-//! new input only while fewer than `limits.max_in_flight` events are
+//! needs a lock. Its loop handles, in priority order: the consumer
+//! thread's control messages (rebalances, transaction ends), new scorers
+//! from the hot reload (before any result that carries their version),
+//! delivery acknowledgements, inference results, batch deadlines, then new
+//! input, and new input only while fewer than `limits.max_in_flight` events are
 //! undelivered (beyond that the bounded input channel fills and the consumer
 //! pauses its partitions).
 //!
@@ -31,8 +31,8 @@ use crate::event::RejectReason;
 use crate::inference::InferenceResult;
 use crate::partition::{Partition, ReadyBatch};
 use crate::policy::Ruleset;
-use crate::producer::ProducerError;
-use crate::rebalance::{Positions, RebalanceEvent, Revokes};
+use crate::producer::{ProducerError, ServiceFailure};
+use crate::rebalance::{Control, Positions, Revokes};
 use crate::record::{OutRecord, RecordKind};
 use crate::shutdown::Shutdown;
 use crate::slo::{self, Choice};
@@ -119,9 +119,8 @@ pub trait Deliver: Send + 'static {
         cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<(), ProducerError>>;
 
-    /// A delivery failure concerning the whole service that lasts now:
-    /// (topic, for how long, last error).
-    fn service_failure(&self) -> Option<(String, std::time::Duration, String)> {
+    /// A delivery failure concerning the whole service that lasts now.
+    fn service_failure(&self) -> Option<ServiceFailure> {
         None
     }
 }
@@ -147,6 +146,38 @@ pub struct Ack {
 enum Outcome {
     Verdict(Decided),
     Dlq(RejectReason),
+}
+
+/// A run in inference: the model's lane and the batches whose events it
+/// scores.
+struct Running {
+    lane: usize,
+    segments: Vec<ReadyBatch>,
+}
+
+/// The input record an output answers: its partition, the generation of
+/// the partition state that accepted it, and its offset.
+#[derive(Debug, Clone)]
+struct InputOffset {
+    tp: Tp,
+    generation: u64,
+    offset: i64,
+}
+
+/// What an input record holds until its outputs are acknowledged: when
+/// the consumer thread polled it, and its share of the byte budget (given
+/// back when dropped).
+struct Hold {
+    received_at: Instant,
+    bytes: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// An input record's outputs, ready to be handed to the producer.
+struct ReadyOutput {
+    at: InputOffset,
+    out: Outgoing,
+    outcome: Outcome,
+    hold: Hold,
 }
 
 /// The records that answer one input offset: the verdict (or dead-letter
@@ -180,7 +211,7 @@ struct Decided {
 /// The hub's inputs.
 pub struct Inputs {
     pub records: mpsc::Receiver<Ingested>,
-    pub rebalances: mpsc::Receiver<RebalanceEvent>,
+    pub control: mpsc::Receiver<Control>,
     pub results: mpsc::Receiver<InferenceResult>,
     /// New model versions from the hot reload, each before any result
     /// carries its version.
@@ -214,7 +245,7 @@ pub struct Hub<D: Deliver> {
     positions: foldhash::HashMap<Tp, i64>,
     unsent_positions: foldhash::HashMap<Tp, i64>,
     /// Runs in inference: the lane and the batches whose events it scores.
-    in_inference: foldhash::HashMap<u64, (usize, Vec<ReadyBatch>)>,
+    in_inference: foldhash::HashMap<u64, Running>,
     next_job_id: u64,
     /// Events accepted and not yet acknowledged (or abandoned).
     in_flight: usize,
@@ -350,10 +381,10 @@ impl<D: Deliver> Hub<D> {
             let holding = open && self.queued() > 0;
             tokio::select! {
                 biased;
-                Some(event) = inputs.rebalances.recv() => self.on_rebalance(event),
-                Some((lane, version, scorer)) = inputs.scorers.recv() => {
-                    if let Some(lane) = self.lanes.get_mut(lane) {
-                        lane.reloaded(version, scorer);
+                Some(control) = inputs.control.recv() => self.on_control(control),
+                Some(new) = inputs.scorers.recv() => {
+                    if let Some(lane) = self.lanes.get_mut(new.model) {
+                        lane.reloaded(new.version, new.scorer);
                     }
                 }
                 Some(rules) = inputs.policies.recv() => self.on_policy(rules),

@@ -5,14 +5,14 @@ use std::collections::HashSet;
 
 use super::{Deliver, Hub};
 use crate::partition::Partition;
-use crate::rebalance::{Positions, RebalanceEvent};
+use crate::rebalance::{Control, Positions};
 use crate::telemetry::metric;
 use crate::tp::Tp;
 
 impl<D: Deliver> Hub<D> {
-    pub(super) fn on_rebalance(&mut self, event: RebalanceEvent) {
+    pub(super) fn on_control(&mut self, event: Control) {
         match event {
-            RebalanceEvent::Revoke {
+            Control::Revoke {
                 partitions,
                 generation,
                 done,
@@ -31,14 +31,14 @@ impl<D: Deliver> Hub<D> {
                     done,
                 );
             }
-            RebalanceEvent::Assign { partitions, reply } => {
+            Control::Assign { partitions, reply } => {
                 tracing::debug!(partitions = partitions.len(), "assignment received");
                 let _ = reply.send(self.revokes.take_resume(&partitions));
             }
-            RebalanceEvent::Resumed { positions } => self.positions.extend(positions),
-            RebalanceEvent::Seal { deadline, reply } => self.on_seal(deadline, reply),
-            RebalanceEvent::Unseal => self.on_unseal(),
-            RebalanceEvent::Rewind {
+            Control::Resumed { positions } => self.positions.extend(positions),
+            Control::Seal { deadline, reply } => self.on_seal(deadline, reply),
+            Control::Unseal => self.on_unseal(),
+            Control::Rewind {
                 partitions,
                 generation,
                 done,

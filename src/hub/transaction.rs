@@ -17,7 +17,7 @@
 
 use std::collections::HashSet;
 
-use super::{Deliver, Hub, Outcome};
+use super::{Deliver, Hub};
 use crate::rebalance::Sealed;
 use crate::tp::Tp;
 use tokio::time::Instant;
@@ -37,19 +37,12 @@ pub(super) enum Seal {
     Sealed,
 }
 
-/// A record ready while sealed, with what [`Hub::deliver`] needs.
-pub(super) struct Held {
-    pub at: (Tp, u64, i64),
-    pub out: super::Outgoing,
-    pub outcome: Outcome,
-    pub held: (Instant, Option<tokio::sync::OwnedSemaphorePermit>),
-}
-
 /// The exactly-once state of the hub.
 #[derive(Default)]
 pub(super) struct TxnState {
     pub seal: Seal,
-    pub held: Vec<Held>,
+    /// Outputs ready while sealed, handed over at the unseal.
+    pub held: Vec<super::ReadyOutput>,
     /// Records handed to the producer and not yet acknowledged.
     pub outstanding: usize,
     /// Records handed over since the last seal.
@@ -134,8 +127,8 @@ impl<D: Deliver> Hub<D> {
         txn.outstanding = 0;
         txn.failed = None;
         let held = std::mem::take(&mut txn.held);
-        for h in held {
-            self.deliver(h.at, h.out, h.outcome, h.held);
+        for ready in held {
+            self.deliver(ready);
         }
     }
 
@@ -154,7 +147,7 @@ impl<D: Deliver> Hub<D> {
         let mut dropped = 0;
         if let Some(txn) = self.txn.as_mut() {
             let before = txn.held.len();
-            txn.held.retain(|h| !rewound.contains(&h.at.0));
+            txn.held.retain(|h| !rewound.contains(&h.at.tp));
             dropped += before - txn.held.len();
         }
         self.flush(&partitions);

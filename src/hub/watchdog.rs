@@ -4,7 +4,7 @@
 use tokio::time::Instant;
 
 use super::{Deliver, Hub};
-use crate::producer::ProducerError;
+use crate::producer::{ProducerError, ServiceFailure};
 use crate::telemetry::{Stall, metric};
 
 /// How often the watchdog looks at every partition's oldest pending event.
@@ -18,15 +18,22 @@ impl<D: Deliver> Hub<D> {
         let failure = self.outbox.service_failure();
         let report = failure
             .as_ref()
-            .filter(|(_, lasted, _)| *lasted >= std::time::Duration::from_secs(5))
-            .map(|(topic, lasted, error)| {
+            .filter(|f| f.lasted >= std::time::Duration::from_secs(5))
+            .map(|f| {
                 format!(
-                    "deliveries to {topic} failing for {} s: {error}",
-                    lasted.as_secs()
+                    "deliveries to {} failing for {} s: {}",
+                    f.topic,
+                    f.lasted.as_secs(),
+                    f.error
                 )
             });
         self.health.set_delivery_failing(report);
-        let Some((topic, lasted, error)) = failure else {
+        let Some(ServiceFailure {
+            topic,
+            lasted,
+            error,
+        }) = failure
+        else {
             return;
         };
         if lasted >= self.settings.kafka.service_failure_timeout && self.producer_fatal.is_none() {

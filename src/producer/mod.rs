@@ -105,6 +105,16 @@ pub fn is_service_level(e: &KafkaError) -> bool {
     )
 }
 
+/// A delivery failure concerning the whole service (not authorized, topic
+/// missing) that lasts now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceFailure {
+    pub topic: String,
+    /// Since the first failure after the last delivery to the topic.
+    pub lasted: Duration,
+    pub error: String,
+}
+
 /// Service-level delivery failures now, by topic: since when, and the last
 /// error. Written by the deliveries, read by the hub's watchdog.
 #[derive(Default)]
@@ -128,12 +138,16 @@ impl ServiceFailures {
         }
     }
 
-    /// The longest-lasting one: (topic, how long, last error).
-    fn oldest(&self) -> Option<(String, std::time::Duration, String)> {
+    /// The longest-lasting one.
+    fn oldest(&self) -> Option<ServiceFailure> {
         let f = self.0.lock().ok()?;
         f.iter()
             .min_by_key(|(_, (since, _))| *since)
-            .map(|(t, (since, e))| (t.clone(), since.elapsed(), e.clone()))
+            .map(|(t, (since, e))| ServiceFailure {
+                topic: t.clone(),
+                lasted: since.elapsed(),
+                error: e.clone(),
+            })
     }
 }
 
@@ -232,7 +246,7 @@ impl Sink {
         let resends = self.resends.clone();
         // A partition with re-sends waiting: this record queues behind them.
         let mut place = resends
-            .any_waiting(&source.0)
+            .any_waiting(&source.tp)
             .then(|| resends.join(&source));
         let attempt = match place {
             Some(_) => None,
@@ -278,8 +292,8 @@ impl Sink {
     }
 
     /// The delivery failure concerning the whole service that has lasted
-    /// longest, if one lasts now: (topic, for how long, last error).
-    pub fn service_failure(&self) -> Option<(String, Duration, String)> {
+    /// longest, if one lasts now.
+    pub fn service_failure(&self) -> Option<ServiceFailure> {
         self.service_failures.oldest()
     }
 
@@ -457,7 +471,10 @@ mod tests {
     use super::*;
 
     fn source(offset: i64) -> Source {
-        (crate::tp::Tp::new("in", 0), offset)
+        Source {
+            tp: crate::tp::Tp::new("in", 0),
+            offset,
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,9 +30,9 @@ impl Resends {
 
     pub(super) fn join(self: &Arc<Self>, source: &Source) -> Place {
         if let Ok(mut w) = self.waiting.lock() {
-            *w.entry(source.0.clone())
+            *w.entry(source.tp.clone())
                 .or_default()
-                .entry(source.1)
+                .entry(source.offset)
                 .or_default() += 1;
         }
         Place {
@@ -42,7 +42,7 @@ impl Resends {
     }
 
     /// No earlier offset of the partition waits.
-    fn is_first(&self, (tp, offset): &Source) -> bool {
+    fn is_first(&self, Source { tp, offset }: &Source) -> bool {
         self.waiting.lock().map_or(true, |w| {
             w.get(tp)
                 .and_then(|waiting| waiting.keys().next())
@@ -76,7 +76,7 @@ impl Place {
 impl Drop for Place {
     fn drop(&mut self) {
         if let Ok(mut w) = self.resends.waiting.lock() {
-            let (tp, offset) = &self.source;
+            let Source { tp, offset } = &self.source;
             if let Some(waiting) = w.get_mut(tp) {
                 if let Some(places) = waiting.get_mut(offset) {
                     *places -= 1;
@@ -98,7 +98,10 @@ mod tests {
     use super::*;
 
     fn source(partition: i32, offset: i64) -> Source {
-        (Tp::new("in", partition), offset)
+        Source {
+            tp: Tp::new("in", partition),
+            offset,
+        }
     }
 
     async fn goes_now(place: &Place) -> bool {
@@ -113,7 +116,7 @@ mod tests {
         let late = resends.join(&source(0, 5));
         let early = resends.join(&source(0, 3));
         let elsewhere = resends.join(&source(1, 9));
-        assert!(resends.any_waiting(&source(0, 0).0));
+        assert!(resends.any_waiting(&source(0, 0).tp));
         assert!(!goes_now(&late).await, "offset 5 waits for offset 3");
         assert!(goes_now(&early).await);
         assert!(goes_now(&elsewhere).await, "other partitions are not held");
@@ -129,7 +132,7 @@ mod tests {
             .unwrap();
         drop(late);
         drop(elsewhere);
-        assert!(!resends.any_waiting(&source(0, 0).0));
+        assert!(!resends.any_waiting(&source(0, 0).tp));
     }
 
     /// The same offset twice (its partition came back and was consumed
@@ -153,6 +156,6 @@ mod tests {
         drop(second_copy);
         assert!(goes_now(&later).await);
         drop(later);
-        assert!(!resends.any_waiting(&source(0, 0).0));
+        assert!(!resends.any_waiting(&source(0, 0).tp));
     }
 }

@@ -113,7 +113,11 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
             decision: &decision,
             models: scores
                 .iter()
-                .map(|(i, s, p)| (*i, *s, p.as_slice()))
+                .map(|(i, s, p)| crate::verdict::ScoredBy {
+                    model: *i,
+                    scorer: s,
+                    probabilities: p,
+                })
                 .collect(),
         };
         let answer = Answer {
@@ -155,9 +159,10 @@ fn describe(f: &Found, judged: &Judged<'_>) -> String {
             ""
         },
     );
-    for (i, scorer, probabilities) in &judged.models {
+    for m in &judged.models {
+        let (scorer, probabilities) = (m.scorer, m.probabilities);
         let (name, version) = scorer.model();
-        let deferred = judged.decision.deferred.contains(i);
+        let deferred = judged.decision.deferred.contains(&m.model);
         let scores: Vec<String> = scorer
             .labels()
             .iter()
@@ -174,7 +179,12 @@ fn describe(f: &Found, judged: &Judged<'_>) -> String {
             scorer.id,
             scores.join(" ")
         ));
-        for c in judged.decision.crossings.iter().filter(|c| c.model == *i) {
+        for c in judged
+            .decision
+            .crossings
+            .iter()
+            .filter(|c| c.model == m.model)
+        {
             let which = if c.verdict == verdict::Verdict::Block {
                 "block_at"
             } else {

@@ -333,7 +333,10 @@ impl Scoring {
         if self.keep_labels {
             self.labels.insert(item.event.event_id.clone(), label);
         }
-        let source = (item.tp, item.offset);
+        let source = crate::tp::Source {
+            tp: item.tp,
+            offset: item.offset,
+        };
         self.deliveries.push(Box::pin(self.sink.deliver(
             out,
             source,

@@ -2,7 +2,7 @@
 //! parts (no `serde_json::Value` per record). Fields and score labels are
 //! in name order, as they always were.
 
-use super::{Judged, Scorer};
+use super::{Judged, ScoredBy, Scorer};
 use crate::policy::Verdict;
 
 #[derive(serde::Serialize)]
@@ -125,7 +125,7 @@ impl<'a> Judged<'a> {
             .iter()
             .filter(|c| model.is_none_or(|m| m == c.model))
             .filter_map(|c| {
-                let (_, scorer, _) = self.models.iter().find(|(m, _, _)| *m == c.model)?;
+                let scorer = self.models.iter().find(|m| m.model == c.model)?.scorer;
                 Some(CrossedRef {
                     label: &c.label,
                     model: model.is_none().then_some(scorer.id.as_str()),
@@ -143,17 +143,23 @@ impl<'a> Judged<'a> {
             models: self
                 .models
                 .iter()
-                .map(|&(model, scorer, probabilities)| ModelReason {
-                    crossed: self.crossed(Some(model)),
-                    deferred: self.decision.deferred.contains(&model),
-                    id: &scorer.id,
-                    name: &scorer.model_name,
-                    scores: Scores {
-                        scorer: Some(scorer),
-                        probabilities,
+                .map(
+                    |&ScoredBy {
+                         model,
+                         scorer,
+                         probabilities,
+                     }| ModelReason {
+                        crossed: self.crossed(Some(model)),
+                        deferred: self.decision.deferred.contains(&model),
+                        id: &scorer.id,
+                        name: &scorer.model_name,
+                        scores: Scores {
+                            scorer: Some(scorer),
+                            probabilities,
+                        },
+                        version: &scorer.model_version,
                     },
-                    version: &scorer.model_version,
-                })
+                )
                 .collect(),
             policy: &self.rules.version,
             rule: self.rule_id(),

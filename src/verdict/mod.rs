@@ -32,10 +32,15 @@ use body::{DecisionBody, ModelRef, Scores, SourceRef, VerdictBody};
 
 pub use crate::policy::{Verdict, decide};
 
-/// A new model version for the hub (from a hot reload): the model's index,
-/// the version the workers' results carry from their next job on, and the
-/// model's identity.
-pub type NewScorer = (usize, u64, std::sync::Arc<Scorer>);
+/// A new model version for the hub (from a hot reload).
+#[derive(Debug)]
+pub struct NewScorer {
+    /// The model's index (its lane, in the order models score an event).
+    pub model: usize,
+    /// The version the workers' results carry from their next job on.
+    pub version: u64,
+    pub scorer: std::sync::Arc<Scorer>,
+}
 
 /// A loaded model's identity and labels (and, for the tools that judge one
 /// model alone, the configuration's `[policy]` thresholds for it).
@@ -69,7 +74,16 @@ pub struct Judged<'a> {
     pub rules: &'a Ruleset,
     pub rule: usize,
     pub decision: &'a Decision,
-    pub models: Vec<(usize, &'a Scorer, &'a [f32])>,
+    pub models: Vec<ScoredBy<'a>>,
+}
+
+/// One judging model's scores of the event.
+#[derive(Debug, Clone, Copy)]
+pub struct ScoredBy<'a> {
+    /// The model's index (in the order models score an event).
+    pub model: usize,
+    pub scorer: &'a Scorer,
+    pub probabilities: &'a [f32],
 }
 
 /// Where a verdict comes from and what it answers.
@@ -182,7 +196,11 @@ impl Scorer {
             rules: &self.alone,
             rule: 0,
             decision: &decision,
-            models: vec![(0, self, probabilities)],
+            models: vec![ScoredBy {
+                model: 0,
+                scorer: self,
+                probabilities,
+            }],
         };
         (
             verdict_record(topic, &answer, &judged, None),
@@ -205,8 +223,8 @@ pub fn verdict_record(
     let first = judged.models.first();
     let model = ModelRef {
         id: None,
-        name: first.map_or("", |(_, s, _)| &s.model_name),
-        version: first.map_or("", |(_, s, _)| &s.model_version),
+        name: first.map_or("", |m| &m.scorer.model_name),
+        version: first.map_or("", |m| &m.scorer.model_version),
     };
     let body = VerdictBody {
         event_id: &answer.event.event_id,
@@ -216,8 +234,8 @@ pub fn verdict_record(
         reason: judged.reason(),
         review_priority: priority,
         scores: Scores {
-            scorer: first.map(|(_, s, _)| *s),
-            probabilities: first.map_or(&[], |(_, _, p)| p),
+            scorer: first.map(|m| m.scorer),
+            probabilities: first.map_or(&[], |m| m.probabilities),
         },
         source: source_ref(answer),
         tenant: answer.event.tenant.as_deref(),
@@ -249,10 +267,10 @@ pub fn decision_record(topic: &str, answer: &Answer<'_>, judged: &Judged<'_>) ->
         models: judged
             .models
             .iter()
-            .map(|(_, s, _)| ModelRef {
-                id: Some(&s.id),
-                name: &s.model_name,
-                version: &s.model_version,
+            .map(|m| ModelRef {
+                id: Some(&m.scorer.id),
+                name: &m.scorer.model_name,
+                version: &m.scorer.model_version,
             })
             .collect(),
         policy: &judged.rules.version,

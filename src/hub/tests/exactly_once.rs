@@ -29,7 +29,7 @@ async fn a_seal_answers_once_what_was_handed_over_is_acknowledged_and_holds_the_
         "exactly what was handed over"
     );
     assert_eq!((answer.records, answer.abort), (2, None));
-    h.hub.on_rebalance(RebalanceEvent::Unseal);
+    h.hub.on_control(Control::Unseal);
     assert_eq!(h.outbox.offsets(), vec![0, 1, 2, 3], "the next transaction");
     h.acks(2).await;
     assert_eq!(h.hub.in_flight, 0);
@@ -51,13 +51,13 @@ async fn a_failed_delivery_asks_for_an_abort_and_a_rewind_reads_the_partition_ag
         "no offset passed a failed record"
     );
     let (done, rewound) = std::sync::mpsc::channel();
-    h.hub.on_rebalance(RebalanceEvent::Rewind {
+    h.hub.on_control(Control::Rewind {
         partitions: vec![tp(0)],
         generation: 1,
         done,
     });
     rewound.try_recv().expect("answered");
-    h.hub.on_rebalance(RebalanceEvent::Unseal);
+    h.hub.on_control(Control::Unseal);
     assert_eq!(h.hub.in_flight, 0);
     h.outbox.fail_all(None);
     h.push(record(0, 1, 0));
@@ -105,13 +105,13 @@ async fn after_an_abort_nothing_of_a_revoked_partition_goes_out_in_the_next_tran
     // The consumer aborts (drain timed out) and rewinds what it owned and
     // what it lost.
     let (done, rewound) = std::sync::mpsc::channel();
-    h.hub.on_rebalance(RebalanceEvent::Rewind {
+    h.hub.on_control(Control::Rewind {
         partitions: vec![tp(0)],
         generation: 2,
         done,
     });
     rewound.try_recv().expect("answered");
-    h.hub.on_rebalance(RebalanceEvent::Unseal);
+    h.hub.on_control(Control::Unseal);
     h.hub.after_event();
     assert!(
         h.outbox.offsets().is_empty(),
@@ -130,19 +130,19 @@ async fn a_late_failure_of_an_aborted_transaction_does_not_abort_the_next_one() 
     h.result(scored(&job));
     // Not acknowledged by the seal's deadline: an abort.
     let (reply, sealed) = std::sync::mpsc::channel();
-    h.hub.on_rebalance(RebalanceEvent::Seal {
+    h.hub.on_control(Control::Seal {
         deadline: Instant::now(),
         reply,
     });
     h.hub.after_event();
     assert!(sealed.try_recv().unwrap().abort.is_some());
     let (done, _rewound) = std::sync::mpsc::channel();
-    h.hub.on_rebalance(RebalanceEvent::Rewind {
+    h.hub.on_control(Control::Rewind {
         partitions: vec![tp(0)],
         generation: 1,
         done,
     });
-    h.hub.on_rebalance(RebalanceEvent::Unseal);
+    h.hub.on_control(Control::Unseal);
     // The aborted records' failures arrive in the next transaction.
     h.acks(2).await;
     h.outbox.fail_all(None);

@@ -220,7 +220,7 @@ impl Harness {
     /// answer arrives on the returned channel.
     fn revoke(&mut self, tp: Tp, generation: u64) -> std::sync::mpsc::Receiver<Positions> {
         let (done, answer) = std::sync::mpsc::channel();
-        self.hub.on_rebalance(RebalanceEvent::Revoke {
+        self.hub.on_control(Control::Revoke {
             partitions: vec![tp],
             generation,
             done,
@@ -234,8 +234,7 @@ impl Harness {
     fn seal(&mut self) -> std::sync::mpsc::Receiver<crate::rebalance::Sealed> {
         let (reply, answer) = std::sync::mpsc::channel();
         let deadline = Instant::now() + Duration::from_secs(1);
-        self.hub
-            .on_rebalance(RebalanceEvent::Seal { deadline, reply });
+        self.hub.on_control(Control::Seal { deadline, reply });
         self.hub.after_event();
         answer
     }
@@ -357,7 +356,7 @@ async fn a_revoke_during_inference_waits_for_the_verdicts_then_answers_the_posit
     assert_eq!(h.hub.in_flight, 0);
     // The partition comes straight back: the hub knows where it was.
     let (reply, resume) = std::sync::mpsc::channel();
-    h.hub.on_rebalance(RebalanceEvent::Assign {
+    h.hub.on_control(Control::Assign {
         partitions: vec![tp(0), tp(1)],
         reply,
     });
