@@ -141,11 +141,7 @@ pub async fn run_loaded(
     let watchdog = shutdown_watchdog(&shutdown, settings.kafka.shutdown_timeout);
     // Hot reload: a new model (or, on SIGHUP, policy) while running;
     // started last so that an early return leaves no task behind.
-    let Reloading {
-        task: reloader,
-        scorers,
-        policies,
-    } = spawn_reloader(&settings, &models, &shutdown);
+    let reloading = spawn_reloader(&settings, &models, &shutdown);
     let shadow = crate::shadow::Shadow::start(&settings);
     let records = schema_stage(
         &settings,
@@ -170,12 +166,12 @@ pub async fn run_loaded(
         records,
         control: channels.control,
         results: models.results,
-        scorers,
-        policies,
+        scorers: reloading.scorers,
+        policies: reloading.policies,
     };
     let (mut summary, producer_fatal) = hub.run(inputs).await;
     watchdog.abort();
-    reloader.abort();
+    reloading.task.abort();
     health.consumer_ready.store(false, Ordering::SeqCst);
     let stopped = Stopped {
         aborted: shutdown.abort.is_cancelled(),

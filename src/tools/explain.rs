@@ -89,24 +89,13 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
         let rule = &rules.rules[rule_index];
         let mut scores: Vec<(usize, &Scorer, Vec<f32>)> = Vec::new();
         for (i, (scorer, model)) in models.iter_mut().enumerate() {
-            let ran = |m: usize| {
-                scores
-                    .iter()
-                    .find(|(j, _, _)| *j == m)
-                    .map(|(_, s, p)| (s.labels(), p.as_slice()))
-            };
-            if rule.runs_after(i, ran) {
+            if rule.runs_after(i, |m| scores_of(&scores, m)) {
                 let mut texts = [f.event.text.clone()];
                 let p = model.score(&mut texts)?.pop().unwrap_or_default();
                 scores.push((i, &*scorer, p));
             }
         }
-        let decision = rule.judge(|m| {
-            scores
-                .iter()
-                .find(|(i, _, _)| *i == m)
-                .map(|(_, s, p)| (s.labels(), p.as_slice()))
-        });
+        let decision = rule.judge(|m| scores_of(&scores, m));
         let judged = Judged {
             rules: &rules,
             rule: rule_index,
@@ -238,4 +227,15 @@ fn find(settings: &Settings, opts: &ExplainOptions) -> anyhow::Result<Vec<Found>
         std::ops::ControlFlow::Continue(())
     })?;
     Ok(found)
+}
+
+/// Model `m`'s labels and probabilities among those scored so far.
+fn scores_of<'s>(
+    scores: &'s [(usize, &Scorer, Vec<f32>)],
+    m: usize,
+) -> Option<(&'s [String], &'s [f32])> {
+    scores
+        .iter()
+        .find(|(i, _, _)| *i == m)
+        .map(|(_, s, p)| (s.labels(), p.as_slice()))
 }
