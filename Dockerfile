@@ -1,13 +1,17 @@
 # modstream image: the same binary and features as the tests (cargo build
-# --release --locked), with the ONNX Runtime library from the PyPI wheel.
+# --release --locked, the service's package only: the bench stays out), with
+# the ONNX Runtime library from the PyPI wheel.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src src
+# The workspace's other member: cargo reads its manifest even when it builds
+# only the service.
+COPY bench bench
 COPY data data
 COPY models models
 COPY config config
-RUN cargo build --release --locked
+RUN cargo build --release --locked -p modstream
 
 FROM python:3.11-slim-bookworm AS onnxruntime
 COPY scripts/fetch-onnxruntime.sh /fetch-onnxruntime.sh

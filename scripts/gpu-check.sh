@@ -24,7 +24,7 @@ pack)
   scripts/build-minilm-model.sh >/dev/null
   stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
   mkdir -p "$stage/lib" "$stage/model"
-  cp target/release/modstream "$stage/"
+  cp target/release/modstream target/release/modstream-bench "$stage/"
   cp "$(dirname "$lib")"/libonnxruntime* "$stage/lib/"
   cp /lib/x86_64-linux-gnu/libssl.so.3 /lib/x86_64-linux-gnu/libcrypto.so.3 "$stage/lib/"
   cp models/minilm-l6/{model.onnx,tokenizer.json,config.json,manifest.json} "$stage/model/"

@@ -12,7 +12,7 @@ use modstream::inference::Model;
 use modstream::shutdown::Shutdown;
 use modstream::telemetry::Health;
 use modstream::tools::generator::{Mix, generate_mix};
-use modstream::tools::{bench, demo, send};
+use modstream::tools::{demo, send};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -81,17 +81,12 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         malformed_every: usize,
     },
-    /// Measure throughput and latency (embedded cluster or --bootstrap), against the raw model.
+    /// Measure throughput and latency against the raw model (hands over to
+    /// `modstream-bench`, built beside this binary).
+    #[command(disable_help_flag = true)]
     Bench {
-        #[command(flatten)]
-        options: Box<bench::BenchOptions>,
-        /// Only redraw the charts and bench.md from this saved bench.json.
-        #[arg(long)]
-        replot: Option<PathBuf>,
-        /// Only rewrite the generated table blocks of this markdown file
-        /// (docs/benchmarks.md) from the bench.json files they name.
-        #[arg(long, conflicts_with = "replot")]
-        update_docs: Option<PathBuf>,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
     },
     /// Judge a range of an input topic again into another topic (its own
     /// consumer; the live group's offsets are not touched).
@@ -179,15 +174,7 @@ fn main() -> ExitCode {
                 repeat_share: None,
             },
         ),
-        Command::Bench {
-            replot: Some(report),
-            ..
-        } => bench::replot(&report).map(|svg| println!("{}", svg.display())),
-        Command::Bench {
-            update_docs: Some(doc),
-            ..
-        } => bench::update_docs(&doc),
-        Command::Bench { options, .. } => bench(*options),
+        Command::Bench { args } => forward_to_bench(args),
         Command::Plan { options } => modstream::tools::plan::run(&options),
         Command::Rescore { options } => rescore(options),
         Command::Explain { options } => explain(&options),
@@ -357,17 +344,20 @@ fn produce(
     })
 }
 
-fn bench(opts: bench::BenchOptions) -> anyhow::Result<()> {
-    modstream::telemetry::init_logging(&TelemetrySettings {
-        log_level: "warn".into(),
-        ..Default::default()
-    });
+/// `modstream bench`: the bench is its own binary (it links the chart
+/// library, which the service does not need); this one only hands over.
+fn forward_to_bench(args: Vec<std::ffi::OsString>) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("finding this binary")?;
+    let bench = exe.with_file_name(format!("modstream-bench{}", std::env::consts::EXE_SUFFIX));
     anyhow::ensure!(
-        !opts.batch_sizes.is_empty() && !opts.delays_ms.is_empty(),
-        "give at least one batch size and one delay"
+        bench.is_file(),
+        "{} not found; build it with `cargo build --release -p modstream-bench`",
+        bench.display()
     );
-    runtime()?.block_on(bench::run(opts))?;
-    Ok(())
+    // exec only returns on failure.
+    let error = std::process::Command::new(&bench).args(args).exec();
+    Err(error).with_context(|| format!("starting {}", bench.display()))
 }
 
 fn rescore(opts: modstream::tools::rescore::RescoreOptions) -> anyhow::Result<()> {

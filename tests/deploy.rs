@@ -31,8 +31,8 @@ fn the_image_builds_the_same_binary_as_the_tests() {
         .collect();
     assert_eq!(
         builds,
-        ["RUN cargo build --release --locked"],
-        "default features, locked dependencies"
+        ["RUN cargo build --release --locked -p modstream"],
+        "default features, locked dependencies, the service's package"
     );
     assert!(
         dockerfile.contains("scripts/fetch-onnxruntime.sh"),

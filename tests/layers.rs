@@ -1,5 +1,5 @@
 //! The shape of the source tree, read from the files as a newcomer would:
-//! the modules of `src/` import each other without a circle (sibling by
+//! the modules of `src/` (and of the bench's `bench/src/`) import each other without a circle (sibling by
 //! sibling, at every level: `crate::a` and `crate::b`, `tools::bench::x`
 //! and `tools::bench::y`), no source file is over 600 lines, no function is
 //! over 80 lines without a reason written above it (a comment line starting
@@ -176,8 +176,12 @@ struct House {
     edges: BTreeSet<(Module, String, String)>,
 }
 
-fn house() -> House {
-    let src = root().join("src");
+/// The service's crate (src/) and the bench's (bench/src/): each a house of
+/// its own (the bench imports the service as `modstream::`, not `crate::`).
+const CRATES: [&str; 2] = ["src", "bench/src"];
+
+fn house(crate_src: &str) -> House {
+    let src = root().join(crate_src);
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     files.retain(|f| {
@@ -275,15 +279,20 @@ fn layers(edges: &BTreeSet<(Module, String, String)>) -> BTreeMap<String, usize>
 
 #[test]
 fn the_modules_import_each_other_without_a_circle() {
-    let house = house();
-    let parents: BTreeSet<&Module> = house.edges.iter().map(|(p, _, _)| p).collect();
-    let circles: Vec<String> = parents
-        .iter()
-        .filter_map(|p| {
-            circle(&house.edges, p)
-                .map(|c| format!("under crate::{}: {}", p.join("::"), c.join(" -> ")))
-        })
-        .collect();
+    let mut circles = Vec::new();
+    for crate_src in CRATES {
+        let house = house(crate_src);
+        let parents: BTreeSet<&Module> = house.edges.iter().map(|(p, _, _)| p).collect();
+        circles.extend(parents.iter().filter_map(|p| {
+            circle(&house.edges, p).map(|c| {
+                format!(
+                    "{crate_src}: under crate::{}: {}",
+                    p.join("::"),
+                    c.join(" -> ")
+                )
+            })
+        }));
+    }
     assert!(
         circles.is_empty(),
         "import circles:\n{}",
@@ -293,7 +302,7 @@ fn the_modules_import_each_other_without_a_circle() {
 
 #[test]
 fn docs_name_each_modules_layer_as_the_imports_make_it() {
-    let house = house();
+    let house = house("src");
     let computed = layers(&house.edges);
     let doc = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
     // Rows of the layer table: | 2 | `hub`, `shadow` | ... |
@@ -338,8 +347,9 @@ fn docs_name_each_modules_layer_as_the_imports_make_it() {
 #[test]
 fn no_source_file_over_600_lines_and_no_long_function_without_a_reason() {
     let mut files = Vec::new();
-    rust_files(&root().join("src"), &mut files);
-    rust_files(&root().join("tests"), &mut files);
+    for dir in ["src", "tests", "bench/src", "bench/tests"] {
+        rust_files(&root().join(dir), &mut files);
+    }
     let mut found = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file).unwrap();
@@ -348,7 +358,9 @@ fn no_source_file_over_600_lines_and_no_long_function_without_a_reason() {
         if lines.len() > MAX_FILE_LINES {
             found.push(format!("{name}: {} lines", lines.len()));
         }
-        let test_code = name.starts_with("tests/") || name.ends_with("/tests.rs");
+        let test_code = name.starts_with("tests/")
+            || name.starts_with("bench/tests/")
+            || name.ends_with("/tests.rs");
         // Test modules close a file: the functions before them.
         let code_lines = lines
             .iter()

@@ -563,11 +563,11 @@ fn a_flood_of_one_megabyte_records_stays_within_the_byte_budget() {
     while committed.iter().map(|c| (*c).max(0)).sum::<i64>() < count as i64
         && Instant::now() < deadline
     {
-        peak = peak.max(modstream::tools::bench::peak_rss_of(&pid.to_string()));
+        peak = peak.max(modstream_bench::peak_rss_of(&pid.to_string()));
         std::thread::sleep(Duration::from_millis(200));
         committed = support::committed(&broker.bootstrap(), "g-flood", 2);
     }
-    peak = peak.max(modstream::tools::bench::peak_rss_of(&pid.to_string()));
+    peak = peak.max(modstream_bench::peak_rss_of(&pid.to_string()));
     let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(60));
     v.report("a flood of ~1 MB records");
     println!(

@@ -441,7 +441,7 @@ fn chart(report: &serde_json::Value, path: &Path) {
         ("open file descriptors", "fds"),
         ("model versions held", "versions_held"),
     ]
-    .map(|(label, key)| modstream::tools::bench::Panel {
+    .map(|(label, key)| modstream_bench::Panel {
         y_label: label,
         points: series(key),
     });
@@ -450,5 +450,5 @@ fn chart(report: &serde_json::Value, path: &Path) {
         report["rate_per_s"],
         report["minutes"].as_f64().unwrap_or(0.0)
     );
-    modstream::tools::bench::time_series(path, &title, "minutes", &panels).unwrap();
+    modstream_bench::time_series(path, &title, "minutes", &panels).unwrap();
 }

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::tools::bench::Report;
+use crate::tools::report::Report;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct PlanOptions {

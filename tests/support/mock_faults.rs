@@ -164,8 +164,7 @@ pub async fn run_failing_model(
     let dir = tempfile::tempdir().unwrap();
     let config = super::write_config(dir.path(), &bootstrap, group);
     let mut settings = modstream::config::Settings::load(Some(&config)).unwrap();
-    settings.inference.model_dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/failing-model");
+    settings.inference.model_dir = super::repo_root().join("tests/data/failing-model");
     settings.batching.max_batch_delay = Duration::from_millis(200);
     let shutdown = Shutdown::new();
     let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));

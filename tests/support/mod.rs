@@ -28,6 +28,37 @@ pub const INPUT: &str = "posts";
 pub const VERDICTS: &str = "verdicts";
 pub const DLQ: &str = "dlq";
 
+/// The repository's root: the service's tests run there already; the
+/// bench's (bench/tests, which share this module) one level down.
+pub fn repo_root() -> PathBuf {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors()
+        .find(|dir| dir.join("Cargo.lock").is_file())
+        .unwrap_or(&here)
+        .to_path_buf()
+}
+
+/// The `modstream` binary: cargo names it to the service's tests; the
+/// bench's find it where cargo builds it, beside their own deps/ folder
+/// (`cargo test` in the workspace builds it first).
+pub fn modstream_binary() -> PathBuf {
+    let binary = option_env!("CARGO_BIN_EXE_modstream").map_or_else(
+        || {
+            let exe = std::env::current_exe().unwrap();
+            // target/<profile>/deps/<test> → target/<profile>/modstream
+            let profile = exe.parent().and_then(|deps| deps.parent()).unwrap();
+            profile.join(format!("modstream{}", std::env::consts::EXE_SUFFIX))
+        },
+        PathBuf::from,
+    );
+    assert!(
+        binary.is_file(),
+        "{} is missing: run the tests of the whole workspace (cargo test), which builds it",
+        binary.display()
+    );
+    binary
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -98,7 +98,7 @@ fn python() -> PathBuf {
 }
 
 fn client() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/registry/client.py")
+    super::repo_root().join("tests/registry/client.py")
 }
 
 /// Produce `count` events of `format` (ids `<format>-<i>`) with

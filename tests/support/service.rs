@@ -30,7 +30,7 @@ pub fn write_config_with(
         .iter()
         .map(|(k, v)| format!("\"{k}\" = \"{v}\"\n"))
         .collect();
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/profanity-check");
+    let model = super::repo_root().join("models/profanity-check");
     let path = dir.join(format!("{group}.toml"));
     std::fs::write(
         &path,
@@ -80,7 +80,7 @@ impl Modstream {
             .append(true)
             .open(log_dir.join(format!("{name}.log")))
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_modstream"))
+        let child = Command::new(super::modstream_binary())
             .args(["run", "--config"])
             .arg(config)
             .env(

@@ -12,13 +12,14 @@ use serde_json::{Value, json};
 
 use super::BenchOptions;
 use super::measure::{self, Batching, Clock};
-use super::report::FormatRow;
-use crate::config::{InputFormat, Mapping, Settings};
-use crate::schema::codec::{Codec, Texts};
-use crate::schema::{RegistryClient, SchemaStore};
-use crate::tools::generator::{GeneratedEvent, generate};
+use crate::print::Print;
+use modstream::config::{InputFormat, Mapping, Settings};
+use modstream::schema::codec::{Codec, Texts};
+use modstream::schema::{RegistryClient, SchemaStore};
+use modstream::tools::generator::{GeneratedEvent, generate};
+use modstream::tools::report::FormatRow;
 
-pub use super::report::BenchFormat;
+pub use modstream::tools::report::BenchFormat;
 
 const AVRO: &str = r#"{"type": "record", "name": "Post", "namespace": "bench", "fields": [
   {"name": "id", "type": "string"}, {"name": "title", "type": "string"},
@@ -39,7 +40,7 @@ pub struct Encoding {
 /// model (1: every event).
 #[derive(Debug)]
 pub struct ModelSetup {
-    pub models: Vec<crate::config::ModelSettings>,
+    pub models: Vec<modstream::config::ModelSettings>,
     pub policy: std::path::PathBuf,
     pub tenant_every: usize,
 }
@@ -216,7 +217,7 @@ pub async fn encoding(format: BenchFormat, registry: Option<&str>) -> anyhow::Re
     };
     let url =
         registry.ok_or_else(|| anyhow::anyhow!("--formats avro,protobuf need --registry-url"))?;
-    let client = RegistryClient::new(&crate::config::SchemaRegistrySettings {
+    let client = RegistryClient::new(&modstream::config::SchemaRegistrySettings {
         url: Some(url.to_string()),
         ..Default::default()
     })
@@ -263,7 +264,7 @@ pub async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<FormatRow>> {
         let events = generate(opts.events, 0, "f-");
         // Written in the format here; the latency run writes its own.
         let written = encoding.apply(events.clone());
-        let (per_s, summary, _) =
+        let measure::Saturated { per_s, summary, .. } =
             measure::saturation_clocked(&o, cell, written, Clock::Verdicts).await?;
         anyhow::ensure!(
             summary.dlq == 0,
@@ -296,11 +297,11 @@ async fn decode_micros(
     opts: &BenchOptions,
     events: &[GeneratedEvent],
 ) -> anyhow::Result<f64> {
-    let mut s = crate::tools::demo::demo_settings("127.0.0.1:1", "decode")?;
+    let mut s = modstream::tools::demo::demo_settings("127.0.0.1:1", "decode")?;
     s.inference = measure::inference_settings(opts);
     encoding.configure(&mut s);
     let encoded = encoding.apply(events.to_vec());
-    let decoder = crate::event::Decoder::new(&s.input, &s.limits);
+    let decoder = modstream::event::Decoder::new(&s.input, &s.limits);
     let store = SchemaStore::from_settings(&s).map_err(anyhow::Error::msg)?;
     if let (Some(store), Some(first)) = (&store, encoded.first())
         && let Some(id) = store.missing(Some(&first.payload))
@@ -311,7 +312,7 @@ async fn decode_micros(
     let started = Instant::now();
     let mut accepted = 0usize;
     for e in &encoded {
-        let parts = crate::event::RecordParts {
+        let parts = modstream::event::RecordParts {
             key: Some(e.key.as_bytes()),
             payload: Some(&e.payload),
             headers: &[],
@@ -320,7 +321,10 @@ async fn decode_micros(
             None => decoder.decode(&topic, parts),
             Some(store) => decoder.decode_with(&topic, parts, |b| {
                 store.decode(b).map_err(|e| {
-                    crate::event::reject(crate::event::RejectReason::Undecodable, e.to_string())
+                    modstream::event::reject(
+                        modstream::event::RejectReason::Undecodable,
+                        e.to_string(),
+                    )
                 })
             }),
         };

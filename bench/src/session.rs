@@ -15,12 +15,15 @@ use super::BenchOptions;
 use super::baseline;
 use super::measure;
 use super::process::cpu_time_of;
-use super::report::{SessionRow, TokenizationRow};
-use crate::config::{GraphOptimization, InferenceSettings, MemoryArena, SessionOptions, Workers};
-use crate::inference::Model;
-use crate::manifest::{InputKind, Manifest};
-use crate::tokens::Encoder;
-use crate::tools::generator::{GeneratedEvent, generate};
+use crate::print::Print;
+use modstream::config::{
+    GraphOptimization, InferenceSettings, MemoryArena, SessionOptions, Workers,
+};
+use modstream::inference::Model;
+use modstream::manifest::{InputKind, Manifest};
+use modstream::tokens::Encoder;
+use modstream::tools::generator::{GeneratedEvent, generate};
+use modstream::tools::report::{SessionRow, TokenizationRow};
 
 /// A contender: its name, workers and intra-op threads (None: the default,
 /// `workers = "auto"` with one thread each), its session options.

@@ -1,4 +1,4 @@
-//! `modstream bench`: how many verdicts per second the whole pipeline
+//! modstream-bench (`modstream bench`): how many verdicts per second the whole pipeline
 //! sustains, at what tail latency, for which batch size and deadline, and how
 //! that compares with the raw model on the same batches and threads.
 //!
@@ -22,29 +22,30 @@ mod markdown;
 mod measure;
 pub mod models;
 mod options;
+mod print;
 mod process;
 mod raw;
-mod report;
+mod rows;
 mod session;
-mod sweep_rows;
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{InferenceSettings, PadTo};
-use crate::inference::Model;
-use crate::manifest::InputKind;
-use crate::tools::generator::{Mix, generate, generate_mix};
+use modstream::config::{InferenceSettings, PadTo};
+use modstream::inference::Model;
+use modstream::manifest::InputKind;
+use modstream::tools::generator::{Mix, generate, generate_mix};
 
 pub use chart::{Panel, time_series};
 pub use markdown::{BEGIN as TABLES_BEGIN, render as markdown, splice as splice_tables};
 use measure::Clock;
 pub use measure::{Batching, raw_model_throughput};
-pub use options::BenchOptions;
-pub use process::{CpuTime, cpu_time_of, peak_rss_bytes, peak_rss_of};
-pub use report::{
+pub use modstream::tools::report::{
     BaselineRow, CascadeRow, ChoicePoint, CostRow, DeliveryRow, FloorRow, LatencyRow, OverloadRow,
     OwnProcess, RepeatRow, Report, SaturationRow, SessionRow, ShadowRow, StepBin, StepTrace,
 };
+pub use options::BenchOptions;
+use print::Print;
+pub use process::{CpuTime, cpu_time_of, peak_rss_bytes, peak_rss_of};
 
 /// Run the whole sweep, print the tables as it goes, write bench.json,
 /// bench.md and the charts under `opts.out_dir`.
@@ -187,12 +188,14 @@ async fn saturation_grid(
         .into_iter()
         .filter_map(|e| e.text)
         .collect();
-    if baseline::service_binary().is_none() {
-        eprintln!("not the modstream binary: the cells' own-process CPU is not measured");
+    if process::service_binary().is_none() {
+        eprintln!(
+            "no modstream binary beside this one: the cells' own-process CPU is not measured"
+        );
     }
     let mut rows = Vec::new();
     let mut raw_at = std::collections::HashMap::new();
-    report::print_saturation_header();
+    print::print_saturation_header();
     for &batch in &opts.batch_sizes {
         let raw = raw::raw_on_sessions(&mut sessions, &texts, batch)?;
         raw_at.insert(batch, raw);
@@ -202,20 +205,18 @@ async fn saturation_grid(
         };
         for &delay in &opts.delays_ms {
             let b = Batching::fixed(batch, delay);
-            let (per_s, summary, elapsed) = measure::saturation(opts, b).await?;
-            let cell = (batch, delay, opts.events);
-            let row = SaturationRow::new(cell, per_s, raw.per_s, &summary, elapsed, naive);
+            let run = measure::saturation(opts, b).await?;
+            let row = rows::saturation_row(b, opts.events, &run, raw.per_s, naive);
             let row = beside(row, raw, own_process(opts, b).await?);
             row.print();
             rows.push(row);
         }
     }
     if let Some(b) = adaptive_cell(opts) {
-        let (per_s, summary, elapsed) = measure::saturation(opts, b).await?;
+        let run = measure::saturation(opts, b).await?;
         let raw = raw_at.get(&b.size).copied();
-        let cell = (b.size, b.delay_ms, opts.events);
         let raw_per_s = raw.map_or(f64::NAN, |r| r.per_s);
-        let mut row = SaturationRow::new(cell, per_s, raw_per_s, &summary, elapsed, None);
+        let mut row = rows::saturation_row(b, opts.events, &run, raw_per_s, None);
         row.target_p99_ms = b.target_p99_ms;
         if let Some(raw) = raw {
             row = beside(row, raw, own_process(opts, b).await?);
@@ -235,9 +236,9 @@ fn beside(mut row: SaturationRow, raw: raw::RawRun, own: Option<OwnProcess>) -> 
 }
 
 /// The cell `b` as its own `modstream run` process on the saturation
-/// run's events (None when the bench is not the `modstream` binary).
+/// run's events (None without the `modstream` binary beside this one).
 async fn own_process(opts: &BenchOptions, b: Batching) -> anyhow::Result<Option<OwnProcess>> {
-    if baseline::service_binary().is_none() {
+    if process::service_binary().is_none() {
         return Ok(None);
     }
     let events = generate(opts.events, 0, "s-");
@@ -277,7 +278,7 @@ impl Sweep {
     /// Each batch size with the first delay, at each fraction of its own
     /// saturation.
     async fn fixed_latency(&mut self, opts: &BenchOptions) -> anyhow::Result<()> {
-        report::print_latency_header();
+        print::print_latency_header();
         let delay = opts.delays_ms[0];
         for &batch in &opts.batch_sizes {
             let Some(per_s) = self
@@ -329,12 +330,14 @@ async fn repeat_sweep(opts: &BenchOptions) -> anyhow::Result<Vec<RepeatRow>> {
         };
         let events = generate_mix(opts.events, &mix, "r-");
         let cell = Batching::fixed(64, 20);
-        let (off, _, _) = measure::saturation_of(opts, cell, events.clone()).await?;
+        let off = measure::saturation_of(opts, cell, events.clone())
+            .await?
+            .per_s;
         let on_opts = BenchOptions {
             cache_bytes: opts.repeat_cache_bytes,
             ..opts.clone()
         };
-        let (on, _, _) = measure::saturation_of(&on_opts, cell, events).await?;
+        let on = measure::saturation_of(&on_opts, cell, events).await?.per_s;
         let row = RepeatRow {
             repeat_share: share,
             cache_bytes: opts.repeat_cache_bytes,
@@ -375,7 +378,7 @@ async fn overload_row(
         light_load_peak_rss_bytes: light,
         bound_bytes: Some(
             light
-                + crate::config::Limits::default().max_in_flight_bytes as u64
+                + modstream::config::Limits::default().max_in_flight_bytes as u64
                 + measure::RSS_HEADROOM_BYTES,
         ),
     };
@@ -393,8 +396,8 @@ async fn shadow_row(opts: &BenchOptions) -> anyhow::Result<Option<ShadowRow>> {
         shadow_model: None,
         ..opts.clone()
     };
-    let (off, _, _) = measure::saturation(&off_opts, cell).await?;
-    let (on, _, _) = measure::saturation(opts, cell).await?;
+    let off = measure::saturation(&off_opts, cell).await?.per_s;
+    let on = measure::saturation(opts, cell).await?.per_s;
     let row = ShadowRow {
         shadow_model: dir.display().to_string(),
         off_per_s: off,
@@ -427,7 +430,7 @@ async fn delivery_rows(opts: &BenchOptions) -> anyhow::Result<Vec<DeliveryRow>> 
             commit_interval_ms: interval,
             ..opts.clone()
         };
-        let (per_s, summary, _) =
+        let measure::Saturated { per_s, summary, .. } =
             measure::saturation_clocked(&o, cell, generate(opts.events, 0, "d-"), Clock::Verdicts)
                 .await?;
         let rate = rows.first().map_or(per_s, |alo| alo.saturation_per_s) * 0.5;

@@ -89,6 +89,18 @@ pub fn cpu_time_of(pid: &str) -> Option<CpuTime> {
     Some(cpu)
 }
 
+/// The `modstream` binary beside this one (cargo builds both into the same
+/// directory; an install puts them side by side). None when the bench runs
+/// inside another program (a test), which then cannot start `modstream run`.
+pub fn service_binary() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    if exe.file_stem().is_none_or(|n| n != "modstream-bench") {
+        return None;
+    }
+    let service = exe.with_file_name(format!("modstream{}", std::env::consts::EXE_SUFFIX));
+    service.is_file().then_some(service)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,10 +16,11 @@ use super::baseline::{self, ProcessRun};
 use super::cascade;
 use super::formats::Encoding;
 use super::measure::{self, Batching, Clock, raw_model_throughput};
-use super::report::CostRow;
-use crate::config::InferenceSettings;
-use crate::inference::Model;
-use crate::tools::generator::{GeneratedEvent, generate};
+use crate::print::Print;
+use modstream::config::InferenceSettings;
+use modstream::inference::Model;
+use modstream::tools::generator::{GeneratedEvent, generate};
+use modstream::tools::report::CostRow;
 
 /// One contender: a model alone, or the configured model with `transformer`
 /// behind it at a band.
@@ -91,8 +92,9 @@ async fn row(
         delay_ms: 20,
         target_p99_ms: Some(opts.target_p99_ms.max(1)),
     };
-    let (target_per_s, _, _) =
-        measure::saturation_clocked(&o, target, events.to_vec(), Clock::Verdicts).await?;
+    let target_per_s = measure::saturation_clocked(&o, target, events.to_vec(), Clock::Verdicts)
+        .await?
+        .per_s;
     let latency = measure::latency(&o, Batching::fixed(64, 20), 0.5, default.per_s * 0.5).await?;
     let python = match (&opts.python, contender) {
         (Some(python), Contender::Alone(_)) => {

@@ -9,7 +9,7 @@ use std::sync::Barrier;
 use std::time::Instant;
 
 use super::process::cpu_time_of;
-use crate::inference::Model;
+use modstream::inference::Model;
 
 /// One raw run over a set of texts.
 #[derive(Debug, Clone, Copy, PartialEq)]

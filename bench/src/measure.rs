@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 
 use super::BenchOptions;
 use super::cell::{Cell, PARTITIONS};
-use super::process::peak_rss_of;
-use super::report::{FloorRow, LatencyRow};
-use crate::config::InferenceSettings;
-use crate::inference::Model;
-use crate::shutdown::Shutdown;
-use crate::tools::generator::{GeneratedEvent, generate};
-use crate::tools::read::TopicReader;
-use crate::tools::send::{self, Schedule};
+use super::process::{peak_rss_of, service_binary};
+use modstream::config::InferenceSettings;
+use modstream::inference::Model;
+use modstream::shutdown::Shutdown;
+use modstream::tools::generator::{GeneratedEvent, generate};
+use modstream::tools::read::TopicReader;
+use modstream::tools::report::{FloorRow, LatencyRow};
+use modstream::tools::send::{self, Schedule};
 
 /// Raw model throughput: events/s scoring `texts` in batches of `batch`
 /// (arrival order), and the padding efficiency of those runs (token models).
@@ -67,13 +67,13 @@ fn settings(
     opts: &BenchOptions,
     cell: &Cell,
     b: Batching,
-) -> anyhow::Result<crate::config::Settings> {
-    let mut s = crate::config::Settings::from_toml(&cell.config(b.size, b.delay_ms))?;
+) -> anyhow::Result<modstream::config::Settings> {
+    let mut s = modstream::config::Settings::from_toml(&cell.config(b.size, b.delay_ms))?;
     s.inference = inference_settings(opts);
     s.batching.target_p99 = b.target_p99_ms.map(Duration::from_millis);
     s.limits.max_in_flight = s.limits.max_in_flight.max(b.size * 4);
     if opts.exactly_once {
-        s.kafka.delivery = crate::config::DeliveryMode::ExactlyOnce;
+        s.kafka.delivery = modstream::config::DeliveryMode::ExactlyOnce;
         s.kafka.instance_id = Some("bench".to_string());
     }
     if let Some(ms) = opts.commit_interval_ms {
@@ -83,10 +83,16 @@ fn settings(
     Ok(s)
 }
 
-pub(super) async fn saturation(
-    opts: &BenchOptions,
-    b: Batching,
-) -> anyhow::Result<(f64, crate::pipeline::RunSummary, f64)> {
+/// What a saturation run measured.
+pub struct Saturated {
+    /// Verdicts per second over the run's clock.
+    pub per_s: f64,
+    pub summary: modstream::pipeline::RunSummary,
+    /// The seconds the clock counted.
+    pub elapsed_s: f64,
+}
+
+pub(super) async fn saturation(opts: &BenchOptions, b: Batching) -> anyhow::Result<Saturated> {
     saturation_of(opts, b, generate(opts.events, 0, "s-")).await
 }
 
@@ -95,7 +101,7 @@ pub(super) async fn saturation_of(
     opts: &BenchOptions,
     b: Batching,
     events: Vec<GeneratedEvent>,
-) -> anyhow::Result<(f64, crate::pipeline::RunSummary, f64)> {
+) -> anyhow::Result<Saturated> {
     saturation_clocked(opts, b, events, Clock::ModelLoaded).await
 }
 
@@ -118,7 +124,7 @@ pub(super) async fn saturation_clocked(
     b: Batching,
     events: Vec<GeneratedEvent>,
     clock: Clock,
-) -> anyhow::Result<(f64, crate::pipeline::RunSummary, f64)> {
+) -> anyhow::Result<Saturated> {
     saturation_read(opts, b, events, clock, |_| {}).await
 }
 
@@ -129,12 +135,12 @@ pub(super) async fn saturation_read(
     events: Vec<GeneratedEvent>,
     clock: Clock,
     mut seen: impl FnMut(&serde_json::Value) + Send + 'static,
-) -> anyhow::Result<(f64, crate::pipeline::RunSummary, f64)> {
+) -> anyhow::Result<Saturated> {
     let cell = Cell::new(opts).await?;
     send::produce_all(&cell.bootstrap, &cell.input, &events).await?;
     let shutdown = Shutdown::new();
-    let health = std::sync::Arc::new(crate::telemetry::Health::default());
-    let run = tokio::spawn(crate::pipeline::run_with_health(
+    let health = std::sync::Arc::new(modstream::telemetry::Health::default());
+    let run = tokio::spawn(modstream::pipeline::run_with_health(
         settings(opts, &cell, b)?,
         shutdown.clone(),
         health.clone(),
@@ -172,7 +178,11 @@ pub(super) async fn saturation_read(
     };
     shutdown.stop.cancel();
     let summary = run.await??;
-    Ok((counted as f64 / elapsed, summary, elapsed))
+    Ok(Saturated {
+        per_s: counted as f64 / elapsed,
+        summary,
+        elapsed_s: elapsed,
+    })
 }
 
 /// Read verdicts until `want` arrived; `seen(verdict, its timestamp)` each.
@@ -208,7 +218,7 @@ fn read_verdicts(
 pub(super) struct PacedRun {
     pub start: Instant,
     pub samples: Vec<(Instant, Instant, bool)>,
-    pub summary: crate::pipeline::RunSummary,
+    pub summary: modstream::pipeline::RunSummary,
 }
 
 /// Open-loop paced load in `phases` of (seconds, events per second), one
@@ -286,7 +296,7 @@ async fn paced(
     let events = opts.encoding.apply(generate(count, 0, "l-"));
     let shutdown = Shutdown::new();
     let run = match pipeline {
-        Some(b) => Some(tokio::spawn(crate::pipeline::run(
+        Some(b) => Some(tokio::spawn(modstream::pipeline::run(
             settings(opts, &cell, b)?,
             shutdown.clone(),
         ))),
@@ -333,7 +343,7 @@ async fn paced(
     shutdown.stop.cancel();
     let summary = match run {
         Some(run) => run.await??,
-        None => crate::pipeline::RunSummary::default(),
+        None => modstream::pipeline::RunSummary::default(),
     };
     let samples = events
         .iter()
@@ -405,11 +415,11 @@ pub(super) async fn peak_rss_under_load(
     rate: f64,
     seconds: u64,
 ) -> anyhow::Result<(usize, u64)> {
-    let exe = std::env::current_exe()?;
-    anyhow::ensure!(
-        exe.file_stem().is_some_and(|n| n == "modstream"),
-        "the overload run needs the modstream binary (run `modstream bench`)"
-    );
+    let exe = service_binary().ok_or_else(|| {
+        anyhow::anyhow!(
+            "the overload run needs the modstream binary beside modstream-bench (cargo build --release)"
+        )
+    })?;
     let cell = Cell::new(opts).await?;
     let bootstrap = cell.bootstrap.clone();
     let dir = std::env::temp_dir().join(format!("modstream-overload-{}", std::process::id()));
@@ -508,10 +518,10 @@ pub(super) fn service_toml(
 pub(super) fn inference_settings(opts: &BenchOptions) -> InferenceSettings {
     let mut inference = InferenceSettings {
         intra_threads: opts.intra_threads,
-        workers: crate::config::Workers::Count(opts.workers.max(1)),
+        workers: modstream::config::Workers::Count(opts.workers.max(1)),
         require_gpu: opts.require_gpu,
         cache_bytes: opts.cache_bytes,
-        shadow: crate::config::ShadowSettings {
+        shadow: modstream::config::ShadowSettings {
             model_dir: opts.shadow_model.clone(),
             share: 1.0,
         },

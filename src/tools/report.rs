@@ -1,13 +1,13 @@
-//! The bench report: its rows (saturation, latency, overload), the JSON
-//! file, and the table printed as the runs go.
+//! The bench report (bench.json): what `modstream-bench` measured, read by
+//! `modstream plan`. Only data here; the bench builds, prints and draws it.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::pipeline::RunSummary;
+mod sweep_rows;
 
-pub use super::sweep_rows::{CascadeRow, CostRow, SessionRow, TokenizationRow};
+pub use sweep_rows::{CascadeRow, CostRow, SessionRow, TokenizationRow};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SaturationRow {
@@ -197,19 +197,6 @@ pub struct ModelRow {
     pub model_us_per_verdict: f64,
 }
 
-impl ModelRow {
-    pub fn print(&self) {
-        eprintln!(
-            "{}: {:.0}/s at saturation; at half of it p50 {:.1} ms, p99 {:.1} ms; {:.0} µs in model runs per verdict",
-            self.contender,
-            self.saturation_per_s,
-            self.p50_ms,
-            self.p99_ms,
-            self.model_us_per_verdict
-        );
-    }
-}
-
 /// A contender of the format sweep (`--formats`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -234,20 +221,6 @@ pub struct FormatRow {
     pub decode_share: f64,
 }
 
-impl FormatRow {
-    pub fn print(&self) {
-        eprintln!(
-            "{:?}: {:.0}/s at saturation; at half of it p50 {:.1} ms, p99 {:.1} ms; decoding {:.1} µs/event ({:.1} % of an event's CPU at saturation)",
-            self.format,
-            self.saturation_per_s,
-            self.p50_ms,
-            self.p99_ms,
-            self.decode_us,
-            self.decode_share * 100.0
-        );
-    }
-}
-
 /// One delivery mode on the default cell: saturation, and the latency a
 /// `read_committed` reader sees under paced load.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -263,21 +236,6 @@ pub struct DeliveryRow {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
-}
-
-impl DeliveryRow {
-    pub fn print(&self) {
-        eprintln!(
-            "{} (commit_interval {} ms): {:.0}/s at saturation; at {:.0}/s p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-            self.delivery,
-            self.commit_interval_ms,
-            self.saturation_per_s,
-            self.offered_per_s,
-            self.p50_ms,
-            self.p99_ms,
-            self.max_ms
-        );
-    }
 }
 
 /// The broker's own floor at one offered rate: a produce → consume round
@@ -304,20 +262,6 @@ pub struct BaselineRow {
     pub python_broker_cpu_us_per_verdict: Option<f64>,
 }
 
-impl BaselineRow {
-    pub fn print(&self) {
-        eprintln!(
-            "default config vs plain Python, {} events: modstream {:.0}/s, {} MiB peak; Python {:.0}/s, {} MiB peak ({:.2}×)",
-            self.events,
-            self.modstream_per_s,
-            self.modstream_peak_rss_bytes >> 20,
-            self.python_per_s,
-            self.python_peak_rss_bytes >> 20,
-            self.modstream_per_s / self.python_per_s
-        );
-    }
-}
-
 #[derive(Debug, Serialize, Deserialize)]
 pub struct FloorRow {
     pub offered_per_s: f64,
@@ -327,33 +271,12 @@ pub struct FloorRow {
     pub max_ms: f64,
 }
 
-impl FloorRow {
-    pub fn print(&self) {
-        eprintln!(
-            "broker floor (produce → consume, no modstream) at {:.0}/s: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} events)",
-            self.offered_per_s, self.p50_ms, self.p99_ms, self.max_ms, self.events
-        );
-    }
-}
-
 /// The default cell at saturation without and with a shadow model.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ShadowRow {
     pub shadow_model: String,
     pub off_per_s: f64,
     pub on_per_s: f64,
-}
-
-impl ShadowRow {
-    pub fn print(&self) {
-        eprintln!(
-            "shadow model {}: live {:.0}/s without, {:.0}/s with ({:.2}×)",
-            self.shadow_model,
-            self.off_per_s,
-            self.on_per_s,
-            self.on_per_s / self.off_per_s
-        );
-    }
 }
 
 /// Paced load at `base_per_s`, then `factor` times that, then back, each for
@@ -396,176 +319,6 @@ pub struct RepeatRow {
     pub cache_on_per_s: f64,
 }
 
-impl RepeatRow {
-    pub fn print(&self) {
-        eprintln!(
-            "repeated texts {:>3.0} %: cache off {:>7.0}/s, on {:>7.0}/s ({:.2}×)",
-            self.repeat_share * 100.0,
-            self.cache_off_per_s,
-            self.cache_on_per_s,
-            self.cache_on_per_s / self.cache_off_per_s
-        );
-    }
-}
-
-/// Power-of-two buckets of run sizes: "1", "2-3", "4-7", ...
-pub fn run_size_histogram(sizes: &[u64]) -> std::collections::BTreeMap<String, u64> {
-    let mut h = std::collections::BTreeMap::new();
-    for (size, &n) in sizes.iter().enumerate().filter(|(s, n)| *s > 0 && **n > 0) {
-        let low = 1usize << size.ilog2();
-        let key = if low == 1 {
-            "1".to_string()
-        } else {
-            format!("{low:>4}-{}", low * 2 - 1)
-        };
-        *h.entry(key).or_insert(0) += n;
-    }
-    h
-}
-
-pub fn mean_ms(total_seconds: f64, count: u64) -> f64 {
-    if count == 0 {
-        0.0
-    } else {
-        total_seconds * 1000.0 / count as f64
-    }
-}
-
-impl SaturationRow {
-    /// One saturation run: `cell` is (max_batch_size, max_batch_delay_ms,
-    /// events); `naive` the unbucketed raw model (token models).
-    pub fn new(
-        (max_batch_size, max_batch_delay_ms, events): (usize, u64, usize),
-        pipeline_per_s: f64,
-        raw_model_per_s: f64,
-        summary: &RunSummary,
-        elapsed_s: f64,
-        naive: Option<(f64, Option<f64>)>,
-    ) -> SaturationRow {
-        let mean_batch_size = if summary.batches > 0 {
-            summary.verdicts as f64 / summary.batches as f64
-        } else {
-            0.0
-        };
-        SaturationRow {
-            max_batch_size,
-            max_batch_delay_ms,
-            target_p99_ms: None,
-            events,
-            pipeline_per_s,
-            raw_model_per_s,
-            pipeline_over_raw: pipeline_per_s / raw_model_per_s,
-            mean_batch_size,
-            inference_share: summary.inference_seconds / elapsed_s,
-            run_sizes: run_size_histogram(&summary.run_sizes),
-            batch_wait_ms: mean_ms(summary.batch_wait_seconds, summary.closed_batches),
-            inference_ms: mean_ms(summary.inference_seconds, summary.batches),
-            produce_ms: mean_ms(summary.produce_seconds, summary.verdicts + summary.dlq),
-            padding_efficiency: (summary.padded_tokens > 0)
-                .then(|| summary.real_tokens as f64 / summary.padded_tokens as f64),
-            mean_tokens: (summary.real_tokens > 0)
-                .then(|| summary.real_tokens as f64 / summary.verdicts.max(1) as f64),
-            raw_unbucketed_per_s: naive.map(|n| n.0),
-            raw_unbucketed_padding_efficiency: naive.and_then(|n| n.1),
-            raw_sessions: None,
-            raw_cpu_us_per_event: None,
-            own_process: None,
-        }
-    }
-
-    pub fn print(&self) {
-        let opt =
-            |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
-        if let Some(t) = self.target_p99_ms {
-            eprint!("adaptive, p99 target {t} ms, bounds: ");
-        }
-        let own = self.own_process.as_ref();
-        eprintln!(
-            "{:>6} {:>6}ms {:>11.0} {:>9.0} {:>6.2} {:>7.1} {:>8.1} {:>8.1} {:>8.1} {:>6} {:>10} {:>8} {:>8} {:>8} {:>7}",
-            self.max_batch_size,
-            self.max_batch_delay_ms,
-            self.pipeline_per_s,
-            self.raw_model_per_s,
-            self.pipeline_over_raw,
-            self.mean_batch_size,
-            self.batch_wait_ms,
-            self.inference_ms,
-            self.produce_ms,
-            opt(self.padding_efficiency, 2),
-            opt(self.raw_unbucketed_per_s, 0),
-            opt(own.map(|o| o.per_s), 0),
-            opt(own.and_then(|o| o.cpu_us_per_verdict), 1),
-            opt(self.raw_cpu_us_per_event, 1),
-            opt(self.cpu_over_raw(), 2),
-        );
-    }
-}
-
-pub fn print_saturation_header() {
-    eprintln!(
-        "{:>6} {:>8} {:>11} {:>9} {:>6} {:>7} {:>8} {:>8} {:>8} {:>6} {:>10} {:>8} {:>8} {:>8} {:>7}",
-        "batch",
-        "delay",
-        "pipeline/s",
-        "raw/s",
-        "ratio",
-        "mean n",
-        "wait ms",
-        "model ms",
-        "prod ms",
-        "pad eff",
-        "unbucketed",
-        "own/s",
-        "cpu µs/v",
-        "raw µs/e",
-        "cpu÷raw"
-    );
-}
-
-pub fn print_latency_header() {
-    eprintln!(
-        "{:>6} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9}",
-        "batch", "delay", "load", "offered/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"
-    );
-}
-
-impl LatencyRow {
-    pub fn print(&self) {
-        if let Some(t) = self.target_p99_ms {
-            eprint!("adaptive, p99 target {t} ms: ");
-        }
-        eprintln!(
-            "{:>6} {:>6}ms {:>6.0}% {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1}   urgent {:.1} / {:.1}",
-            self.max_batch_size,
-            self.max_batch_delay_ms,
-            self.offered_fraction * 100.0,
-            self.offered_per_s,
-            self.p50_ms,
-            self.p99_ms,
-            self.p999_ms,
-            self.max_ms,
-            self.urgent_p50_ms,
-            self.urgent_p99_ms
-        );
-    }
-}
-
-impl OverloadRow {
-    pub fn print(&self) {
-        eprintln!(
-            "overload: {} events offered at {:.0}× saturation ({:.0}/s for {:.1}s): peak RSS {} MiB (at 25 %: {} MiB; bound {} MiB)",
-            self.events,
-            self.offered_multiple,
-            self.offered_per_s,
-            self.seconds,
-            self.peak_rss_bytes >> 20,
-            self.light_load_peak_rss_bytes >> 20,
-            self.bound_bytes
-                .map_or("-".to_string(), |b| (b >> 20).to_string())
-        );
-    }
-}
-
 impl Report {
     /// bench.json into `dir`.
     pub fn write_json(&self, dir: &Path) -> anyhow::Result<()> {
@@ -580,21 +333,5 @@ impl Report {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
         Ok(serde_json::from_str(&text)?)
-    }
-}
-
-impl StepTrace {
-    pub fn print(&self) {
-        eprintln!(
-            "step load: {:.0}/s → ×{} → back, {} s each; p99 by half second (ms): {}",
-            self.base_per_s,
-            self.factor,
-            self.phase_seconds,
-            self.bins
-                .iter()
-                .map(|b| format!("{:.0}", b.p99_ms))
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
     }
 }

@@ -1,18 +1,20 @@
 //! `modstream bench` end to end on a tiny load: the report has its fields and
 //! its counts match the run (no timing assertions: the machine is shared).
 
+#[path = "../../tests/support/mod.rs"]
 mod support;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use modstream::tools::bench::{BenchOptions, Report, run};
+use modstream_bench::{BenchOptions, Report, run};
 
 /// `modstream bench` as a user runs it (the overload run needs the binary).
 fn bench_binary(out: &std::path::Path) -> Report {
     // The plain-Python baseline's venv (scripts/test.sh makes it first).
     let python = support::prepared_python("MODSTREAM_BASELINE_PYTHON", "py-baseline");
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_modstream"))
+    let status = std::process::Command::new(support::modstream_binary())
+        .current_dir(support::repo_root())
         .args([
             "bench",
             "--events",
@@ -194,7 +196,7 @@ fn a_tiny_bench_writes_a_complete_report() {
 
     // The tables as markdown beside bench.json: what the report says.
     let md = std::fs::read_to_string(out.path().join("bench.md")).unwrap();
-    assert_eq!(md, modstream::tools::bench::markdown(&report));
+    assert_eq!(md, modstream_bench::markdown(&report));
     for table in [
         "**Throughput at saturation**",
         "**Latency against offered load**",
@@ -224,22 +226,15 @@ fn a_tiny_bench_writes_a_complete_report() {
 #[test]
 fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
     let out = tempfile::tempdir().unwrap();
-    let minilm = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/minilm-l6");
+    let minilm = support::repo_root().join("models/minilm-l6");
     assert!(
         minilm.join("model.onnx").is_file(),
         "run scripts/build-minilm-model.sh"
     );
     let python = support::prepared_python("MODSTREAM_BASELINE_PYTHON", "py-baseline");
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_modstream"))
-        .args([
-            "bench",
-            "--events",
-            "240",
-            "--batch-sizes",
-            "16",
-            "--delays-ms",
-            "5",
-        ])
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_modstream-bench"))
+        .current_dir(support::repo_root())
+        .args(["--events", "240", "--batch-sizes", "16", "--delays-ms", "5"])
         .args(["--loads", "--latency-seconds", "1", "--overload", "0"])
         .args([
             "--target-p99-ms",
@@ -315,7 +310,7 @@ fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
     // MiniLM int8 is slow enough for its CPU time to be sampled.
     let cpu = alone.cpu_s_per_million.expect("CPU time measured");
     assert!(cpu > 0.0 && cpu < 1e6, "{cpu}");
-    let band = modstream::tools::bench::cascade::Band::DEFAULT;
+    let band = modstream_bench::cascade::Band::DEFAULT;
     assert!(
         cascade.contender.ends_with(&format!("minilm-l6 at {band}")),
         "the policy's default band: {}",
@@ -371,7 +366,7 @@ fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
     assert!(svg.contains("band width"));
 
     // A day at 1,000 events/s from the first cost row.
-    let plan = std::process::Command::new(env!("CARGO_BIN_EXE_modstream"))
+    let plan = std::process::Command::new(support::modstream_binary())
         .args(["plan", "--rate", "1000", "--json", "--from"])
         .arg(out.path().join("bench.json"))
         .output()
@@ -393,7 +388,7 @@ fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_transformer_bench_reports_padding_and_the_unbucketed_baseline() {
-    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/minilm-l6");
+    let model = support::repo_root().join("models/minilm-l6");
     assert!(
         model.join("model.onnx").is_file(),
         "run scripts/build-minilm-model.sh"
@@ -457,14 +452,12 @@ async fn the_delivery_sweep_measures_exactly_once_beside_at_least_once_on_kafka(
     for r in &report.delivery {
         assert!(r.saturation_per_s > 0.0 && r.p50_ms <= r.p99_ms && r.p99_ms <= r.max_ms);
     }
-    assert!(
-        modstream::tools::bench::markdown(&report).contains("At-least-once against exactly-once")
-    );
+    assert!(modstream_bench::markdown(&report).contains("At-least-once against exactly-once"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_format_sweep_measures_every_input_format_on_the_same_events() {
-    use modstream::tools::bench::formats::BenchFormat;
+    use modstream_bench::formats::BenchFormat;
     let registry = support::registry::Registry::start();
     let all = vec![
         BenchFormat::Json,
@@ -485,13 +478,12 @@ async fn the_format_sweep_measures_every_input_format_on_the_same_events() {
         assert!(r.saturation_per_s > 0.0 && r.decode_us > 0.0, "{r:?}");
         assert!(r.p50_ms <= r.p99_ms, "{r:?}");
     }
-    assert!(modstream::tools::bench::markdown(&report).contains("**Input formats**"));
+    assert!(modstream_bench::markdown(&report).contains("**Input formats**"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_model_sweep_measures_one_model_against_two_on_the_same_events() {
-    let second =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/profanity-check");
+    let second = support::repo_root().join("models/profanity-check");
     let report = tiny_bench(BenchOptions {
         second_model: Some(second),
         ..tiny_options()
@@ -513,7 +505,7 @@ async fn the_model_sweep_measures_one_model_against_two_on_the_same_events() {
         "{:?}",
         report.models
     );
-    assert!(modstream::tools::bench::markdown(&report).contains("**One model against two**"));
+    assert!(modstream_bench::markdown(&report).contains("**One model against two**"));
 }
 
 /// One batch size, one delay, one latency point of 1 s, no overload run.
@@ -548,7 +540,7 @@ fn tiny_options() -> BenchOptions {
         second_model: None,
         cascade: None,
         cascade_bands: vec![],
-        cascade_band: modstream::tools::bench::cascade::Band::DEFAULT,
+        cascade_band: modstream_bench::cascade::Band::DEFAULT,
         cost: vec![],
         session_sweep: false,
         encoding: Default::default(),
@@ -557,6 +549,8 @@ fn tiny_options() -> BenchOptions {
 }
 
 async fn tiny_bench(opts: BenchOptions) -> Report {
+    // The bench reads models/ and bench/ as a user runs it, from the root.
+    std::env::set_current_dir(support::repo_root()).unwrap();
     let out = tempfile::tempdir().unwrap();
     let opts = BenchOptions {
         out_dir: out.path().to_path_buf(),

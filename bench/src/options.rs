@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use super::{cascade, formats};
-use crate::config::ExecutionProvider;
+use modstream::config::ExecutionProvider;
 
 /// What to measure; also the command line of `modstream bench`.
 #[derive(Debug, Clone, clap::Args)]

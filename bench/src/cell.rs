@@ -6,8 +6,8 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 
 use super::BenchOptions;
-use crate::tools::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS};
-use crate::tools::embedded::EmbeddedBroker;
+use modstream::tools::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS};
+use modstream::tools::embedded::EmbeddedBroker;
 
 /// Partitions of every cell's input and verdict topics.
 pub(super) const PARTITIONS: i32 = 4;

@@ -11,7 +11,7 @@
 //!   transformer on every event (log scale), and the verdicts' agreement
 //!   with it, a line per stream.
 //!
-//! Text is drawn with DejaVu Sans (assets/fonts, Bitstream Vera licence),
+//! Text is drawn with DejaVu Sans (bench/assets/fonts, Bitstream Vera licence),
 //! compiled in, so PNGs look the same on any machine.
 
 use std::collections::BTreeMap;
@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::report::Report;
+use modstream::tools::report::Report;
 
 const SIZE: (u32, u32) = (960, 600);
 /// The second series of the bar charts.
@@ -79,7 +79,7 @@ fn register_font() -> anyhow::Result<()> {
         plotters::style::register_font(
             FONT,
             FontStyle::Normal,
-            include_bytes!("../../../assets/fonts/DejaVuSans.ttf"),
+            include_bytes!("../assets/fonts/DejaVuSans.ttf"),
         )
         .is_ok()
     });
@@ -410,7 +410,9 @@ fn cascade_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -
     let (left, right) = root.split_horizontally(SIZE.0 / 2);
     let mut streams: Vec<&str> = r.cascade.iter().map(|c| c.stream.as_str()).collect();
     streams.dedup();
-    let points = |stream: &str, y: &dyn Fn(&super::report::CascadeRow) -> f64| -> Vec<(f64, f64)> {
+    let points = |stream: &str,
+                  y: &dyn Fn(&modstream::tools::report::CascadeRow) -> f64|
+     -> Vec<(f64, f64)> {
         r.cascade
             .iter()
             .filter(|c| c.stream == stream)

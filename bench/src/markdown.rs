@@ -7,7 +7,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use super::report::{BaselineRow, Report, SaturationRow, StepTrace};
+use modstream::tools::report::{BaselineRow, Report, SaturationRow, StepTrace};
 
 mod repeats;
 

@@ -10,9 +10,10 @@ use std::path::Path;
 use super::BenchOptions;
 use super::formats::{Encoding, ModelSetup, SECOND_MODEL_TENANT};
 use super::measure::{self, Batching, Clock};
-use super::report::ModelRow;
-use crate::config::{ModelSettings, Workers};
-use crate::tools::generator::generate;
+use crate::print::Print;
+use modstream::config::{ModelSettings, Workers};
+use modstream::tools::generator::generate;
+use modstream::tools::report::ModelRow;
 
 /// A policy over `first` and `second`: the first judges every event; the
 /// second, with the same thresholds, those of the tenant (or every event).
@@ -96,7 +97,7 @@ pub async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<ModelRow>> {
             ..opts.clone()
         };
         let events = encoding.apply(generate(opts.events, 0, "m-"));
-        let (per_s, summary, _) =
+        let measure::Saturated { per_s, summary, .. } =
             measure::saturation_clocked(&o, cell, events, Clock::Verdicts).await?;
         anyhow::ensure!(
             summary.dlq == 0,

@@ -1,4 +1,4 @@
-//! The rows of the issue-24 sweeps in the bench report: the cascade's
+//! The rows of the sweeps in the bench report: the cascade's
 //! bands, the cost table, the session options, tokenizing.
 
 use serde::{Deserialize, Serialize};
@@ -20,24 +20,6 @@ pub struct CascadeRow {
     /// Wall time in model runs (every model's, summed) per verdict.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_us_per_verdict: Option<f64>,
-}
-
-impl CascadeRow {
-    pub fn print(&self) {
-        let band = self
-            .band
-            .map_or("transformer on every event".to_string(), |[f, t]| {
-                format!("band {f}-{t}")
-            });
-        eprintln!(
-            "cascade, {} stream, {band}: {:.1} % to the transformer, {:.0} verdicts/s ({:.2}×), agreement {:.2} %",
-            self.stream,
-            self.transformer_share * 100.0,
-            self.saturation_per_s,
-            self.over_every_event,
-            self.agreement * 100.0
-        );
-    }
 }
 
 /// One contender of the cost table.
@@ -70,29 +52,6 @@ pub struct CostRow {
     pub python_peak_rss_bytes: Option<u64>,
 }
 
-impl CostRow {
-    pub fn print(&self) {
-        eprintln!(
-            "cost, {}: raw {} ; modstream default {:.0}/s, {} CPU-s per million ({:.1} % Kafka client), {} MiB peak; p99 target {:.0}/s; p99 at half {:.1} ms; Python {}",
-            self.contender,
-            self.raw_per_s
-                .map_or("—".to_string(), |r| format!("{r:.0}/s")),
-            self.default_per_s,
-            self.cpu_s_per_million
-                .map_or("—".to_string(), |v| format!("{v:.0}")),
-            self.kafka_cpu_share * 100.0,
-            self.peak_rss_bytes >> 20,
-            self.target_per_s,
-            self.p99_at_half_ms,
-            self.python_per_s.map_or("—".to_string(), |p| format!(
-                "{p:.0}/s, {:.0} CPU-s per million, {} MiB peak",
-                self.python_cpu_s_per_million.unwrap_or_default(),
-                self.python_peak_rss_bytes.unwrap_or_default() >> 20
-            )),
-        );
-    }
-}
-
 /// One contender of the session-options sweep.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SessionRow {
@@ -106,21 +65,6 @@ pub struct SessionRow {
     /// One session: its load time, and CPU seconds per second at a light load.
     pub load_ms: f64,
     pub light_load_cores: f64,
-}
-
-impl SessionRow {
-    pub fn print(&self) {
-        eprintln!(
-            "session, {}: {:.0}/s, {} CPU-s per million, {} MiB peak; load {:.0} ms; light load {:.2} cores",
-            self.contender,
-            self.per_s,
-            self.cpu_s_per_million
-                .map_or("—".to_string(), |v| format!("{v:.0}")),
-            self.peak_rss_bytes >> 20,
-            self.load_ms,
-            self.light_load_cores
-        );
-    }
 }
 
 /// A token model's tokenizing beside its scoring, per post, one thread.

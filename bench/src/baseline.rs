@@ -18,11 +18,11 @@ use std::time::Duration;
 use super::BenchOptions;
 use super::cell::Cell;
 use super::measure::inference_settings;
-use super::process::{CpuTime, cpu_time_of, peak_rss_of};
-use super::report::BaselineRow;
-use crate::tools::generator::{GeneratedEvent, generate};
-use crate::tools::read::TopicReader;
-use crate::tools::send;
+use super::process::{CpuTime, cpu_time_of, peak_rss_of, service_binary};
+use modstream::tools::generator::{GeneratedEvent, generate};
+use modstream::tools::read::TopicReader;
+use modstream::tools::report::BaselineRow;
+use modstream::tools::send;
 
 /// What one process did with the events.
 #[derive(Debug, Clone, Copy)]
@@ -111,14 +111,6 @@ pub(super) async fn modstream(
     .await
 }
 
-/// The `modstream` binary this bench runs as; None when it runs inside
-/// another program (a test), which cannot start `modstream run`.
-pub(super) fn service_binary() -> Option<PathBuf> {
-    std::env::current_exe()
-        .ok()
-        .filter(|exe| exe.file_stem().is_some_and(|n| n == "modstream"))
-}
-
 /// `modstream run` as its own process, with the configuration `config`
 /// writes for a fresh cell that holds `events`, watched until every verdict
 /// is read.
@@ -129,7 +121,7 @@ pub(super) async fn service_process(
 ) -> anyhow::Result<ProcessRun> {
     let exe = service_binary().ok_or_else(|| {
         anyhow::anyhow!(
-            "a separate modstream process needs the modstream binary (run `modstream bench`)"
+            "a separate modstream process needs the modstream binary beside modstream-bench"
         )
     })?;
     let cell = Cell::new(opts).await?;

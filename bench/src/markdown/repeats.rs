@@ -5,7 +5,7 @@
 
 use std::fmt::Write;
 
-use crate::tools::bench::report::{Report, SaturationRow};
+use modstream::tools::report::{Report, SaturationRow};
 
 /// One run: the best fixed cell and the adaptive one, if it has both.
 fn cells(report: &Report) -> Option<(&SaturationRow, &SaturationRow)> {

@@ -18,8 +18,9 @@ use serde_json::Value;
 use super::BenchOptions;
 use super::formats::{Encoding, ModelSetup};
 use super::measure::{self, Batching, Clock};
-use super::report::CascadeRow;
-use crate::tools::generator::{GeneratedEvent, generate, post_text};
+use crate::print::Print;
+use modstream::tools::generator::{GeneratedEvent, generate, post_text};
+use modstream::tools::report::CascadeRow;
 
 /// A score band `FROM-TO` (`0.3-0.7`) of the first model's label.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -31,8 +32,8 @@ pub struct Band {
 impl Band {
     /// The policy's default band.
     pub const DEFAULT: Band = Band {
-        from: crate::policy::DEFAULT_BAND[0],
-        to: crate::policy::DEFAULT_BAND[1],
+        from: modstream::policy::DEFAULT_BAND[0],
+        to: modstream::policy::DEFAULT_BAND[1],
     };
 }
 
@@ -143,7 +144,7 @@ async fn run_one(
     };
     let seen = Arc::new(Mutex::new(Seen::default()));
     let into = seen.clone();
-    let (per_s, summary, _) = measure::saturation_read(
+    let measure::Saturated { per_s, summary, .. } = measure::saturation_read(
         &o,
         Batching::fixed(64, 20),
         events,
