@@ -65,8 +65,8 @@ impl FetchBounds {
     }
 
     /// The user's `kafka.consumer` properties that set either bound above
-    /// its derived value: (property, theirs, derived).
-    pub fn exceeded_by(&self, kafka: &KafkaSettings) -> Vec<(&'static str, String, usize)> {
+    /// its derived value.
+    pub fn exceeded_by(&self, kafka: &KafkaSettings) -> Vec<Exceeded> {
         [
             ("queued.max.messages.kbytes", self.queued_kbytes),
             ("fetch.max.bytes", self.fetch_max_bytes),
@@ -75,10 +75,23 @@ impl FetchBounds {
         .filter_map(|(key, derived)| {
             let theirs = kafka.consumer.get(key)?;
             let over = theirs.trim().parse::<usize>().map_or(true, |v| v > derived);
-            over.then(|| (key, theirs.clone(), derived))
+            over.then(|| Exceeded {
+                property: key,
+                theirs: theirs.clone(),
+                derived,
+            })
         })
         .collect()
     }
+}
+
+/// A `kafka.consumer` property set above the bound the byte budget gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exceeded {
+    pub property: &'static str,
+    /// The user's value, as written.
+    pub theirs: String,
+    pub derived: usize,
 }
 
 /// A consumer's configuration; `group_id` is its group.
@@ -105,7 +118,12 @@ pub fn consumer(settings: &Settings, role: ConsumerRole, group_id: &str) -> Clie
             cfg.set("isolation.level", "read_committed");
         }
     }
-    for (key, theirs, derived) in bounds.exceeded_by(kafka) {
+    for Exceeded {
+        property: key,
+        theirs,
+        derived,
+    } in bounds.exceeded_by(kafka)
+    {
         tracing::warn!(
             property = key,
             set = %theirs,
@@ -225,7 +243,11 @@ mod tests {
             .insert("fetch.max.bytes".into(), "1024".into());
         assert_eq!(
             bounds.exceeded_by(&settings.kafka),
-            vec![("queued.max.messages.kbytes", "65536".to_string(), 16384)]
+            vec![Exceeded {
+                property: "queued.max.messages.kbytes",
+                theirs: "65536".to_string(),
+                derived: 16384
+            }]
         );
         let group = consumer(&settings, ConsumerRole::Group, "g");
         assert_eq!(group.get("queued.max.messages.kbytes"), Some("65536"));

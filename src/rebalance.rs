@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 pub use crate::tp::Positions;
-use crate::tp::Tp;
+use crate::tp::{Position, Tp};
 
 /// The consumer thread's control messages to the hub, on their own channel:
 /// the rebalance callback's revokes and assignments, and with exactly-once
@@ -250,7 +250,7 @@ impl Revokes {
     /// Answer a revoke with its partitions' positions, and keep them for an
     /// assignment that brings the partitions straight back.
     pub fn answer(&mut self, positions: Positions, done: std::sync::mpsc::Sender<Positions>) {
-        self.resume_at = positions.iter().cloned().collect();
+        self.resume_at = positions.iter().map(|p| (p.tp.clone(), p.next)).collect();
         let _ = done.send(positions);
     }
 
@@ -261,6 +261,7 @@ impl Revokes {
         self.resume_at
             .drain()
             .filter(|(tp, _)| wanted.contains(tp))
+            .map(Position::from)
             .collect()
     }
 }
@@ -269,6 +270,10 @@ impl Revokes {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    fn at(p: i32, next: i64) -> Position {
+        Position { tp: tp(p), next }
+    }
 
     fn tp(p: i32) -> Tp {
         Tp {
@@ -296,11 +301,11 @@ mod tests {
         assert_eq!(ready.len(), 1, "the deadline answers it anyway");
         let (partitions, done) = ready.into_iter().next().unwrap();
         assert_eq!(partitions, vec![tp(0), tp(1)]);
-        revokes.answer(vec![(tp(0), 42)], done);
-        assert_eq!(answers.try_recv().unwrap(), vec![(tp(0), 42)]);
+        revokes.answer(vec![at(0, 42)], done);
+        assert_eq!(answers.try_recv().unwrap(), vec![at(0, 42)]);
         assert!(revokes.next_deadline().is_none());
         // Kept for an assignment that brings partition 0 back, once.
-        assert_eq!(revokes.take_resume(&[tp(0), tp(1)]), vec![(tp(0), 42)]);
+        assert_eq!(revokes.take_resume(&[tp(0), tp(1)]), vec![at(0, 42)]);
         assert!(revokes.take_resume(&[tp(0)]).is_empty());
     }
 }

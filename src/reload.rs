@@ -42,7 +42,15 @@ use crate::verdict::{NewScorer, Scorer};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fingerprint {
     resolved: PathBuf,
-    files: Vec<(String, u64, Option<SystemTime>)>,
+    files: Vec<FileStamp>,
+}
+
+/// One model file as the directory lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    name: &'static str,
+    len: u64,
+    modified: Option<SystemTime>,
 }
 
 /// The model directory as it is now; `None` when it cannot be read.
@@ -52,7 +60,11 @@ pub fn fingerprint(model_dir: &Path) -> Option<Fingerprint> {
         .into_iter()
         .filter_map(|name| {
             let meta = std::fs::metadata(resolved.join(name)).ok()?;
-            Some((name.to_string(), meta.len(), meta.modified().ok()))
+            Some(FileStamp {
+                name,
+                len: meta.len(),
+                modified: meta.modified().ok(),
+            })
         })
         .collect();
     Some(Fingerprint { resolved, files })

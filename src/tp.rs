@@ -27,5 +27,20 @@ pub struct Source {
     pub offset: i64,
 }
 
-/// Positions (next offset to read) of some partitions.
-pub type Positions = Vec<(Tp, i64)>;
+/// A partition's position: the next offset to read there (everything
+/// before it is done), as Kafka commits it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Position {
+    pub tp: Tp,
+    pub next: i64,
+}
+
+impl From<(Tp, i64)> for Position {
+    /// An entry of a map from partition to position.
+    fn from((tp, next): (Tp, i64)) -> Position {
+        Position { tp, next }
+    }
+}
+
+/// Positions of some partitions.
+pub type Positions = Vec<Position>;

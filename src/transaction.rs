@@ -27,7 +27,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::telemetry::metric::{self, TxnOutcome};
-use crate::tp::Positions;
+use crate::tp::{Position, Positions};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransactionError {
@@ -134,8 +134,8 @@ impl Transactions {
         let deadline = Instant::now() + self.timeout;
         if !offsets.is_empty() {
             let mut tpl = TopicPartitionList::new();
-            for (tp, offset) in offsets {
-                tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*offset))
+            for Position { tp, next } in offsets {
+                tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*next))
                     .map_err(|e| TransactionError::Abortable(e.to_string()))?;
             }
             self.retrying(deadline, |p, left| {

@@ -198,33 +198,40 @@ fn throughput_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report
         "max_batch_size / max_batch_delay (adaptive: latency target)",
         &labels,
         [
-            (
-                "pipeline: verdicts/s acknowledged".to_string(),
-                BLUE,
-                pipeline,
-            ),
-            (
-                "raw model alone, same batch size, 1 session".to_string(),
-                GREY,
-                raw,
-            ),
+            Bars {
+                legend: "pipeline: verdicts/s acknowledged".to_string(),
+                colour: BLUE,
+                values: pipeline,
+            },
+            Bars {
+                legend: "raw model alone, same batch size, 1 session".to_string(),
+                colour: GREY,
+                values: raw,
+            },
         ],
     )
 }
 
-/// Two bars per group: `series` are (legend, colour, one value per label);
-/// a value that is not finite draws no bar.
+/// One series of a bar chart: one value per label.
+struct Bars {
+    legend: String,
+    colour: RGBColor,
+    values: Vec<f64>,
+}
+
+/// Two bars per group, one of each series; a value that is not finite draws
+/// no bar.
 fn bar_chart<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
     caption: &str,
     x_desc: &str,
     labels: &[String],
-    series: [(String, RGBColor, Vec<f64>); 2],
+    series: [Bars; 2],
 ) -> Drawn<DB> {
     root.fill(&WHITE)?;
     let y_max = series
         .iter()
-        .flat_map(|(_, _, values)| values.iter().copied())
+        .flat_map(|bars| bars.values.iter().copied())
         .filter(|v| v.is_finite())
         .fold(1.0, f64::max)
         * 1.15;
@@ -253,7 +260,15 @@ fn bar_chart<DB: DrawingBackend>(
         .label_style((FONT, 13))
         .axis_desc_style((FONT, 15))
         .draw()?;
-    for (k, (legend, color, values)) in series.into_iter().enumerate() {
+    for (
+        k,
+        Bars {
+            legend,
+            colour: color,
+            values,
+        },
+    ) in series.into_iter().enumerate()
+    {
         let offset = if k == 0 { -0.19 } else { 0.19 };
         chart
             .draw_series(
@@ -383,16 +398,16 @@ fn cache_chart<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> 
         "share of posts whose text repeats an earlier post exactly",
         &labels,
         [
-            (
-                "cache off".to_string(),
-                GREY,
-                r.repeats.iter().map(|x| x.cache_off_per_s).collect(),
-            ),
-            (
-                format!("cache on ({cache_mib} MiB)"),
-                BLUE,
-                r.repeats.iter().map(|x| x.cache_on_per_s).collect(),
-            ),
+            Bars {
+                legend: "cache off".to_string(),
+                colour: GREY,
+                values: r.repeats.iter().map(|x| x.cache_off_per_s).collect(),
+            },
+            Bars {
+                legend: format!("cache on ({cache_mib} MiB)"),
+                colour: BLUE,
+                values: r.repeats.iter().map(|x| x.cache_on_per_s).collect(),
+            },
         ],
     )
 }

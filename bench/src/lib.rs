@@ -471,7 +471,7 @@ async fn step_trace(
     const BIN: f64 = 0.5;
     let bins_n = (3.0 * phase / BIN).ceil() as usize;
     let mut bins: Vec<Vec<u64>> = vec![Vec::new(); bins_n];
-    for &(intended, read, _) in &run.samples {
+    for &measure::Sample { intended, read, .. } in &run.samples {
         let t = intended.saturating_duration_since(run.start).as_secs_f64();
         if let Some(bin) = bins.get_mut((t / BIN) as usize) {
             bin.push(read.saturating_duration_since(intended).as_micros() as u64);

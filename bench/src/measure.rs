@@ -212,12 +212,21 @@ fn read_verdicts(
     Ok((first.unwrap_or(last), last))
 }
 
+/// One event of a paced run: when it was meant to be sent, when its
+/// verdict (or, for the broker's floor, the event itself) was read back.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sample {
+    pub intended: Instant,
+    pub read: Instant,
+    pub urgent: bool,
+}
+
 /// What a paced run saw: per event its intended send time, when its
 /// verdict was read, and whether it was urgent; the clock's start; the run's
 /// summary (with the batch choices of a latency target).
 pub(super) struct PacedRun {
     pub start: Instant,
-    pub samples: Vec<(Instant, Instant, bool)>,
+    pub samples: Vec<Sample>,
     pub summary: modstream::pipeline::RunSummary,
 }
 
@@ -238,7 +247,7 @@ pub(super) async fn paced_run(
 pub(super) async fn broker_round_trip(opts: &BenchOptions, rate: f64) -> anyhow::Result<FloorRow> {
     let run = paced(opts, None, &[(opts.latency_seconds as f64, rate)]).await?;
     let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
-    for &(intended, read, _) in &run.samples {
+    for &Sample { intended, read, .. } in &run.samples {
         h.record(read.saturating_duration_since(intended).as_micros().max(1) as u64)?;
     }
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
@@ -345,18 +354,29 @@ async fn paced(
         Some(run) => run.await??,
         None => modstream::pipeline::RunSummary::default(),
     };
-    let samples = events
-        .iter()
-        .filter_map(|e| {
-            let read = read_at.get(&e.event_id)?;
-            Some((*intended.get(e.event_id.as_str())?, *read, e.urgent))
-        })
-        .collect();
     Ok(PacedRun {
         start,
-        samples,
+        samples: samples_of(&events, &intended, &read_at),
         summary,
     })
+}
+
+/// The events that were sent and read back, with both times.
+fn samples_of(
+    events: &[GeneratedEvent],
+    intended: &HashMap<&str, Instant>,
+    read_at: &HashMap<String, Instant>,
+) -> Vec<Sample> {
+    events
+        .iter()
+        .filter_map(|e| {
+            Some(Sample {
+                intended: *intended.get(e.event_id.as_str())?,
+                read: *read_at.get(&e.event_id)?,
+                urgent: e.urgent,
+            })
+        })
+        .collect()
 }
 
 /// Open-loop paced load at `rate`/s for `opts.latency_seconds`; its latency
@@ -368,10 +388,20 @@ pub(super) async fn latency(
     rate: f64,
 ) -> anyhow::Result<LatencyRow> {
     let run = paced_run(opts, b, &[(opts.latency_seconds as f64, rate)]).await?;
-    let finished = run.samples.iter().map(|s| s.1).max().unwrap_or(run.start);
+    let finished = run
+        .samples
+        .iter()
+        .map(|s| s.read)
+        .max()
+        .unwrap_or(run.start);
     let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
     let mut hu = h.clone();
-    for &(intended, read, urgent) in &run.samples {
+    for &Sample {
+        intended,
+        read,
+        urgent,
+    } in &run.samples
+    {
         let micros = read.saturating_duration_since(intended).as_micros().max(1) as u64;
         h.record(micros)?;
         if urgent {

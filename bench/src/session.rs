@@ -25,9 +25,14 @@ use modstream::tokens::Encoder;
 use modstream::tools::generator::{GeneratedEvent, generate};
 use modstream::tools::report::{SessionRow, TokenizationRow};
 
-/// A contender: its name, workers and intra-op threads (None: the default,
-/// `workers = "auto"` with one thread each), its session options.
-type Contender = (&'static str, Option<(usize, usize)>, SessionOptions);
+/// A contender of the sweep.
+struct Contender {
+    name: &'static str,
+    /// Workers and intra-op threads (None: the default, `workers = "auto"`
+    /// with one thread each).
+    layout: Option<(usize, usize)>,
+    session: SessionOptions,
+}
 
 fn contenders() -> Vec<Contender> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -37,42 +42,47 @@ fn contenders() -> Vec<Contender> {
         f(&mut o);
         o
     };
+    let c = |name, layout, session| Contender {
+        name,
+        layout,
+        session,
+    };
     vec![
-        ("default", None, default.clone()),
-        ("spinning", None, with(&|o| o.spinning = true)),
-        (
+        c("default", None, default.clone()),
+        c("spinning", None, with(&|o| o.spinning = true)),
+        c(
             "1 worker × all cores, spinning",
             Some((1, cores)),
             with(&|o| o.spinning = true),
         ),
-        (
+        c(
             "1 worker × all cores, no spinning",
             Some((1, cores)),
             with(&|o| o.spinning = false),
         ),
-        (
+        c(
             "graph optimization basic",
             None,
             with(&|o| o.graph_optimization = GraphOptimization::Basic),
         ),
-        (
+        c(
             "graph optimization disabled",
             None,
             with(&|o| o.graph_optimization = GraphOptimization::Disabled),
         ),
-        (
+        c(
             "memory arena on",
             None,
             with(&|o| o.memory_arena = MemoryArena::On),
         ),
-        (
+        c(
             "memory arena off",
             None,
             with(&|o| o.memory_arena = MemoryArena::Off),
         ),
         // Again at the end: the first process of a sweep may pay for a cold
         // start that the others do not.
-        ("default, again", None, default.clone()),
+        c("default, again", None, default.clone()),
     ]
 }
 
@@ -83,7 +93,12 @@ pub async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<SessionRow>> {
     let events = generate(opts.events, 0, "o-");
     let model_dir = std::path::absolute(measure::inference_settings(opts).model_dir)?;
     let mut rows = Vec::new();
-    for (name, layout, session) in contenders() {
+    for Contender {
+        name,
+        layout,
+        session,
+    } in contenders()
+    {
         let mut extra = String::new();
         if let Some((workers, threads)) = layout {
             extra.push_str(&format!("workers = {workers}\nintra_threads = {threads}\n"));

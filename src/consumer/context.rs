@@ -20,7 +20,7 @@ use super::{commit, is_fatal, store};
 use crate::rebalance::{self, Control, SealFailure};
 use crate::telemetry::Health;
 use crate::telemetry::metric::{self, CommitOutcome, ErrorKind, RebalanceKind, TxnOutcome};
-use crate::tp::{Positions, Tp};
+use crate::tp::{Position, Positions, Tp};
 use crate::transaction::TransactionError;
 use tokio::time::Instant;
 
@@ -146,7 +146,7 @@ impl ModstreamContext {
             return Vec::new();
         };
         let mut resumed = Vec::new();
-        for (tp, position) in candidates {
+        for Position { tp, next: position } in candidates {
             let ahead = match committed
                 .find_partition(&tp.topic, tp.partition)
                 .map(|e| e.offset())
@@ -161,7 +161,7 @@ impl ModstreamContext {
                     .is_ok()
             {
                 tracing::debug!(topic = %tp.topic, partition = tp.partition, position, "resuming at the delivered position");
-                resumed.push((tp, position));
+                resumed.push(Position { tp, next: position });
             }
         }
         resumed

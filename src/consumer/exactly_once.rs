@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::rebalance::{SealFailure, Sealed};
 use crate::telemetry::Health;
 use crate::telemetry::metric::TxnOutcome;
-use crate::tp::{Positions, Tp};
+use crate::tp::{Position, Positions, Tp};
 use crate::transaction::{TransactionError, Transactions};
 
 /// What the consumer thread needs for exactly-once.
@@ -116,7 +116,7 @@ impl TxnDriver {
 
     /// Positions from the hub, for the next commit.
     pub(super) fn keep(&mut self, positions: Positions) {
-        for (tp, position) in positions {
+        for Position { tp, next: position } in positions {
             // A batch sent earlier never moves a partition back.
             let kept = self.pending.entry(tp).or_insert(position);
             *kept = (*kept).max(position);
@@ -166,7 +166,7 @@ impl TxnDriver {
             .pending
             .iter()
             .filter(|(tp, p)| self.committed.get(*tp) != Some(*p))
-            .map(|(tp, p)| (tp.clone(), *p))
+            .map(|(tp, p)| Position::from((tp.clone(), *p)))
             .collect();
         if moved.is_empty() && records.unwrap_or(0) == 0 {
             self.pending.clear();

@@ -31,7 +31,7 @@ use crate::client::{self, ConsumerRole};
 use crate::config::Settings;
 use crate::rebalance::Control;
 use crate::telemetry::Health;
-use crate::tp::{Positions, Tp};
+use crate::tp::{Position, Positions, Tp};
 
 mod budget;
 mod context;
@@ -172,9 +172,9 @@ fn commit_async(consumer: &KafkaConsumer) -> Result<(), KafkaError> {
 /// librdkafka refused them.
 fn store(consumer: &KafkaConsumer, positions: &Positions) -> bool {
     let mut tpl = TopicPartitionList::new();
-    for (tp, position) in positions {
+    for Position { tp, next } in positions {
         if tpl
-            .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*position))
+            .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*next))
             .is_err()
         {
             return false;

@@ -3,7 +3,8 @@
 //! closes its batches at the smallest size and earliest deadline of them
 //! (see [`super::lanes::partition_choice`]).
 
-use super::{Deliver, Hub, MAX_BATCH_CHOICES, lanes};
+use super::lanes::{self, Adjusted};
+use super::{Deliver, Hub, MAX_BATCH_CHOICES};
 use crate::slo::{self, Choice};
 use crate::telemetry::metric;
 use tokio::time::Instant;
@@ -14,22 +15,15 @@ impl<D: Deliver> Hub<D> {
     pub(super) fn adjust_batching(&mut self) {
         let target = self.settings.batching.target_p99.unwrap_or_default();
         let (mut saturated, mut missed) = (false, false);
+        let partitions = self.partitions.len();
         for lane in &mut self.lanes {
-            let queue = slo::Queue {
-                waiting: lane.queued(),
-                partitions: self.partitions.len(),
-            };
-            let Some(controller) = lane.slo.as_mut() else {
+            let Some(Adjusted { was_missed, status }) = lane.adjust(Instant::now(), partitions)
+            else {
                 continue;
             };
-            let was_missed = controller.status().missed;
-            if let Some(choice) = controller.tick(Instant::now(), queue) {
-                lane.batch = choice;
-            }
-            let status = controller.status();
             saturated |= status.mode == slo::Mode::Throughput;
             missed |= status.missed;
-            let model = &lane.scorer.id;
+            let model = &lane.scorer().id;
             tracing::trace!(
                 model,
                 mode = ?status.mode,

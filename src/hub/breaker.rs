@@ -148,11 +148,7 @@ impl<D: Deliver> Hub<D> {
     /// Breaker open: when its time has come, try the model on one synthetic
     /// text.
     pub(super) fn probe(&mut self, l: usize) {
-        let lane = &mut self.lanes[l];
-        if lane.running >= lane.capacity {
-            return;
-        }
-        let Some(text) = lane.breaker.probe_due(Instant::now()) else {
+        let Some(text) = self.lanes[l].probe_due(Instant::now()) else {
             return;
         };
         let id = self.next_job_id;
@@ -161,16 +157,14 @@ impl<D: Deliver> Hub<D> {
             id,
             texts: vec![text],
         };
-        if lane.jobs.try_send(job).is_ok() {
-            lane.breaker.probe_sent(id);
-        }
+        self.lanes[l].send_probe(job);
     }
 
     pub(super) fn on_probe(&mut self, l: usize, result: InferenceResult) {
         let lane = &mut self.lanes[l];
-        let model = lane.scorer.id.clone();
+        let model = lane.scorer().id.clone();
         let scored = result.scores.iter().any(Result::is_ok);
-        match lane.breaker.on_probe(scored, Instant::now()) {
+        match lane.probe_ended(scored, Instant::now()) {
             ProbeOutcome::Closed => {
                 tracing::info!(
                     model,
@@ -212,7 +206,7 @@ impl<D: Deliver> Hub<D> {
             .unwrap_or_default();
         let lane = &mut self.lanes[l];
         if let Some(runs) = opened {
-            tracing::error!(model = %lane.scorer.id, runs, error = %error, "the model fails every event; holding events back and retrying it (circuit breaker open)");
+            tracing::error!(model = %lane.scorer().id, runs, error = %error, "the model fails every event; holding events back and retrying it (circuit breaker open)");
             self.health
                 .model_failing
                 .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -224,20 +218,13 @@ impl<D: Deliver> Hub<D> {
                 pending.event.text = texts.next().unwrap_or_default();
             }
         }
-        for segment in segments.into_iter().rev() {
-            lane.ready.push_front(segment);
-        }
+        lane.requeue_front(segments);
     }
 
     /// Shutdown gave up while the breaker holds events: they stay
     /// uncommitted for the restart.
     pub(super) fn give_up_held(&mut self) {
-        let held: usize = self
-            .lanes
-            .iter_mut()
-            .flat_map(|l| l.ready.drain())
-            .map(|b| b.items.len())
-            .sum();
+        let held: usize = self.lanes.iter_mut().map(super::Lane::drain_queued).sum();
         tracing::warn!(
             held,
             "shutdown timeout with the model failing; held events stay uncommitted"

@@ -1,6 +1,7 @@
 //! Delivery: verdicts (or dead-letter records) produced in offset order,
 //! acknowledgements, and the positions they let the consumer store.
 
+use super::transaction::HandOver;
 use super::{Ack, Decided, Deliver, Hold, Hub, InputOffset, Outcome, Outgoing, ReadyOutput};
 use crate::event::{self, RejectReason};
 use crate::partition::{Finished, Partition, Pending};
@@ -8,7 +9,7 @@ use crate::producer::ProducerError;
 use crate::rebalance::Positions;
 use crate::record::{self, OutRecord, RecordKind};
 use crate::telemetry::metric;
-use crate::tp::{Source, Tp};
+use crate::tp::{Position, Source, Tp};
 use crate::verdict::{self, Answer, Judged, ScoredBy};
 use tokio::time::Instant;
 
@@ -167,16 +168,16 @@ impl<D: Deliver> Hub<D> {
     /// their acknowledgement. Its hold (its share of the byte budget) is
     /// given back after it.
     pub(super) fn deliver(&mut self, ready: ReadyOutput) {
-        let mut epoch = 0;
-        if let Some(txn) = self.txn.as_mut() {
-            if txn.holding() {
-                txn.held.push(ready);
-                return;
-            }
-            txn.outstanding += 1;
-            txn.records += 1;
-            epoch = txn.epoch;
-        }
+        let epoch = match self.txn.as_mut() {
+            None => 0,
+            Some(txn) => match txn.hand_over() {
+                HandOver::Hold => {
+                    txn.hold(ready);
+                    return;
+                }
+                HandOver::Send { epoch } => epoch,
+            },
+        };
         let ReadyOutput {
             at:
                 InputOffset {
@@ -246,22 +247,19 @@ impl<D: Deliver> Hub<D> {
         } = ack;
         self.release(1);
         self.summary.produce_seconds += took.as_secs_f64();
-        // An acknowledgement of an aborted transaction's record (its
-        // partition was rewound) concerns neither the open transaction's
-        // count nor its fate.
-        let current = self.txn.as_ref().is_none_or(|t| t.epoch == txn);
-        if let Some(txn) = self.txn.as_mut().filter(|_| current) {
-            txn.outstanding = txn.outstanding.saturating_sub(1);
+        if let Some(boundary) = self.txn.as_mut() {
+            let failed = match &outcome {
+                Err(ProducerError::InTransaction(error)) => Some(error.as_str()),
+                _ => None,
+            };
+            boundary.acknowledged(txn, failed);
         }
         let outcome = match outcome {
             Ok(outcome) => outcome,
-            Err(ProducerError::InTransaction(error)) => {
+            Err(ProducerError::InTransaction(_)) => {
                 // Its transaction will be aborted and the partition read
                 // again; the offset stays undelivered until then.
                 self.summary.aborted_records += 1;
-                if let Some(txn) = self.txn.as_mut().filter(|_| current) {
-                    txn.failed.get_or_insert(error);
-                }
                 return;
             }
             Err(ProducerError::Fatal(message)) => {
@@ -323,8 +321,8 @@ impl<D: Deliver> Hub<D> {
         // Without a record timestamp only the part in the hub is known.
         let end_to_end = end_to_end.unwrap_or(in_hub).max(in_hub);
         for &l in &decided.models {
-            if let Some(controller) = self.lanes.get_mut(l).and_then(|l| l.slo.as_mut()) {
-                controller.delivered(end_to_end, end_to_end - in_hub, took);
+            if let Some(lane) = self.lanes.get_mut(l) {
+                lane.delivered(end_to_end, end_to_end - in_hub, took);
             }
         }
     }
@@ -378,9 +376,10 @@ impl<D: Deliver> Hub<D> {
         if self.unsent_positions.is_empty() || !self.positions_tx.is_empty() {
             return;
         }
-        let batch: Positions = self.unsent_positions.drain().collect();
+        let batch: Positions = self.unsent_positions.drain().map(Position::from).collect();
         if let Err(async_channel::TrySendError::Full(batch)) = self.positions_tx.try_send(batch) {
-            self.unsent_positions.extend(batch);
+            self.unsent_positions
+                .extend(batch.into_iter().map(|p| (p.tp, p.next)));
         }
     }
 }

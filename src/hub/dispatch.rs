@@ -3,16 +3,12 @@
 //! their partitions).
 
 use super::breaker::{BreakerAction, RunOutcome};
+use super::lanes::NewRun;
 use super::{Deliver, Hub};
 use crate::inference::{InferenceJob, InferenceResult};
-use crate::partition::{ModelScores, ReadyBatch};
+use crate::partition::ModelScores;
 use crate::telemetry::metric;
 use tokio::time::Instant;
-
-/// Events of a batch that model `lane` is to score.
-fn needing(batch: &ReadyBatch, lane: usize) -> usize {
-    batch.items.iter().filter(|p| p.needs(lane)).count()
-}
 
 impl<D: Deliver> Hub<D> {
     /// Every model's runs, while its workers' queue has room.
@@ -25,29 +21,11 @@ impl<D: Deliver> Hub<D> {
     /// Coalesce ready batches (possibly of several partitions) into runs of
     /// at most the model's run size, counting the events it is to score.
     fn dispatch_lane(&mut self, l: usize) {
-        if self.lanes[l].breaker.is_open() {
+        if self.lanes[l].breaker_open() {
             self.probe(l);
             return;
         }
-        loop {
-            let lane = &mut self.lanes[l];
-            if lane.ready.is_empty() || lane.running >= lane.capacity {
-                return;
-            }
-            let max = lane.batch.size;
-            let mut segments = Vec::new();
-            let mut size = 0;
-            while let Some(next) = lane.ready.front() {
-                let n = needing(next, l);
-                if size > 0 && size + n > max {
-                    break;
-                }
-                let Some(batch) = lane.ready.pop_front() else {
-                    break;
-                };
-                size += n;
-                segments.push(batch);
-            }
+        while let Some(NewRun { mut segments, size }) = self.lanes[l].take_run(l) {
             let texts = segments
                 .iter_mut()
                 .flat_map(|s| {
@@ -57,8 +35,6 @@ impl<D: Deliver> Hub<D> {
                         .map(|p| std::mem::take(&mut p.event.text))
                 })
                 .collect();
-            lane.running += 1;
-            let jobs = lane.jobs.clone();
             let id = self.next_job_id;
             self.next_job_id += 1;
             metrics::histogram!(metric::BATCH_SIZE).record(size as f64);
@@ -69,7 +45,7 @@ impl<D: Deliver> Hub<D> {
             sizes[size] += 1;
             self.in_inference
                 .insert(id, super::Running { lane: l, segments });
-            if let Err(e) = jobs.try_send(InferenceJob { id, texts }) {
+            if let Err(e) = self.lanes[l].send(InferenceJob { id, texts }) {
                 // Cannot happen while `running` bounds the queue; keep the
                 // events anyway (scored as failed).
                 tracing::error!("inference queue full despite the bound");
@@ -93,17 +69,13 @@ impl<D: Deliver> Hub<D> {
             .get(&result.id)
             .map(|r| r.lane)
             .or_else(|| {
-                let probe = |lane: &super::Lane| lane.breaker.is_probe(result.id);
+                let probe = |lane: &super::Lane| lane.is_probe(result.id);
                 self.lanes.iter().position(probe)
             });
         if let Some(lane) = run_lane.and_then(|l| self.lanes.get_mut(l)) {
             lane.ran_version(result.worker, result.version);
         }
-        if let Some(l) = self
-            .lanes
-            .iter()
-            .position(|lane| lane.breaker.is_probe(result.id))
-        {
+        if let Some(l) = self.lanes.iter().position(|lane| lane.is_probe(result.id)) {
             self.on_probe(l, result);
             return;
         }
@@ -112,7 +84,6 @@ impl<D: Deliver> Hub<D> {
             return;
         };
         let lane = &mut self.lanes[l];
-        lane.running = lane.running.saturating_sub(1);
         let dead = !result.scores.is_empty() && result.scores.iter().all(Result::is_err);
         let outcome = if dead {
             RunOutcome::AllFailed
@@ -121,16 +92,12 @@ impl<D: Deliver> Hub<D> {
             RunOutcome::Scored(scored.and_then(|i| result.texts.get(i).cloned()))
         };
         let limit = self.settings.inference.breaker_after;
-        if let BreakerAction::HoldBack { opened } =
-            lane.breaker.on_run(outcome, limit, Instant::now())
-        {
+        if let BreakerAction::HoldBack { opened } = lane.run_ended(outcome, limit, Instant::now()) {
             self.hold_back(l, segments, result, opened);
             return;
         }
         metrics::histogram!(metric::INFERENCE_SECONDS).record(result.elapsed.as_secs_f64());
-        if let Some(controller) = lane.slo.as_mut() {
-            controller.model_run(result.scores.len(), result.elapsed);
-        }
+        lane.model_ran(result.scores.len(), result.elapsed);
         self.summary.batches += 1;
         self.summary.inference_seconds += result.elapsed.as_secs_f64();
         self.summary.real_tokens += result.tokens.real;

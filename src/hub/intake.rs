@@ -115,10 +115,8 @@ impl<D: Deliver> Hub<D> {
         let rules = self.rules.clone();
         let rule = rules.rule_for(topic, event);
         for (l, lane) in self.lanes.iter_mut().enumerate() {
-            if let Some(controller) = lane.slo.as_mut()
-                && rules.rules[rule].runs(l)
-            {
-                controller.arrived(1);
+            if rules.rules[rule].runs(l) {
+                lane.arrived(1);
             }
         }
         (rules, rule)

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::breaker::Breaker;
+use super::breaker::{Breaker, BreakerAction, ProbeOutcome, RunOutcome};
 use super::queue::RunQueue;
 use super::{Deliver, Hub};
 use crate::inference::InferenceJob;
@@ -32,24 +32,45 @@ pub struct ModelLane {
     pub max_batch: usize,
 }
 
+/// A lane: a part that owns its model's queue, runs in flight, breaker and
+/// batching choice; the hub asks it for runs and tells it how they ended.
 pub(super) struct Lane {
     /// The identity of version 0 (the model the pipeline started with) and
     /// of each version a hot reload added since.
-    pub(super) scorer: Arc<Scorer>,
+    scorer: Arc<Scorer>,
     reloaded: HashMap<u64, Arc<Scorer>>,
     /// The version of each worker's last result: a worker's versions only
     /// grow, so one older than all of these never comes back.
     worker_versions: Vec<u64>,
-    pub(super) jobs: async_channel::Sender<InferenceJob>,
+    jobs: async_channel::Sender<InferenceJob>,
     /// Batches waiting for this model (urgent ones first, see [`RunQueue`]).
-    pub(super) ready: RunQueue,
+    ready: RunQueue,
     /// Its runs in flight, and how many may be (two per worker).
-    pub(super) running: usize,
-    pub(super) capacity: usize,
-    pub(super) breaker: Breaker,
+    running: usize,
+    capacity: usize,
+    breaker: Breaker,
     /// Its run size (and the deadline it asks of partitions).
-    pub(super) batch: Choice,
-    pub(super) slo: Option<slo::Controller>,
+    batch: Choice,
+    slo: Option<slo::Controller>,
+}
+
+/// A run a lane took from its queue.
+pub(super) struct NewRun {
+    /// The batches whose events it scores (of one or more partitions).
+    pub segments: Vec<ReadyBatch>,
+    /// The events it scores.
+    pub size: usize,
+}
+
+/// A latency controller's look at its lane (see [`Lane::adjust`]).
+pub(super) struct Adjusted {
+    pub was_missed: bool,
+    pub status: slo::Status,
+}
+
+/// Events of a batch that model `lane` is to score.
+pub(super) fn needing(batch: &ReadyBatch, lane: usize) -> usize {
+    batch.items.iter().filter(|p| p.needs(lane)).count()
 }
 
 impl Lane {
@@ -128,6 +149,175 @@ impl Lane {
     pub(super) fn queued(&self) -> usize {
         self.ready.events()
     }
+
+    /// The model's identity as it started (its id names it in metrics).
+    pub(super) fn scorer(&self) -> &Arc<Scorer> {
+        &self.scorer
+    }
+
+    /// A batch waits for this model.
+    pub(super) fn enqueue(&mut self, batch: ReadyBatch) {
+        self.ready.push(batch);
+    }
+
+    /// An urgent batch of another model: its partition's earlier batches
+    /// here go ahead too (its verdict leaves after theirs anyway).
+    pub(super) fn promote_earlier(&mut self, urgent: &ReadyBatch) {
+        self.ready.promote_earlier(urgent);
+    }
+
+    /// Runs held back by the breaker go back to the front, in order.
+    pub(super) fn requeue_front(&mut self, segments: Vec<ReadyBatch>) {
+        for segment in segments.into_iter().rev() {
+            self.ready.push_front(segment);
+        }
+    }
+
+    /// Takes these partitions' batches off the queue; how many events they held.
+    pub(super) fn drop_queued(&mut self, tps: &std::collections::HashSet<&crate::tp::Tp>) -> usize {
+        let mut dropped = 0;
+        self.ready.retain(|b| {
+            let keep = !tps.contains(&b.tp);
+            if !keep {
+                dropped += b.items.len();
+            }
+            keep
+        });
+        dropped
+    }
+
+    /// Empties the queue (shutdown gave up); the events it held.
+    pub(super) fn drain_queued(&mut self) -> usize {
+        self.ready.drain().map(|b| b.items.len()).sum()
+    }
+
+    /// The next run of model `l` while its workers have room: ready batches
+    /// coalesced (possibly of several partitions) up to its run size,
+    /// counting the events it is to score. Counted as running.
+    pub(super) fn take_run(&mut self, l: usize) -> Option<NewRun> {
+        if self.ready.is_empty() || self.running >= self.capacity {
+            return None;
+        }
+        let mut segments = Vec::new();
+        let mut size = 0;
+        while let Some(next) = self.ready.front() {
+            let n = needing(next, l);
+            if size > 0 && size + n > self.batch.size {
+                break;
+            }
+            let Some(batch) = self.ready.pop_front() else {
+                break;
+            };
+            size += n;
+            segments.push(batch);
+        }
+        self.running += 1;
+        Some(NewRun { segments, size })
+    }
+
+    /// Hands a run to the workers' queue (bounded by the runs counted).
+    pub(super) fn send(
+        &self,
+        job: InferenceJob,
+    ) -> Result<(), async_channel::TrySendError<InferenceJob>> {
+        self.jobs.try_send(job)
+    }
+
+    /// A run ended: the breaker's answer to how.
+    pub(super) fn run_ended(
+        &mut self,
+        outcome: RunOutcome,
+        limit: u32,
+        now: Instant,
+    ) -> BreakerAction {
+        self.running = self.running.saturating_sub(1);
+        self.breaker.on_run(outcome, limit, now)
+    }
+
+    /// Whether its circuit breaker is open.
+    pub(super) fn breaker_open(&self) -> bool {
+        self.breaker.is_open()
+    }
+
+    /// Whether job `id` is its breaker's probe.
+    pub(super) fn is_probe(&self, id: u64) -> bool {
+        self.breaker.is_probe(id)
+    }
+
+    /// When its next probe is due, if the breaker is open.
+    pub(super) fn next_probe(&self) -> Option<Instant> {
+        self.breaker.next_probe()
+    }
+
+    /// The breaker's probe text when one is due and a worker has room.
+    pub(super) fn probe_due(&mut self, now: Instant) -> Option<String> {
+        if self.running >= self.capacity {
+            return None;
+        }
+        self.breaker.probe_due(now)
+    }
+
+    /// Sends the probe run; the breaker waits for it if it went.
+    pub(super) fn send_probe(&mut self, job: InferenceJob) {
+        let id = job.id;
+        if self.jobs.try_send(job).is_ok() {
+            self.breaker.probe_sent(id);
+        }
+    }
+
+    /// The probe ended, `scored` or not: the breaker's answer.
+    pub(super) fn probe_ended(&mut self, scored: bool, now: Instant) -> ProbeOutcome {
+        self.breaker.on_probe(scored, now)
+    }
+
+    /// Events arrived for this model (its controller's arrival rate).
+    pub(super) fn arrived(&mut self, events: u64) {
+        if let Some(controller) = self.slo.as_mut() {
+            controller.arrived(events);
+        }
+    }
+
+    /// A run of `size` events took `took` in the model.
+    pub(super) fn model_ran(&mut self, size: usize, took: std::time::Duration) {
+        if let Some(controller) = self.slo.as_mut() {
+            controller.model_run(size, took);
+        }
+    }
+
+    /// A verdict this model scored went out (see [`slo::Controller::delivered`]).
+    pub(super) fn delivered(
+        &mut self,
+        end_to_end: std::time::Duration,
+        before_hub: std::time::Duration,
+        delivery: std::time::Duration,
+    ) {
+        if let Some(controller) = self.slo.as_mut() {
+            controller.delivered(end_to_end, before_hub, delivery);
+        }
+    }
+
+    /// Its controller looks again (none without a latency target): a new
+    /// choice becomes its run size and deadline.
+    pub(super) fn adjust(&mut self, now: Instant, partitions: usize) -> Option<Adjusted> {
+        let queue = slo::Queue {
+            waiting: self.queued(),
+            partitions,
+        };
+        let controller = self.slo.as_mut()?;
+        let was_missed = controller.status().missed;
+        if let Some(choice) = controller.tick(now, queue) {
+            self.batch = choice;
+        }
+        Some(Adjusted {
+            was_missed,
+            status: controller.status(),
+        })
+    }
+
+    /// When its controller looks next.
+    pub(super) fn next_tick(&self) -> Option<Instant> {
+        self.slo.as_ref().map(slo::Controller::next_tick)
+    }
 }
 
 /// The partitions' batching: closed at the smallest of the lanes' sizes
@@ -164,11 +354,11 @@ impl<D: Deliver> Hub<D> {
             if batch.urgent {
                 for (m, lane) in self.lanes.iter_mut().enumerate() {
                     if m != l {
-                        lane.ready.promote_earlier(&batch);
+                        lane.promote_earlier(&batch);
                     }
                 }
             }
-            self.lanes[l].ready.push(batch);
+            self.lanes[l].enqueue(batch);
             return;
         }
         if let Some(partition) = self.partitions.get_mut(&tp) {
@@ -179,7 +369,7 @@ impl<D: Deliver> Hub<D> {
 
     /// Whether any model's circuit breaker is open.
     pub(super) fn any_breaker_open(&self) -> bool {
-        self.lanes.iter().any(|l| l.breaker.is_open())
+        self.lanes.iter().any(Lane::breaker_open)
     }
 
     /// Events waiting for a model.

@@ -35,9 +35,9 @@ use crate::producer::{ProducerError, ServiceFailure};
 use crate::rebalance::{Control, Positions, Revokes};
 use crate::record::{OutRecord, RecordKind};
 use crate::shutdown::Shutdown;
-use crate::slo::{self, Choice};
+use crate::slo::Choice;
 use crate::telemetry::{Health, StallKind, StallReporter, metric};
-use crate::tp::{Source, Tp};
+use crate::tp::{Position, Source, Tp};
 use crate::verdict::{NewScorer, Verdict};
 use std::sync::Arc;
 
@@ -261,7 +261,7 @@ pub struct Hub<D: Deliver> {
     /// choices: fixed, or their latency controllers').
     batch: Choice,
     /// With `kafka.delivery = "exactly_once"`: the open transaction's state.
-    txn: Option<transaction::TxnState>,
+    txn: Option<transaction::TxnBoundary>,
     /// Reads events from records, by each topic's mapping.
     decoder: crate::event::Decoder,
     /// With a Schema Registry input format: the schemas the stage fetched.
@@ -327,7 +327,7 @@ impl<D: Deliver> Hub<D> {
             health,
             next_stall_check: Instant::now() + STALL_CHECK,
             batch,
-            txn: settings_eos.then(transaction::TxnState::default),
+            txn: settings_eos.then(transaction::TxnBoundary::default),
             decoder,
             schemas: None,
             verdict_encoder: None,
@@ -408,7 +408,7 @@ impl<D: Deliver> Hub<D> {
         self.finish_revokes(true);
         delivering.extend(self.outgoing.drain(..));
         while delivering.next().await.is_some() {}
-        let last: Positions = self.unsent_positions.drain().collect();
+        let last: Positions = self.unsent_positions.drain().map(Position::from).collect();
         if !last.is_empty() {
             let _ = self.positions_tx.send(last).await;
         }
@@ -440,15 +440,14 @@ impl<D: Deliver> Hub<D> {
         let watchdog =
             (self.in_flight > 0 || !self.stalls.is_empty()).then_some(self.next_stall_check);
         let slo = self.next_slo_tick();
-        let probe = self
-            .lanes
-            .iter()
-            .filter_map(|l| l.breaker.next_probe())
-            .min();
+        let probe = self.lanes.iter().filter_map(Lane::next_probe).min();
         // Positions waiting for the consumer thread to take the last batch.
         let positions =
             (!self.unsent_positions.is_empty()).then(|| Instant::now() + POSITIONS_RETRY);
-        let seal = self.txn.as_ref().and_then(transaction::TxnState::deadline);
+        let seal = self
+            .txn
+            .as_ref()
+            .and_then(transaction::TxnBoundary::deadline);
         batch
             .into_iter()
             .chain(self.revokes.next_deadline())
@@ -462,10 +461,7 @@ impl<D: Deliver> Hub<D> {
 
     /// The earliest tick of a lane's latency controller.
     fn next_slo_tick(&self) -> Option<Instant> {
-        self.lanes
-            .iter()
-            .filter_map(|l| l.slo.as_ref().map(slo::Controller::next_tick))
-            .min()
+        self.lanes.iter().filter_map(Lane::next_tick).min()
     }
 
     /// A new policy takes over: events accepted from now on are judged by

@@ -7,7 +7,7 @@ use super::{Deliver, Hub};
 use crate::partition::Partition;
 use crate::rebalance::{Control, Positions};
 use crate::telemetry::metric;
-use crate::tp::Tp;
+use crate::tp::{Position, Tp};
 
 impl<D: Deliver> Hub<D> {
     pub(super) fn on_control(&mut self, event: Control) {
@@ -35,7 +35,9 @@ impl<D: Deliver> Hub<D> {
                 tracing::debug!(partitions = partitions.len(), "assignment received");
                 let _ = reply.send(self.revokes.take_resume(&partitions));
             }
-            Control::Resumed { positions } => self.positions.extend(positions),
+            Control::Resumed { positions } => self
+                .positions
+                .extend(positions.into_iter().map(|p| (p.tp, p.next))),
             Control::Seal { deadline, reply } => self.on_seal(deadline, reply),
             Control::Unseal => self.on_unseal(),
             Control::Rewind {
@@ -67,7 +69,10 @@ impl<D: Deliver> Hub<D> {
                 }
                 self.unsent_positions.remove(tp);
                 if let Some(position) = self.positions.remove(tp) {
-                    answer.push((tp.clone(), position));
+                    answer.push(Position {
+                        tp: tp.clone(),
+                        next: position,
+                    });
                 }
             }
             let revoked: HashSet<&Tp> = revoked.iter().collect();
@@ -82,13 +87,7 @@ impl<D: Deliver> Hub<D> {
     pub(super) fn drop_queued(&mut self, tps: &HashSet<&Tp>) -> usize {
         let mut dropped = 0;
         for lane in &mut self.lanes {
-            lane.ready.retain(|b| {
-                let keep = !tps.contains(&b.tp);
-                if !keep {
-                    dropped += b.items.len();
-                }
-                keep
-            });
+            dropped += lane.drop_queued(tps);
         }
         dropped
     }

@@ -19,7 +19,7 @@ use std::collections::HashSet;
 
 use super::{Deliver, Hub};
 use crate::rebalance::Sealed;
-use crate::tp::Tp;
+use crate::tp::{Position, Positions, Tp};
 use tokio::time::Instant;
 
 /// Where the open transaction is.
@@ -37,82 +37,148 @@ pub(super) enum Seal {
     Sealed,
 }
 
-/// The exactly-once state of the hub.
+/// The transaction boundary: the exactly-once state of the hub. It decides
+/// whether a record goes to the producer or waits, counts what is handed
+/// over and acknowledged, and answers a seal; the hub only routes.
 #[derive(Default)]
-pub(super) struct TxnState {
-    pub seal: Seal,
+pub(super) struct TxnBoundary {
+    seal: Seal,
     /// Outputs ready while sealed, handed over at the unseal.
-    pub held: Vec<super::ReadyOutput>,
+    held: Vec<super::ReadyOutput>,
     /// Records handed to the producer and not yet acknowledged.
-    pub outstanding: usize,
+    outstanding: usize,
     /// Records handed over since the last seal.
-    pub records: u64,
+    records: u64,
     /// A delivery of this transaction failed: it must be aborted.
-    pub failed: Option<String>,
+    failed: Option<String>,
     /// Counts the transactions begun: an acknowledgement of an earlier one
     /// (a record of an aborted transaction, failed or purged late) is
     /// not the open transaction's.
-    pub epoch: u64,
+    epoch: u64,
 }
 
-impl TxnState {
-    /// Whether records wait instead of going to the producer.
-    pub fn holding(&self) -> bool {
-        !matches!(self.seal, Seal::Open)
+/// Where a record's outputs go now.
+pub(super) enum HandOver {
+    /// Sealed: they wait until the unseal ([`TxnBoundary::hold`]).
+    Hold,
+    /// To the producer, as records of the transaction `epoch` (counted).
+    Send { epoch: u64 },
+}
+
+impl TxnBoundary {
+    /// A record's outputs are ready: where they go.
+    pub fn hand_over(&mut self) -> HandOver {
+        if !matches!(self.seal, Seal::Open) {
+            return HandOver::Hold;
+        }
+        self.outstanding += 1;
+        self.records += 1;
+        HandOver::Send { epoch: self.epoch }
     }
 
+    /// Keeps outputs ready while sealed, in order, for the unseal.
+    pub fn hold(&mut self, ready: super::ReadyOutput) {
+        self.held.push(ready);
+    }
+
+    /// A record of transaction `epoch` was acknowledged, or failed with
+    /// `failed`. One of an earlier transaction (its partition was rewound)
+    /// concerns neither the open transaction's count nor its fate.
+    pub fn acknowledged(&mut self, epoch: u64, failed: Option<&str>) {
+        if epoch != self.epoch {
+            return;
+        }
+        self.outstanding = self.outstanding.saturating_sub(1);
+        if let Some(error) = failed {
+            self.failed.get_or_insert_with(|| error.to_string());
+        }
+    }
+
+    /// The consumer thread ends the transaction: hand nothing more over,
+    /// answer `reply` once everything handed over is acknowledged.
+    pub fn seal(&mut self, deadline: Instant, reply: std::sync::mpsc::Sender<Sealed>) {
+        self.seal = Seal::Sealing { deadline, reply };
+    }
+
+    /// When a seal must be answered, acknowledged or not.
     pub fn deadline(&self) -> Option<Instant> {
         match self.seal {
             Seal::Sealing { deadline, .. } => Some(deadline),
             _ => None,
         }
     }
+
+    /// Answer a seal with `positions` once everything handed over is
+    /// acknowledged, or at its deadline (then the transaction must be
+    /// aborted).
+    pub fn answer_seal(&mut self, positions: impl FnOnce() -> Positions) {
+        let Seal::Sealing { deadline, .. } = self.seal else {
+            return;
+        };
+        let late = Instant::now() >= deadline;
+        if self.outstanding > 0 && !late {
+            return;
+        }
+        let Seal::Sealing { reply, .. } = std::mem::replace(&mut self.seal, Seal::Sealed) else {
+            return;
+        };
+        let abort = self.failed.take().or_else(|| {
+            late.then(|| {
+                format!(
+                    "{} records not acknowledged by the transaction's deadline",
+                    self.outstanding
+                )
+            })
+        });
+        let sealed = Sealed {
+            positions: positions(),
+            records: std::mem::take(&mut self.records),
+            abort,
+        };
+        let _ = reply.send(sealed);
+    }
+
+    /// The next transaction began: the outputs that waited, in order, to
+    /// hand over again.
+    pub fn unseal(&mut self) -> Vec<super::ReadyOutput> {
+        self.seal = Seal::Open;
+        // What the last transaction handed over is acknowledged (a commit)
+        // or aborted with it; from here on only this one's records count.
+        self.epoch += 1;
+        self.outstanding = 0;
+        self.failed = None;
+        std::mem::take(&mut self.held)
+    }
+
+    /// Drops the waiting outputs of rewound partitions; how many.
+    pub fn drop_held(&mut self, rewound: &HashSet<&Tp>) -> usize {
+        let before = self.held.len();
+        self.held.retain(|h| !rewound.contains(&h.at.tp));
+        before - self.held.len()
+    }
 }
 
 impl<D: Deliver> Hub<D> {
     pub(super) fn on_seal(&mut self, deadline: Instant, reply: std::sync::mpsc::Sender<Sealed>) {
         if let Some(txn) = self.txn.as_mut() {
-            txn.seal = Seal::Sealing { deadline, reply };
+            txn.seal(deadline, reply);
         } else {
             // At-least-once never seals; answer so that nothing waits.
             let _ = reply.send(Sealed::default());
         }
     }
 
-    /// Answer a seal once everything handed over is acknowledged, or at its
-    /// deadline (then the transaction must be aborted).
+    /// Answer a seal once its transaction is done (see [`TxnBoundary::answer_seal`]).
     pub(super) fn answer_seal(&mut self) {
-        let Some(txn) = self.txn.as_mut() else {
-            return;
-        };
-        let Seal::Sealing { deadline, .. } = txn.seal else {
-            return;
-        };
-        let late = Instant::now() >= deadline;
-        if txn.outstanding > 0 && !late {
-            return;
+        if let Some(txn) = self.txn.as_mut() {
+            let positions = &self.positions;
+            txn.answer_seal(|| {
+                positions
+                    .iter()
+                    .map(|(t, p)| Position::from((t.clone(), *p)))
+                    .collect()
+            });
         }
-        let Seal::Sealing { reply, .. } = std::mem::replace(&mut txn.seal, Seal::Sealed) else {
-            return;
-        };
-        let abort = txn.failed.take().or_else(|| {
-            late.then(|| {
-                format!(
-                    "{} records not acknowledged by the transaction's deadline",
-                    txn.outstanding
-                )
-            })
-        });
-        let sealed = Sealed {
-            positions: self
-                .positions
-                .iter()
-                .map(|(t, p)| (t.clone(), *p))
-                .collect(),
-            records: std::mem::take(&mut txn.records),
-            abort,
-        };
-        let _ = reply.send(sealed);
     }
 
     /// The next transaction began: the records that waited go out, in order.
@@ -120,14 +186,7 @@ impl<D: Deliver> Hub<D> {
         let Some(txn) = self.txn.as_mut() else {
             return;
         };
-        txn.seal = Seal::Open;
-        // What the last transaction handed over is acknowledged (a commit)
-        // or aborted with it; from here on only this one's records count.
-        txn.epoch += 1;
-        txn.outstanding = 0;
-        txn.failed = None;
-        let held = std::mem::take(&mut txn.held);
-        for ready in held {
+        for ready in txn.unseal() {
             self.deliver(ready);
         }
     }
@@ -146,9 +205,7 @@ impl<D: Deliver> Hub<D> {
         let rewound: HashSet<&Tp> = partitions.iter().collect();
         let mut dropped = 0;
         if let Some(txn) = self.txn.as_mut() {
-            let before = txn.held.len();
-            txn.held.retain(|h| !rewound.contains(&h.at.tp));
-            dropped += before - txn.held.len();
+            dropped += txn.drop_held(&rewound);
         }
         self.flush(&partitions);
         for tp in &partitions {

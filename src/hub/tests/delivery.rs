@@ -49,12 +49,12 @@ async fn deliver(verdict: Option<Fate>, copy: Option<Fate>) -> Fared {
     );
     let (committed, abort) = if exactly_once {
         let sealed = h.seal().try_recv().expect("nothing outstanding");
-        let at = sealed.positions.iter().find(|(t, _)| *t == tp(0));
-        (at.map(|(_, p)| *p), sealed.abort.is_some())
+        let at = sealed.positions.iter().find(|p| p.tp == tp(0));
+        (at.map(|p| p.next), sealed.abort.is_some())
     } else {
         let stored = h.stored().concat();
-        let at = stored.iter().rev().find(|(t, _)| *t == tp(0));
-        (at.map(|(_, p)| *p), false)
+        let at = stored.iter().rev().find(|p| p.tp == tp(0));
+        (at.map(|p| p.next), false)
     };
     Fared {
         committed,

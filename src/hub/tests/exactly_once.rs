@@ -25,7 +25,7 @@ async fn a_seal_answers_once_what_was_handed_over_is_acknowledged_and_holds_the_
     let answer = sealed.try_recv().expect("answered once acknowledged");
     assert_eq!(
         answer.positions,
-        vec![(tp(0), 2)],
+        vec![at(0, 2)],
         "exactly what was handed over"
     );
     assert_eq!((answer.records, answer.abort), (2, None));
@@ -67,7 +67,7 @@ async fn a_failed_delivery_asks_for_an_abort_and_a_rewind_reads_the_partition_ag
     let again = h.jobs.try_recv().expect("read again, scored again");
     h.result(scored(&again));
     h.acks(2).await;
-    assert_eq!(h.seal().try_recv().unwrap().positions, vec![(tp(0), 2)]);
+    assert_eq!(h.seal().try_recv().unwrap().positions, vec![at(0, 2)]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -83,7 +83,7 @@ async fn with_exactly_once_a_dead_letter_waits_for_the_verdicts_before_it() {
     let kinds: Vec<RecordKind> = h.outbox.sent().iter().map(|r| r.kind).collect();
     assert_eq!(kinds, vec![RecordKind::Verdict, RecordKind::Dlq]);
     h.acks(2).await;
-    assert_eq!(h.seal().try_recv().unwrap().positions, vec![(tp(0), 2)]);
+    assert_eq!(h.seal().try_recv().unwrap().positions, vec![at(0, 2)]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -156,5 +156,5 @@ async fn a_late_failure_of_an_aborted_transaction_does_not_abort_the_next_one() 
         answer.abort, None,
         "this transaction's records were delivered"
     );
-    assert_eq!(answer.positions, vec![(tp(0), 2)]);
+    assert_eq!(answer.positions, vec![at(0, 2)]);
 }

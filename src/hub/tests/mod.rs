@@ -6,10 +6,12 @@ use std::time::Duration;
 use crate::inference::{InferenceJob, TokenStats};
 use crate::manifest::Manifest;
 use crate::partition::tests::tp;
+use crate::tp::Position;
 use crate::verdict::Scorer;
 
 /// Stands in for the producer: records what it was handed, in order, and
 /// acknowledges at once, or fails as its [`Fates`] say.
+
 #[derive(Clone, Default)]
 struct Outbox {
     sent: Arc<Mutex<Vec<OutRecord>>>,
@@ -169,6 +171,11 @@ fn harness_of(
     }
 }
 
+/// The position `next` of partition `p` of the test topic.
+fn at(p: i32, next: i64) -> Position {
+    Position { tp: tp(p), next }
+}
+
 fn record(partition: i32, offset: i64, generation: u64) -> Ingested {
     Ingested {
         tp: tp(partition),
@@ -187,6 +194,22 @@ fn scored(job: &InferenceJob) -> InferenceResult {
     InferenceResult {
         id: job.id,
         scores: job.texts.iter().map(|_| Ok(vec![0.1])).collect(),
+        texts: job.texts.clone(),
+        elapsed: Duration::from_millis(3),
+        tokens: TokenStats::default(),
+        version: 0,
+        worker: 0,
+    }
+}
+
+fn failed(job: &InferenceJob) -> InferenceResult {
+    InferenceResult {
+        id: job.id,
+        scores: job
+            .texts
+            .iter()
+            .map(|_| Err("model run failed".into()))
+            .collect(),
         texts: job.texts.clone(),
         elapsed: Duration::from_millis(3),
         tokens: TokenStats::default(),
@@ -269,8 +292,8 @@ async fn verdicts_keep_offset_order_when_model_runs_finish_out_of_order() {
     h.acks(4).await;
     assert_eq!(h.hub.in_flight, 0);
     assert_eq!(h.hub.summary.verdicts, 4);
-    let stored: Vec<(Tp, i64)> = h.stored().into_iter().flatten().collect();
-    assert_eq!(stored.last(), Some(&(tp(0), 4)), "one past the last");
+    let stored: Vec<Position> = h.stored().into_iter().flatten().collect();
+    assert_eq!(stored.last(), Some(&at(0, 4)), "one past the last");
 }
 
 #[tokio::test(start_paused = true)]
@@ -285,7 +308,7 @@ async fn a_malformed_record_is_dead_lettered_in_its_place() {
     assert_eq!(h.hub.summary.dlq, 1);
     assert_eq!(
         h.stored().concat(),
-        vec![(tp(0), 0)],
+        vec![at(0, 0)],
         "offset 0 has no verdict yet"
     );
     tokio::time::advance(Duration::from_millis(20)).await;
@@ -294,7 +317,7 @@ async fn a_malformed_record_is_dead_lettered_in_its_place() {
     h.result(scored(&job));
     h.acks(1).await;
     assert_eq!(h.hub.in_flight, 0);
-    assert_eq!(h.stored().concat(), vec![(tp(0), 2)]);
+    assert_eq!(h.stored().concat(), vec![at(0, 2)]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -352,7 +375,7 @@ async fn a_revoke_during_inference_waits_for_the_verdicts_then_answers_the_posit
     assert_eq!(h.hub.in_flight, 2);
     h.result(scored(&job));
     h.acks(2).await;
-    assert_eq!(answer.try_recv().unwrap(), vec![(tp(0), 2)]);
+    assert_eq!(answer.try_recv().unwrap(), vec![at(0, 2)]);
     assert_eq!(h.hub.in_flight, 0);
     // The partition comes straight back: the hub knows where it was.
     let (reply, resume) = std::sync::mpsc::channel();
@@ -360,7 +383,7 @@ async fn a_revoke_during_inference_waits_for_the_verdicts_then_answers_the_posit
         partitions: vec![tp(0), tp(1)],
         reply,
     });
-    assert_eq!(resume.try_recv().unwrap(), vec![(tp(0), 2)]);
+    assert_eq!(resume.try_recv().unwrap(), vec![at(0, 2)]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -377,7 +400,7 @@ async fn a_drain_that_times_out_leaves_the_events_to_the_next_owner() {
     h.hub.after_event();
     assert_eq!(
         answer.try_recv().unwrap(),
-        vec![(tp(0), 0)],
+        vec![at(0, 0)],
         "nothing delivered: the position stays at the first offset"
     );
     assert_eq!(h.hub.in_flight, 3);
@@ -393,7 +416,7 @@ async fn a_drain_that_times_out_leaves_the_events_to_the_next_owner() {
     h.result(scored(&job));
     h.acks(1).await;
     assert_eq!(h.hub.in_flight, 0);
-    assert_eq!(h.stored().concat(), vec![(tp(1), 1)]);
+    assert_eq!(h.stored().concat(), vec![at(1, 1)]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -411,8 +434,8 @@ async fn a_record_the_broker_refuses_for_good_does_not_pin_its_partition() {
     assert_eq!(h.hub.summary.undeliverable, 1);
     assert_eq!(h.hub.summary.verdicts, 2);
     assert_eq!(h.hub.in_flight, 0);
-    let stored: Vec<(Tp, i64)> = h.stored().concat();
-    assert_eq!(stored.last(), Some(&(tp(0), 3)), "the position passes it");
+    let stored: Vec<Position> = h.stored().concat();
+    assert_eq!(stored.last(), Some(&at(0, 3)), "the position passes it");
 }
 
 #[tokio::test(start_paused = true)]
@@ -443,125 +466,7 @@ async fn a_partition_without_progress_is_reported_stalled_until_it_moves() {
     assert!(h.hub.health.stalled().is_empty());
 }
 
-fn failed(job: &InferenceJob) -> InferenceResult {
-    InferenceResult {
-        id: job.id,
-        scores: job
-            .texts
-            .iter()
-            .map(|_| Err("model run failed".into()))
-            .collect(),
-        texts: job.texts.clone(),
-        elapsed: Duration::from_millis(3),
-        tokens: TokenStats::default(),
-        version: 0,
-        worker: 0,
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_model_that_fails_everything_is_retried_instead_of_flooding_the_dlq() {
-    let mut h = harness();
-    h.hub.settings.inference.breaker_after = 2;
-    assert!(
-        !h.hub
-            .health
-            .model_failing
-            .load(std::sync::atomic::Ordering::SeqCst)
-    );
-    // One batch scored: its text becomes the probe.
-    h.push(record(1, 0, 0));
-    h.push(record(1, 1, 0));
-    let good = h.jobs.try_recv().unwrap();
-    h.result(scored(&good));
-    h.acks(2).await;
-    for offset in 0..6 {
-        h.push(record(0, offset, 0));
-    }
-    let (first, second) = (h.jobs.try_recv().unwrap(), h.jobs.try_recv().unwrap());
-    // One run in which every event failed: dead-lettered as before.
-    h.result(failed(&first));
-    h.acks(2).await;
-    assert_eq!(h.hub.summary.dlq, 2);
-    let third = h.jobs.try_recv().expect("the next batch went out");
-    // The second in a row opens the breaker: held, not dead-lettered,
-    // and so is a failed run that was already under way.
-    h.result(failed(&second));
-    assert!(
-        h.hub
-            .health
-            .model_failing
-            .load(std::sync::atomic::Ordering::SeqCst)
-    );
-    assert!(
-        h.hub.lanes[0].breaker.is_open(),
-        "no input is taken meanwhile"
-    );
-    h.result(failed(&third));
-    assert!(h.jobs.try_recv().is_err(), "no batch goes to the model");
-    // A probe after 1 s; it fails, the next comes 2 s later.
-    tokio::time::advance(Duration::from_secs(1)).await;
-    h.hub.after_event();
-    let probe = h.jobs.try_recv().expect("a probe");
-    assert_eq!(
-        probe.texts,
-        vec!["post 0".to_string()],
-        "the last text scored"
-    );
-    h.result(failed(&probe));
-    tokio::time::advance(Duration::from_secs(1)).await;
-    h.hub.after_event();
-    assert!(h.jobs.try_recv().is_err(), "backing off");
-    tokio::time::advance(Duration::from_secs(1)).await;
-    h.hub.after_event();
-    let probe = h.jobs.try_recv().expect("the second probe");
-    h.result(scored(&probe));
-    assert!(
-        !h.hub
-            .health
-            .model_failing
-            .load(std::sync::atomic::Ordering::SeqCst)
-    );
-    // The held batches go to the model again, with their texts.
-    let (a, b) = (h.jobs.try_recv().unwrap(), h.jobs.try_recv().unwrap());
-    let mut texts = [a.texts.clone(), b.texts.clone()].concat();
-    texts.sort();
-    assert_eq!(texts, ["post 2", "post 3", "post 4", "post 5"]);
-    h.result(scored(&a));
-    h.result(scored(&b));
-    h.acks(4).await;
-    assert_eq!((h.hub.summary.dlq, h.hub.summary.verdicts), (2, 6));
-    assert_eq!(
-        h.outbox.offsets(),
-        vec![0, 1, 2, 3, 4, 5],
-        "in offset order"
-    );
-    assert_eq!(h.hub.in_flight, 0);
-    let stored = h.stored().concat();
-    assert!(stored.contains(&(tp(0), 6)), "{stored:?}");
-}
-
-#[tokio::test(start_paused = true)]
-async fn events_held_by_the_breaker_are_given_up_uncommitted_at_the_shutdown_timeout() {
-    let mut h = harness();
-    h.hub.settings.inference.breaker_after = 1;
-    h.push(record(0, 0, 0));
-    h.push(record(0, 1, 0));
-    let job = h.jobs.try_recv().unwrap();
-    h.result(failed(&job));
-    assert!(h.hub.lanes[0].breaker.is_open());
-    assert_eq!(h.hub.in_flight, 2);
-    // kafka.shutdown_timeout passed: the watchdog cancelled `abort`.
-    h.hub.give_up_held();
-    assert_eq!(h.hub.in_flight, 0, "the run can end");
-    assert_eq!(h.hub.summary.abandoned, 2, "reported as abandoned");
-    assert_eq!(h.hub.summary.dlq, 0);
-    assert!(
-        h.stored().concat().iter().all(|(_, p)| *p == 0),
-        "nothing committed past them"
-    );
-}
-
+mod breaker;
 mod delivery;
 mod exactly_once;
 mod policy;
