@@ -6,10 +6,9 @@ use super::{Ack, Decided, Deliver, Hold, Hub, InputOffset, Outcome, Outgoing, Re
 use crate::event::{self, RejectReason};
 use crate::partition::{Finished, Partition, Pending};
 use crate::producer::ProducerError;
-use crate::rebalance::Positions;
 use crate::record::{self, OutRecord, RecordKind};
 use crate::telemetry::metric;
-use crate::tp::{Position, Source, Tp};
+use crate::tp::{Source, Tp};
 use crate::verdict::{self, Answer, Judged, ScoredBy};
 use tokio::time::Instant;
 
@@ -350,7 +349,7 @@ impl<D: Deliver> Hub<D> {
             return;
         }
         if let Some(position) = partition.ack(offset) {
-            self.store(tp.clone(), position);
+            self.positions.moved(tp.clone(), position);
         }
     }
 
@@ -361,26 +360,6 @@ impl<D: Deliver> Hub<D> {
     pub(super) fn release(&mut self, events: usize) {
         self.in_flight = self.in_flight.saturating_sub(events);
         self.meters.in_flight.set(self.in_flight as f64);
-    }
-
-    /// Record a partition's new position, for the consumer thread to store.
-    pub(super) fn store(&mut self, tp: Tp, position: i64) {
-        self.positions.insert(tp.clone(), position);
-        self.unsent_positions.insert(tp, position);
-    }
-
-    /// Hand the new positions to the consumer thread, once it has taken the
-    /// previous batch; meanwhile they wait here, later ones replacing earlier
-    /// ones (the loop wakes every [`POSITIONS_RETRY`] to try again).
-    pub(super) fn send_positions(&mut self) {
-        if self.unsent_positions.is_empty() || !self.positions_tx.is_empty() {
-            return;
-        }
-        let batch: Positions = self.unsent_positions.drain().map(Position::from).collect();
-        if let Err(async_channel::TrySendError::Full(batch)) = self.positions_tx.try_send(batch) {
-            self.unsent_positions
-                .extend(batch.into_iter().map(|p| (p.tp, p.next)));
-        }
     }
 }
 

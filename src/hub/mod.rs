@@ -37,7 +37,7 @@ use crate::record::{OutRecord, RecordKind};
 use crate::shutdown::Shutdown;
 use crate::slo::Choice;
 use crate::telemetry::{Health, StallKind, StallReporter, metric};
-use crate::tp::{Position, Source, Tp};
+use crate::tp::{Source, Tp};
 use crate::verdict::{NewScorer, Verdict};
 use std::sync::Arc;
 
@@ -49,6 +49,7 @@ mod formats;
 mod intake;
 mod lanes;
 mod meters;
+mod positions;
 mod queue;
 mod revoke;
 mod transaction;
@@ -56,11 +57,8 @@ mod watchdog;
 
 use lanes::Lane;
 pub use lanes::ModelLane;
+use positions::PositionBook;
 use watchdog::STALL_CHECK;
-
-/// How soon the hub tries again to hand positions to the consumer thread
-/// when it has not taken the previous batch yet.
-const POSITIONS_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Counts of one run, for the demo and the tests.
 #[derive(Debug, Default, Clone)]
@@ -230,8 +228,6 @@ pub struct Hub<D: Deliver> {
     /// The candidate model offered the live verdicts, if one is configured.
     shadow: Option<crate::shadow::Shadow>,
     outbox: D,
-    /// Positions for the consumer thread to store.
-    positions_tx: async_channel::Sender<Positions>,
     abort: CancellationToken,
     stop: CancellationToken,
     /// A fatal producer error: nothing more can be delivered; the run stops.
@@ -240,10 +236,8 @@ pub struct Hub<D: Deliver> {
     // where SipHash's DoS resistance buys nothing (keys are the assignment).
     partitions: foldhash::HashMap<Tp, Partition>,
     revokes: Revokes,
-    /// The last position stored for each owned partition, and those not yet
-    /// handed to the consumer thread (its channel was full).
-    positions: foldhash::HashMap<Tp, i64>,
-    unsent_positions: foldhash::HashMap<Tp, i64>,
+    /// The positions for the consumer thread to store.
+    positions: PositionBook,
     /// Runs in inference: the lane and the batches whose events it scores.
     in_inference: foldhash::HashMap<u64, Running>,
     next_job_id: u64,
@@ -310,14 +304,12 @@ impl<D: Deliver> Hub<D> {
             rules,
             shadow: None,
             outbox,
-            positions_tx,
             abort: shutdown.abort.clone(),
             stop: shutdown.stop.clone(),
             producer_fatal: None,
             partitions: Default::default(),
             revokes: Revokes::default(),
-            positions: Default::default(),
-            unsent_positions: Default::default(),
+            positions: PositionBook::new(positions_tx),
             in_inference: Default::default(),
             next_job_id: 0,
             in_flight: 0,
@@ -408,10 +400,7 @@ impl<D: Deliver> Hub<D> {
         self.finish_revokes(true);
         delivering.extend(self.outgoing.drain(..));
         while delivering.next().await.is_some() {}
-        let last: Positions = self.unsent_positions.drain().map(Position::from).collect();
-        if !last.is_empty() {
-            let _ = self.positions_tx.send(last).await;
-        }
+        self.positions.flush().await;
         (self.summary, self.producer_fatal)
     }
 
@@ -421,7 +410,7 @@ impl<D: Deliver> Hub<D> {
         self.dispatch();
         self.finish_revokes(false);
         self.answer_seal();
-        self.send_positions();
+        self.positions.send();
         let now = Instant::now();
         if now >= self.next_stall_check {
             self.check_stalls();
@@ -442,8 +431,7 @@ impl<D: Deliver> Hub<D> {
         let slo = self.next_slo_tick();
         let probe = self.lanes.iter().filter_map(Lane::next_probe).min();
         // Positions waiting for the consumer thread to take the last batch.
-        let positions =
-            (!self.unsent_positions.is_empty()).then(|| Instant::now() + POSITIONS_RETRY);
+        let positions = self.positions.retry_at();
         let seal = self
             .txn
             .as_ref()

@@ -7,7 +7,7 @@ use super::{Deliver, Hub};
 use crate::partition::Partition;
 use crate::rebalance::{Control, Positions};
 use crate::telemetry::metric;
-use crate::tp::{Position, Tp};
+use crate::tp::Tp;
 
 impl<D: Deliver> Hub<D> {
     pub(super) fn on_control(&mut self, event: Control) {
@@ -35,9 +35,7 @@ impl<D: Deliver> Hub<D> {
                 tracing::debug!(partitions = partitions.len(), "assignment received");
                 let _ = reply.send(self.revokes.take_resume(&partitions));
             }
-            Control::Resumed { positions } => self
-                .positions
-                .extend(positions.into_iter().map(|p| (p.tp, p.next))),
+            Control::Resumed { positions } => self.positions.resumed(positions),
             Control::Seal { deadline, reply } => self.on_seal(deadline, reply),
             Control::Unseal => self.on_unseal(),
             Control::Rewind {
@@ -59,21 +57,14 @@ impl<D: Deliver> Hub<D> {
         for (revoked, done) in ready {
             let mut answer = Positions::new();
             for tp in &revoked {
+                let mut last_of_state = None;
                 if let Some(mut partition) = self.partitions.remove(tp) {
-                    if let Some(position) = partition.final_position() {
-                        self.positions.insert(tp.clone(), position);
-                    }
+                    last_of_state = partition.final_position();
                     self.release(partition.held_back());
                     metrics::gauge!(metric::OLDEST_PENDING_SECONDS, "topic" => tp.topic.to_string(), "partition" => tp.partition.to_string())
                         .set(0.0);
                 }
-                self.unsent_positions.remove(tp);
-                if let Some(position) = self.positions.remove(tp) {
-                    answer.push(Position {
-                        tp: tp.clone(),
-                        next: position,
-                    });
-                }
+                answer.extend(self.positions.revoked(tp, last_of_state));
             }
             let revoked: HashSet<&Tp> = revoked.iter().collect();
             let dropped = self.drop_queued(&revoked);

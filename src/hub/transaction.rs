@@ -19,7 +19,7 @@ use std::collections::HashSet;
 
 use super::{Deliver, Hub};
 use crate::rebalance::Sealed;
-use crate::tp::{Position, Positions, Tp};
+use crate::tp::{Positions, Tp};
 use tokio::time::Instant;
 
 /// Where the open transaction is.
@@ -172,12 +172,7 @@ impl<D: Deliver> Hub<D> {
     pub(super) fn answer_seal(&mut self) {
         if let Some(txn) = self.txn.as_mut() {
             let positions = &self.positions;
-            txn.answer_seal(|| {
-                positions
-                    .iter()
-                    .map(|(t, p)| Position::from((t.clone(), *p)))
-                    .collect()
-            });
+            txn.answer_seal(|| positions.all());
         }
     }
 
@@ -212,8 +207,7 @@ impl<D: Deliver> Hub<D> {
             if let Some(partition) = self.partitions.remove(tp) {
                 dropped += partition.held_back();
             }
-            self.positions.remove(tp);
-            self.unsent_positions.remove(tp);
+            self.positions.forget(tp);
         }
         dropped += self.drop_queued(&rewound);
         self.release(dropped);

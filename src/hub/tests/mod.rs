@@ -265,7 +265,7 @@ impl Harness {
     fn stored(&mut self) -> Vec<Positions> {
         let mut taken = Vec::new();
         loop {
-            self.hub.send_positions();
+            self.hub.positions.send();
             match self.positions.try_recv() {
                 Ok(batch) => taken.push(batch),
                 Err(_) => return taken,
