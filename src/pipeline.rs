@@ -58,7 +58,11 @@ pub enum PipelineError {
     )]
     Abandoned(u64),
     #[error("schema registry: {0}")]
-    Schema(String),
+    RegistryClient(#[from] crate::schema::ClientError),
+    #[error(
+        "schema registry: cannot register the verdict schema within kafka.startup_timeout: {0}"
+    )]
+    VerdictSchema(crate::schema::FetchError),
 }
 
 impl Deliver for Sink {
@@ -116,8 +120,7 @@ pub async fn run_loaded(
     let Loaded { models } = loaded;
     health.model_loaded.store(true, Ordering::SeqCst);
 
-    let schemas =
-        crate::schema::SchemaStore::from_settings(&settings).map_err(PipelineError::Schema)?;
+    let schemas = crate::schema::SchemaStore::from_settings(&settings)?;
     let verdict_encoder = register_verdict_schema(&settings).await?;
     let sink = Sink::new(
         &settings.kafka,
@@ -224,8 +227,7 @@ async fn register_verdict_schema(
     if settings.output.format != crate::config::OutputFormat::Avro {
         return Ok(None);
     }
-    let client = crate::schema::RegistryClient::new(&settings.schema_registry)
-        .map_err(PipelineError::Schema)?;
+    let client = crate::schema::RegistryClient::new(&settings.schema_registry)?;
     let deadline = tokio::time::Instant::now() + settings.kafka.startup_timeout;
     loop {
         match crate::schema::verdict::VerdictEncoder::register(&client, &settings.output.topic)
@@ -236,9 +238,7 @@ async fn register_verdict_schema(
                 return Ok(Some(encoder));
             }
             Err(e) if tokio::time::Instant::now() >= deadline => {
-                return Err(PipelineError::Schema(format!(
-                    "cannot register the verdict schema within kafka.startup_timeout: {e}"
-                )));
+                return Err(PipelineError::VerdictSchema(e));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot register the verdict schema yet; asking again");

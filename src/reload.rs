@@ -243,11 +243,11 @@ impl Reloader {
         let (workers, max_batch) = (model.swaps.len(), model.spec.max_batch);
         let loading = inference.clone();
         let loaded = tokio::task::spawn_blocking(move || {
-            inference::load_sessions(&loading, workers, max_batch).map_err(|e| e.to_string())
+            inference::load_sessions(&loading, workers, max_batch)
         })
         .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r)
+        .map_err(|e| Refusal::Panicked(e.to_string()))
+        .and_then(|r| r.map_err(Refusal::Load))
         .and_then(|sessions| self.fits(l, sessions));
         let model = &mut self.models[l];
         let Fitting {
@@ -307,12 +307,12 @@ impl Reloader {
     /// Whether the policy fits model `l`'s new sessions: every label a rule
     /// judges must be there. Without a policy file the rules follow the
     /// new manifest (its score_label): returned to be announced.
-    fn fits(&self, l: usize, sessions: Vec<inference::Model>) -> Result<Fitting, String> {
-        let manifest = &sessions.first().ok_or("no worker to load for")?.manifest;
+    fn fits(&self, l: usize, sessions: Vec<inference::Model>) -> Result<Fitting, Refusal> {
+        let manifest = &sessions.first().ok_or(Refusal::NoWorker)?.manifest;
         let mut labels = self.labels();
         labels[l] = ModelLabels::of(&self.models[l].spec.name, manifest);
         if let PolicySource::Config(_) = self.source {
-            let rules = self.source.rules(&labels).map_err(|e| e.to_string())?;
+            let rules = self.source.rules(&labels)?;
             return Ok(Fitting {
                 sessions,
                 new_rules: (rules != self.rules).then_some(rules),
@@ -320,16 +320,38 @@ impl Reloader {
         }
         let missing = self.rules.missing_labels(l, &manifest.labels);
         if !missing.is_empty() {
-            return Err(format!(
-                "the policy (version {}) judges labels this model lacks: {missing:?} (it has {:?})",
-                self.rules.version, manifest.labels
-            ));
+            return Err(Refusal::LabelsMissing {
+                version: self.rules.version.clone(),
+                missing: missing.into_iter().map(str::to_string).collect(),
+                has: manifest.labels.clone(),
+            });
         }
         Ok(Fitting {
             sessions,
             new_rules: None,
         })
     }
+}
+
+/// Why a new model is refused (the running one keeps serving).
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    #[error("{0}")]
+    Load(inference::InferenceError),
+    #[error("the loading thread panicked: {0}")]
+    Panicked(String),
+    #[error("no worker to load for")]
+    NoWorker,
+    #[error("{0}")]
+    Policy(#[from] crate::policy::PolicyError),
+    #[error(
+        "the policy (version {version}) judges labels this model lacks: {missing:?} (it has {has:?})"
+    )]
+    LabelsMissing {
+        version: String,
+        missing: Vec<String>,
+        has: Vec<String>,
+    },
 }
 
 /// A new model's sessions that the policy fits, and the rules that follow

@@ -26,23 +26,11 @@ use tokio::time::Instant;
 
 /// The consumer's context: librdkafka's callbacks (statistics, errors,
 /// rebalances, commits) run here, on the consumer thread, inside a poll.
+/// Its state, grouped by what it belongs to.
 pub struct ModstreamContext {
-    /// The first fatal client error, if any: the pipeline stops on it.
-    pub(super) fatal: OnceLock<String>,
-    /// The fatal error is exactly-once's (fenced, or a transaction that
-    /// cannot end), not the client's.
-    pub(super) transaction_fatal: AtomicBool,
-    /// The first TLS failure (handshake, certificate verification): at start
-    /// it is the reason the cluster cannot be reached, and says so.
-    pub(super) tls_failure: OnceLock<String>,
-    pub(super) generation: AtomicU64,
-    pub(super) rebalanced: AtomicBool,
-    /// A revoke happened since the last assignment: ask the hub where the
-    /// partitions it drained were delivered up to.
-    pub(super) revoked: AtomicBool,
-    pub(super) control_tx: mpsc::Sender<Control>,
-    pub(super) positions_rx: async_channel::Receiver<Positions>,
-    pub(super) drain_timeout: Duration,
+    pub(super) faults: ClientFaults,
+    pub(super) membership: Membership,
+    pub(super) hub: HubLink,
     /// Records not yet polled, per partition, from each statistics report.
     pub(super) lags_tx: std::sync::mpsc::Sender<Vec<(Tp, i64)>>,
     /// With `kafka.delivery = "exactly_once"`: the transactions, ended on
@@ -50,6 +38,90 @@ pub struct ModstreamContext {
     pub(super) txn: Option<std::sync::Mutex<TxnDriver>>,
     /// This run's health, for its fault tally.
     pub(super) health: Arc<Health>,
+}
+
+/// The client's failures, the first of each kind.
+#[derive(Default)]
+pub(super) struct ClientFaults {
+    /// The first fatal client error, if any: the pipeline stops on it.
+    fatal: OnceLock<String>,
+    /// The fatal error is exactly-once's (fenced, or a transaction that
+    /// cannot end), not the client's.
+    transaction_fatal: AtomicBool,
+    /// The first TLS failure (handshake, certificate verification): at start
+    /// it is the reason the cluster cannot be reached, and says so.
+    tls_failure: OnceLock<String>,
+}
+
+impl ClientFaults {
+    pub(super) fn fatal(&self) -> Option<String> {
+        self.fatal.get().cloned()
+    }
+
+    pub(super) fn set_fatal(&self, message: String) {
+        let _ = self.fatal.set(message);
+    }
+
+    fn set_transaction_fatal(&self, message: String) {
+        self.transaction_fatal.store(true, Ordering::SeqCst);
+        self.set_fatal(message);
+    }
+
+    pub(super) fn transaction_fatal(&self) -> bool {
+        self.transaction_fatal.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn tls_failure(&self) -> Option<String> {
+        self.tls_failure.get().cloned()
+    }
+}
+
+/// The group membership as the callbacks change it and the poll loop
+/// reads it.
+#[derive(Default)]
+pub(super) struct Membership {
+    /// Counts rebalances: records polled before one are told apart.
+    generation: AtomicU64,
+    /// A rebalance happened since the poll loop last looked.
+    rebalanced: AtomicBool,
+    /// A revoke happened since the last assignment: ask the hub where the
+    /// partitions it drained were delivered up to.
+    revoked: AtomicBool,
+}
+
+impl Membership {
+    /// A rebalance: the next generation.
+    fn rebalance(&self) -> u64 {
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        self.rebalanced.store(true, Ordering::SeqCst);
+        generation
+    }
+
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// Whether a rebalance happened since the last call.
+    pub(super) fn take_rebalanced(&self) -> bool {
+        self.rebalanced.swap(false, Ordering::SeqCst)
+    }
+
+    fn mark_revoked(&self) {
+        self.revoked.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a revoke happened since the last call.
+    fn take_revoked(&self) -> bool {
+        self.revoked.swap(false, Ordering::SeqCst)
+    }
+}
+
+/// The consumer thread's side of its channels with the hub.
+pub(super) struct HubLink {
+    pub(super) control_tx: mpsc::Sender<Control>,
+    pub(super) positions_rx: async_channel::Receiver<Positions>,
+    /// How long a revoke waits for the hub's drain.
+    pub(super) drain_timeout: Duration,
 }
 
 impl ClientContext for ModstreamContext {
@@ -85,11 +157,11 @@ impl ClientContext for ModstreamContext {
 
     fn error(&self, error: KafkaError, reason: &str) {
         if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::SSL) {
-            let _ = self.tls_failure.set(reason.to_string());
+            let _ = self.faults.tls_failure.set(reason.to_string());
         }
         if is_fatal(&error) {
             tracing::error!(error = %error, reason, "fatal Kafka client error");
-            self.set_fatal(format!("{error}: {reason}"));
+            self.faults.set_fatal(format!("{error}: {reason}"));
         } else {
             metrics::counter!(metric::ERRORS_TOTAL, "kind" => ErrorKind::Client.as_str())
                 .increment(1);
@@ -99,23 +171,10 @@ impl ClientContext for ModstreamContext {
 }
 
 impl ModstreamContext {
-    pub(super) fn fatal_error(&self) -> Option<String> {
-        self.fatal.get().cloned()
-    }
-
-    pub(super) fn set_fatal(&self, message: String) {
-        let _ = self.fatal.set(message);
-    }
-
-    fn set_transaction_fatal(&self, message: String) {
-        self.transaction_fatal.store(true, Ordering::SeqCst);
-        self.set_fatal(message);
-    }
-
     /// Store the positions the hub sent so far (each batch in order); with
     /// exactly-once keep them for the next transaction's commit instead.
     pub(super) fn store_sent_positions(&self, consumer: &BaseConsumer<Self>) {
-        while let Ok(positions) = self.positions_rx.try_recv() {
+        while let Ok(positions) = self.hub.positions_rx.try_recv() {
             if !self.keep_positions(positions.clone()) {
                 store(consumer, &positions);
             }
@@ -130,13 +189,16 @@ impl ModstreamContext {
         consumer: &BaseConsumer<Self>,
         tpl: &mut TopicPartitionList,
     ) -> Positions {
-        if !self.revoked.swap(false, Ordering::SeqCst) || self.txn.is_some() {
+        if !self.membership.take_revoked() || self.txn.is_some() {
             // Exactly-once: what the revoke answered is committed with its
             // transaction or aborted with it; the committed offset is right.
             return Vec::new();
         }
-        let candidates =
-            rebalance::request_resume(&self.control_tx, partitions_of(tpl), self.drain_timeout);
+        let candidates = rebalance::request_resume(
+            &self.hub.control_tx,
+            partitions_of(tpl),
+            self.hub.drain_timeout,
+        );
         if candidates.is_empty() {
             return Vec::new();
         }
@@ -201,7 +263,7 @@ impl ModstreamContext {
             None
         } else {
             let timeout = driver.lock().map(|d| d.eo.timeout).unwrap_or_default();
-            match rebalance::request_seal(&self.control_tx, Instant::now() + timeout) {
+            match rebalance::request_seal(&self.hub.control_tx, Instant::now() + timeout) {
                 // The hub stopped: the shutdown's end commits what it sent.
                 Err(SealFailure::Gone) => return,
                 other => Some(other),
@@ -229,7 +291,7 @@ impl ModstreamContext {
         match (why, error) {
             (_, Some(e @ (TransactionError::Fenced(_) | TransactionError::Fatal(_)))) => {
                 tracing::error!(error = %e, "stopping: the transactional producer cannot go on");
-                self.set_transaction_fatal(e.to_string());
+                self.faults.set_transaction_fatal(e.to_string());
             }
             (Some(why), Some(e)) => self.abort_and_rewind(consumer, &mut d, why, &e, &end),
             _ => {}
@@ -237,7 +299,7 @@ impl ModstreamContext {
         d.forget(end.revoked());
         drop(d);
         if !shutdown {
-            let _ = self.control_tx.blocking_send(Control::Unseal);
+            let _ = self.hub.control_tx.blocking_send(Control::Unseal);
         }
     }
 
@@ -257,7 +319,7 @@ impl ModstreamContext {
         }
         if let Err(e) = d.abort(why) {
             tracing::error!(error = %e, "stopping: the transaction cannot be aborted");
-            self.set_transaction_fatal(e.to_string());
+            self.faults.set_transaction_fatal(e.to_string());
             return;
         }
         if matches!(end, End::Shutdown) {
@@ -282,16 +344,16 @@ impl ModstreamContext {
                 // Going on would skip the aborted events: stop instead (a
                 // restart reads from the committed offsets).
                 tracing::error!(topic = %tp.topic, partition = tp.partition, error = %e, "cannot seek back after an abort");
-                self.set_transaction_fatal(format!("cannot seek {tp:?} back after an abort: {e}"));
+                self.faults
+                    .set_transaction_fatal(format!("cannot seek {tp:?} back after an abort: {e}"));
                 return;
             }
         }
-        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        self.rebalanced.store(true, Ordering::SeqCst);
+        let generation = self.membership.rebalance();
         let dropped = end.dropped_after_abort(owned);
-        rebalance::request_rewind(&self.control_tx, dropped, generation, d.eo.timeout);
+        rebalance::request_rewind(&self.hub.control_tx, dropped, generation, d.eo.timeout);
         // Positions the hub sent before the rewind are of the aborted records.
-        while self.positions_rx.try_recv().is_ok() {}
+        while self.hub.positions_rx.try_recv().is_ok() {}
     }
 }
 
@@ -362,6 +424,7 @@ impl ConsumerContext for ModstreamContext {
             Ok(()) if !resumed.is_empty() => {
                 if store(consumer, &resumed) {
                     let _ = self
+                        .hub
                         .control_tx
                         .blocking_send(Control::Resumed { positions: resumed });
                 }
@@ -380,8 +443,7 @@ impl ConsumerContext for ModstreamContext {
         match rebalance {
             Rebalance::Revoke(tpl) => {
                 metrics::counter!(metric::REBALANCES_TOTAL, "kind" => RebalanceKind::Revoke.as_str()).increment(1);
-                let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-                self.rebalanced.store(true, Ordering::SeqCst);
+                let generation = self.membership.rebalance();
                 let partitions = partitions_of(tpl);
                 tracing::info!(
                     partitions = partitions.len(),
@@ -389,10 +451,10 @@ impl ConsumerContext for ModstreamContext {
                 );
                 // The hub is gone at the very end of a shutdown; nothing to drain then.
                 let drained = rebalance::request_drain(
-                    &self.control_tx,
+                    &self.hub.control_tx,
                     partitions,
                     generation,
-                    self.drain_timeout,
+                    self.hub.drain_timeout,
                 );
                 if self.txn.is_some() {
                     let revoked = partitions_of(tpl);
@@ -409,7 +471,7 @@ impl ConsumerContext for ModstreamContext {
                             drained: answered,
                         },
                     );
-                    self.revoked.store(true, Ordering::SeqCst);
+                    self.membership.mark_revoked();
                     return;
                 }
                 // Positions the hub sent before answering come first.
@@ -420,7 +482,7 @@ impl ConsumerContext for ModstreamContext {
                 commit(consumer, CommitMode::Sync);
                 // Also for lost partitions (eviction): the assignment checks
                 // the positions against the group's committed offsets.
-                self.revoked.store(true, Ordering::SeqCst);
+                self.membership.mark_revoked();
             }
             Rebalance::Assign(_) => {}
             Rebalance::Error(e) => {
@@ -464,8 +526,7 @@ impl ConsumerContext for ModstreamContext {
         if let Rebalance::Assign(tpl) = rebalance {
             metrics::counter!(metric::REBALANCES_TOTAL, "kind" => RebalanceKind::Assign.as_str())
                 .increment(1);
-            self.generation.fetch_add(1, Ordering::SeqCst);
-            self.rebalanced.store(true, Ordering::SeqCst);
+            self.membership.rebalance();
             tracing::info!(partitions = tpl.count(), "partitions assigned");
         }
     }

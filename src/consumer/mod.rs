@@ -17,8 +17,6 @@
 //! check that every lagging partition is fetched.
 
 use std::sync::Arc;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -44,7 +42,7 @@ pub use exactly_once::ExactlyOnce;
 pub use budget::{ByteBudget, Ingested};
 pub use context::ModstreamContext;
 
-use context::partitions_of;
+use context::{ClientFaults, HubLink, Membership, partitions_of};
 use fetch_watchdog::FetchWatchdog;
 use poll::PollLoop;
 
@@ -205,15 +203,13 @@ fn create(
     let kafka = &settings.kafka;
     let cfg = client::consumer(settings, ConsumerRole::Group, &kafka.group_id);
     let context = ModstreamContext {
-        fatal: OnceLock::new(),
-        transaction_fatal: AtomicBool::new(false),
-        tls_failure: OnceLock::new(),
-        generation: AtomicU64::new(0),
-        rebalanced: AtomicBool::new(false),
-        revoked: AtomicBool::new(false),
-        control_tx,
-        positions_rx,
-        drain_timeout: settings.kafka.drain_timeout,
+        faults: ClientFaults::default(),
+        membership: Membership::default(),
+        hub: HubLink {
+            control_tx,
+            positions_rx,
+            drain_timeout: settings.kafka.drain_timeout,
+        },
         lags_tx,
         txn: exactly_once.map(|eo| std::sync::Mutex::new(exactly_once::TxnDriver::new(eo))),
         health,
@@ -245,15 +241,15 @@ fn check_connection(
     let started = Instant::now();
     loop {
         let _ = consumer.poll(Duration::from_millis(50));
-        if let Some(e) = consumer.context().fatal_error() {
+        if let Some(e) = consumer.context().faults.fatal() {
             return Err(ConsumerError::Refused(e));
         }
         match consumer.fetch_metadata(None, Duration::from_millis(500)) {
             Ok(_) => return Ok(()),
             Err(e) if is_fatal(&e) => return Err(ConsumerError::Refused(e.to_string())),
             // A certificate that does not verify will not start to: say so now.
-            Err(_) if consumer.context().tls_failure.get().is_some() => {
-                let reason = consumer.context().tls_failure.get().cloned();
+            Err(_) if consumer.context().faults.tls_failure().is_some() => {
+                let reason = consumer.context().faults.tls_failure();
                 return Err(ConsumerError::Tls(reason.unwrap_or_default()));
             }
             Err(_) if started.elapsed() < timeout => std::thread::sleep(Duration::from_millis(100)),
@@ -356,8 +352,8 @@ pub async fn start(
             )
             .run(&stop_fetching);
             drain_then_commit(&consumer, &pipeline_done, kafka.commit_interval);
-            let fatal = consumer.context().fatal_error().map(|m| {
-                if consumer.context().transaction_fatal.load(Ordering::SeqCst) {
+            let fatal = consumer.context().faults.fatal().map(|m| {
+                if consumer.context().faults.transaction_fatal() {
                     ConsumerError::Transaction(m)
                 } else {
                     ConsumerError::Refused(m)

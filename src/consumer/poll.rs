@@ -2,7 +2,6 @@
 //! the assignment under sustained backpressure, commit on the interval.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use rdkafka::Message;
@@ -93,7 +92,7 @@ impl<'a> PollLoop<'a> {
         let consumer = self.consumer;
         let mut last_commit = Instant::now();
         while !stop_fetching.is_cancelled() {
-            if consumer.context().fatal_error().is_some() {
+            if consumer.context().faults.fatal().is_some() {
                 // Stop forwarding; the pipeline drains what it has and reports the error.
                 break;
             }
@@ -102,7 +101,7 @@ impl<'a> PollLoop<'a> {
                 return;
             }
             self.in_flight_bytes.set(self.budget.used() as f64);
-            let rebalanced = consumer.context().rebalanced.swap(false, Ordering::SeqCst);
+            let rebalanced = consumer.context().membership.take_rebalanced();
             if rebalanced {
                 self.after_rebalance();
             }
@@ -187,7 +186,7 @@ impl<'a> PollLoop<'a> {
         };
         match self.consumer.poll(timeout) {
             Some(Ok(m)) => {
-                let generation = self.consumer.context().generation.load(Ordering::SeqCst);
+                let generation = self.consumer.context().membership.generation();
                 let (topic, consumed) = self.topics.of(m.topic());
                 consumed.increment(1);
                 let tp = Tp {
@@ -212,7 +211,7 @@ impl<'a> PollLoop<'a> {
             }
             Some(Err(e)) if is_fatal(&e) => {
                 tracing::error!(error = %e, "fatal consumer error");
-                self.consumer.context().set_fatal(e.to_string());
+                self.consumer.context().faults.set_fatal(e.to_string());
             }
             Some(Err(e)) => {
                 metrics::counter!(metric::ERRORS_TOTAL, "kind" => ErrorKind::Consume.as_str())

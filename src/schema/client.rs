@@ -19,6 +19,20 @@ pub enum FetchError {
     Unreachable(String),
 }
 
+/// Why the registry's client cannot be made (a configuration error).
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("schema_registry.url is not set")]
+    NoUrl,
+    #[error("schema_registry.ca_location {}: {error}", path.display())]
+    Ca {
+        path: std::path::PathBuf,
+        error: String,
+    },
+    #[error("the HTTP client: {0}")]
+    Http(#[source] reqwest::Error),
+}
+
 /// A schema as the registry returns it.
 #[derive(Debug, Clone, Deserialize)]
 pub struct RegistrySchema {
@@ -46,24 +60,26 @@ pub struct RegistryClient {
 }
 
 impl RegistryClient {
-    pub fn new(settings: &SchemaRegistrySettings) -> Result<RegistryClient, String> {
+    pub fn new(settings: &SchemaRegistrySettings) -> Result<RegistryClient, ClientError> {
         let base = settings
             .url
             .clone()
-            .ok_or("schema_registry.url is not set")?
+            .ok_or(ClientError::NoUrl)?
             .trim_end_matches('/')
             .to_string();
         let mut http = reqwest::Client::builder()
             .timeout(settings.request_timeout)
             .connect_timeout(settings.request_timeout.min(Duration::from_secs(5)));
         if let Some(path) = &settings.ca_location {
-            let pem = std::fs::read(path)
-                .map_err(|e| format!("schema_registry.ca_location {}: {e}", path.display()))?;
-            let ca = reqwest::Certificate::from_pem(&pem)
-                .map_err(|e| format!("schema_registry.ca_location {}: {e}", path.display()))?;
+            let ca_error = |error: String| ClientError::Ca {
+                path: path.clone(),
+                error,
+            };
+            let pem = std::fs::read(path).map_err(|e| ca_error(e.to_string()))?;
+            let ca = reqwest::Certificate::from_pem(&pem).map_err(|e| ca_error(e.to_string()))?;
             http = http.add_root_certificate(ca);
         }
-        let http = http.build().map_err(|e| e.to_string())?;
+        let http = http.build().map_err(ClientError::Http)?;
         let auth = settings.username.clone().zip(settings.password.clone());
         Ok(RegistryClient { http, base, auth })
     }

@@ -8,6 +8,44 @@ use std::collections::HashMap;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, SerializeOptions};
 use serde_json::Value;
 
+/// Why a schema cannot be used, or a record's bytes cannot be read by it
+/// (the text goes into the dead-letter record's reason).
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    #[error("not an Avro schema: {0}")]
+    AvroSchema(String),
+    #[error("not a Protobuf schema: {0}")]
+    ProtobufSchema(String),
+    #[error("schema type {0} is not read")]
+    SchemaType(String),
+    #[error("not Avro of its schema: {0}")]
+    NotAvro(String),
+    #[error("{0} bytes after the Avro record")]
+    AfterAvro(usize),
+    #[error("Avro value not readable as JSON: {0}")]
+    AvroNotJson(String),
+    #[error("not Protobuf of its schema: {0}")]
+    NotProtobuf(#[from] prost::DecodeError),
+    #[error("Protobuf message not readable as JSON: {0}")]
+    ProtobufNotJson(serde_json::Error),
+    #[error("not JSON: {0}")]
+    NotJson(serde_json::Error),
+    #[error("the message indexes end early")]
+    IndexesEndEarly,
+    #[error("a message index is too long")]
+    IndexTooLong,
+    #[error("{0} message indexes")]
+    IndexCount(i64),
+    #[error("message index {0}")]
+    Index(i64),
+    #[error("the schema's file is missing")]
+    FileMissing,
+    #[error("the schema has no message {0}")]
+    NoMessage(usize),
+    #[error("no nested message {index} in {parent}")]
+    NoNestedMessage { index: usize, parent: String },
+}
+
 /// A schema ready to decode with.
 pub enum Codec {
     /// The writer schema, with the named schemas it references.
@@ -35,12 +73,12 @@ const MAIN_PROTO: &str = "modstream-registry-schema.proto";
 
 impl Codec {
     /// Build the codec; `Err` when the text is not a schema of its type.
-    pub fn build(texts: &Texts) -> Result<Codec, String> {
+    pub fn build(texts: &Texts) -> Result<Codec, CodecError> {
         match texts.schema_type.as_str() {
             "AVRO" => {
                 let refs: Vec<&str> = texts.references.iter().map(|(_, t)| t.as_str()).collect();
                 let (schema, named) = apache_avro::Schema::parse_str_with_list(&texts.schema, refs)
-                    .map_err(|e| format!("not an Avro schema: {e}"))?;
+                    .map_err(|e| CodecError::AvroSchema(e.to_string()))?;
                 Ok(Codec::Avro { schema, named })
             }
             "PROTOBUF" => {
@@ -53,14 +91,14 @@ impl Codec {
                 compiler.include_imports(true);
                 compiler
                     .open_file(MAIN_PROTO)
-                    .map_err(|e| format!("not a Protobuf schema: {e}"))?;
+                    .map_err(|e| CodecError::ProtobufSchema(e.to_string()))?;
                 Ok(Codec::Protobuf {
                     pool: compiler.descriptor_pool(),
                     file: MAIN_PROTO.to_string(),
                 })
             }
             "JSON" => Ok(Codec::JsonSchema),
-            other => Err(format!("schema type {other} is not read")),
+            other => Err(CodecError::SchemaType(other.to_string())),
         }
     }
 
@@ -74,7 +112,7 @@ impl Codec {
     }
 
     /// The value of `body` (the bytes after the magic byte and schema id).
-    pub fn decode(&self, body: &[u8]) -> Result<Value, String> {
+    pub fn decode(&self, body: &[u8]) -> Result<Value, CodecError> {
         match self {
             Codec::Avro { schema, named } => {
                 let mut reader = body;
@@ -84,59 +122,58 @@ impl Codec {
                     &mut reader,
                     None,
                 )
-                .map_err(|e| format!("not Avro of its schema: {e}"))?;
+                .map_err(|e| CodecError::NotAvro(e.to_string()))?;
                 if !reader.is_empty() {
-                    return Err(format!("{} bytes after the Avro record", reader.len()));
+                    return Err(CodecError::AfterAvro(reader.len()));
                 }
-                Value::try_from(value).map_err(|e| format!("Avro value not readable as JSON: {e}"))
+                Value::try_from(value).map_err(|e| CodecError::AvroNotJson(e.to_string()))
             }
             Codec::Protobuf { pool, file } => {
                 let (indexes, rest) = message_indexes(body)?;
                 let descriptor = message_at(pool, file, &indexes)?;
-                let message = DynamicMessage::decode(descriptor, rest)
-                    .map_err(|e| format!("not Protobuf of its schema: {e}"))?;
+                let message = DynamicMessage::decode(descriptor, rest)?;
                 let options = SerializeOptions::new()
                     .use_proto_field_name(true)
                     .stringify_64_bit_integers(false)
                     .skip_default_fields(false);
                 message
                     .serialize_with_options(serde_json::value::Serializer, &options)
-                    .map_err(|e| format!("Protobuf message not readable as JSON: {e}"))
+                    .map_err(CodecError::ProtobufNotJson)
             }
-            Codec::JsonSchema => serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}")),
+            Codec::JsonSchema => serde_json::from_slice(body).map_err(CodecError::NotJson),
         }
     }
 }
 
 /// A zig-zag varint, as the Confluent Protobuf wire format writes the
 /// message indexes.
-fn varint(bytes: &mut &[u8]) -> Result<i64, String> {
+fn varint(bytes: &mut &[u8]) -> Result<i64, CodecError> {
     let mut value: u64 = 0;
     for shift in (0..64).step_by(7) {
-        let (&b, rest) = bytes.split_first().ok_or("the message indexes end early")?;
+        let (&b, rest) = bytes.split_first().ok_or(CodecError::IndexesEndEarly)?;
         *bytes = rest;
         value |= u64::from(b & 0x7f) << shift;
         if b & 0x80 == 0 {
             return Ok(((value >> 1) as i64) ^ -((value & 1) as i64));
         }
     }
-    Err("a message index is too long".into())
+    Err(CodecError::IndexTooLong)
 }
 
 /// The message indexes (`[0]` written as a single 0) and the message bytes.
-pub fn message_indexes(body: &[u8]) -> Result<(Vec<usize>, &[u8]), String> {
+pub fn message_indexes(body: &[u8]) -> Result<(Vec<usize>, &[u8]), CodecError> {
     let mut rest = body;
     let count = varint(&mut rest)?;
     if count == 0 {
         return Ok((vec![0], rest));
     }
     if !(1..=32).contains(&count) {
-        return Err(format!("{count} message indexes"));
+        return Err(CodecError::IndexCount(count));
     }
     let mut indexes = Vec::new();
     for _ in 0..count {
         let i = varint(&mut rest)?;
-        indexes.push(usize::try_from(i).map_err(|_| format!("message index {i}"))?);
+        indexes.push(usize::try_from(i).map_err(|_| CodecError::Index(i))?);
     }
     Ok((indexes, rest))
 }
@@ -145,18 +182,18 @@ fn message_at(
     pool: &DescriptorPool,
     file: &str,
     indexes: &[usize],
-) -> Result<MessageDescriptor, String> {
-    let file = pool
-        .get_file_by_name(file)
-        .ok_or("the schema's file is missing")?;
+) -> Result<MessageDescriptor, CodecError> {
+    let file = pool.get_file_by_name(file).ok_or(CodecError::FileMissing)?;
     let mut message = file
         .messages()
         .nth(indexes[0])
-        .ok_or_else(|| format!("the schema has no message {}", indexes[0]))?;
+        .ok_or(CodecError::NoMessage(indexes[0]))?;
     for &i in &indexes[1..] {
         let child = message.child_messages().nth(i);
-        message =
-            child.ok_or_else(|| format!("no nested message {i} in {}", message.full_name()))?;
+        message = child.ok_or_else(|| CodecError::NoNestedMessage {
+            index: i,
+            parent: message.full_name().to_string(),
+        })?;
     }
     Ok(message)
 }

@@ -23,7 +23,7 @@ pub mod codec;
 pub mod stage;
 pub mod verdict;
 
-pub use client::{FetchError, RegistryClient};
+pub use client::{ClientError, FetchError, RegistryClient};
 use codec::{Codec, Texts};
 
 /// Why a record's value could not be read by its schema.
@@ -62,7 +62,7 @@ pub struct SchemaStore {
 
 impl SchemaStore {
     /// `None` when `input.format` needs no registry.
-    pub fn from_settings(settings: &Settings) -> Result<Option<Arc<SchemaStore>>, String> {
+    pub fn from_settings(settings: &Settings) -> Result<Option<Arc<SchemaStore>>, ClientError> {
         if !settings.input.format.needs_registry() {
             return Ok(None);
         }
