@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::batcher::{Batcher, CloseReason, ClosedBatch};
 use crate::event;
 use crate::offsets::OffsetTracker;
-use crate::policy::Ruleset;
+use crate::policy::{RuleId, Ruleset};
 use crate::record::{Original, OutRecord};
 use crate::tp::Tp;
 use crate::verdict::Scorer;
@@ -42,7 +42,7 @@ pub struct Pending {
     /// The rules in force when it arrived, and the one that decides it
     /// (which models score it, and by which thresholds).
     pub rules: Arc<Ruleset>,
-    pub rule: usize,
+    pub rule: RuleId,
     /// Each model that scored it so far, in the order they ran.
     pub scores: Vec<ModelScores>,
     /// Why a model could not score it: it goes to the DLQ, and the models
@@ -66,8 +66,7 @@ impl Pending {
         self.failed.is_none()
             && self
                 .rules
-                .rules
-                .get(self.rule)
+                .rule(self.rule)
                 .is_some_and(|r| r.runs_after(model, |m| self.scores_of(m)))
     }
 
@@ -270,7 +269,7 @@ pub(crate) mod tests {
             received_at: Instant::now(),
             bytes: None,
             rules: Arc::new(one_model_rules()),
-            rule: 0,
+            rule: RuleId(0),
             scores: Vec::new(),
             failed: None,
             event: event::validate(

@@ -74,7 +74,7 @@ impl<D: Deliver> Hub<D> {
             return (out.into(), Outcome::Dlq(RejectReason::InferenceFailed));
         }
         let rules = pending.rules.clone();
-        let rule = &rules.rules[pending.rule];
+        let rule = &rules.rules[pending.rule.0];
         let decision = rule.judge(|m| pending.scores_of(m));
         self.offer_shadow(&mut pending);
         let judged = Judged {

@@ -111,11 +111,11 @@ impl<D: Deliver> Hub<D> {
         &mut self,
         topic: &str,
         event: &event::Event,
-    ) -> (std::sync::Arc<crate::policy::Ruleset>, usize) {
+    ) -> (std::sync::Arc<crate::policy::Ruleset>, crate::policy::RuleId) {
         let rules = self.rules.clone();
         let rule = rules.rule_for(topic, event);
         for (l, lane) in self.lanes.iter_mut().enumerate() {
-            if rules.rules[rule].runs(l) {
+            if rules.rules[rule.0].runs(l) {
                 lane.arrived(1);
             }
         }

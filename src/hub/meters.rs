@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use metrics::{Counter, Gauge, Histogram};
 
-use crate::policy::{Ruleset, Verdict};
+use crate::policy::{RuleId, Ruleset, Verdict};
 use crate::telemetry::metric;
 
 /// One counter per verdict, in [`Verdict::ALL`] order.
@@ -53,13 +53,13 @@ impl Meters {
     }
 
     /// A verdict delivered, decided by rule `rule` of `rules`.
-    pub(super) fn verdict(&self, verdict: Verdict, rules: &Arc<Ruleset>, rule: usize) {
+    pub(super) fn verdict(&self, verdict: Verdict, rules: &Arc<Ruleset>, rule: RuleId) {
         self.verdicts[index(verdict)].increment(1);
         if Arc::ptr_eq(rules, &self.policy) {
-            if let Some(counters) = self.by_rule.get(rule) {
+            if let Some(counters) = self.by_rule.get(rule.0) {
                 counters[index(verdict)].increment(1);
             }
-        } else if let Some(r) = rules.rules.get(rule) {
+        } else if let Some(r) = rules.rule(rule) {
             // An event accepted under an earlier policy, delivered after a
             // new one took over: looked up by name, as rare as it is.
             metrics::counter!(metric::POLICY_VERDICTS_TOTAL, "rule" => r.id.clone(), "verdict" => verdict.as_str())

@@ -30,7 +30,7 @@ use crate::consumer::Ingested;
 use crate::event::RejectReason;
 use crate::inference::InferenceResult;
 use crate::partition::{Partition, ReadyBatch};
-use crate::policy::Ruleset;
+use crate::policy::{RuleId, Ruleset};
 use crate::producer::{ProducerError, ServiceFailure};
 use crate::rebalance::{Control, Positions, Revokes};
 use crate::record::{OutRecord, RecordKind};
@@ -202,7 +202,7 @@ struct Decided {
     verdict: Verdict,
     event_time_ms: Option<i64>,
     rules: Arc<Ruleset>,
-    rule: usize,
+    rule: RuleId,
     models: Vec<usize>,
 }
 

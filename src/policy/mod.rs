@@ -65,6 +65,11 @@ pub fn decide(t: &Thresholds, score: f32) -> Verdict {
     }
 }
 
+/// A rule's place in its ruleset: which rule decided an event, kept with
+/// the ruleset it is of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RuleId(pub usize);
+
 /// The rules in force, in order, and their version.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ruleset {
@@ -268,13 +273,20 @@ impl Ruleset {
         })
     }
 
-    /// The index of the rule that decides this event (the first that
-    /// matches; the last matches every event).
-    pub fn rule_for(&self, topic: &str, event: &Event) -> usize {
-        self.rules
-            .iter()
-            .position(|r| r.when.matches(topic, event))
-            .unwrap_or(self.rules.len().saturating_sub(1))
+    /// The rule that decides this event (the first that matches; the last
+    /// matches every event).
+    pub fn rule_for(&self, topic: &str, event: &Event) -> RuleId {
+        RuleId(
+            self.rules
+                .iter()
+                .position(|r| r.when.matches(topic, event))
+                .unwrap_or(self.rules.len().saturating_sub(1)),
+        )
+    }
+
+    /// Rule `id`; None when it is not of this ruleset.
+    pub fn rule(&self, id: RuleId) -> Option<&Rule> {
+        self.rules.get(id.0)
     }
 
     /// Every label a rule judges of model `model` that `labels` lacks.

@@ -57,7 +57,7 @@ fn the_first_matching_rule_decides_and_only_its_models_run() {
     let other = event(serde_json::json!({"event_id": "4", "text": "t"}));
     let ids: Vec<&str> = [&kids, &debate, &debate_fr, &other]
         .iter()
-        .map(|e| rules.rules[rules.rule_for("posts", e)].id.as_str())
+        .map(|e| rules.rules[rules.rule_for("posts", e).0].id.as_str())
         .collect();
     assert_eq!(ids, ["kids", "debate", "default", "default"]);
     let kids_rule = &rules.rules[0];

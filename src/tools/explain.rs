@@ -85,8 +85,8 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
     let rules = PolicySource::of(&settings).rules(&labels)?;
     let mut out = String::new();
     for f in found {
-        let rule_index = rules.rule_for(&opts.topic, &f.event);
-        let rule = &rules.rules[rule_index];
+        let rule_id = rules.rule_for(&opts.topic, &f.event);
+        let rule = &rules.rules[rule_id.0];
         let mut scores: Vec<(usize, &Scorer, Vec<f32>)> = Vec::new();
         for (i, (scorer, model)) in models.iter_mut().enumerate() {
             if rule.runs_after(i, |m| scores_of(&scores, m)) {
@@ -98,7 +98,7 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
         let decision = rule.judge(|m| scores_of(&scores, m));
         let judged = Judged {
             rules: &rules,
-            rule: rule_index,
+            rule: rule_id,
             decision: &decision,
             models: scores
                 .iter()
@@ -128,7 +128,7 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
 
 /// The judgement in words.
 fn describe(f: &Found, judged: &Judged<'_>) -> String {
-    let rule = &judged.rules.rules[judged.rule];
+    let rule = &judged.rules.rules[judged.rule.0];
     let mut s = format!(
         "event {} at {}/{}@{}{}\npolicy {}, rule {:?}{}\n",
         f.event.event_id,

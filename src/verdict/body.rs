@@ -167,9 +167,6 @@ impl<'a> Judged<'a> {
     }
 
     pub(super) fn rule_id(&self) -> &'a str {
-        self.rules
-            .rules
-            .get(self.rule)
-            .map_or("", |r| r.id.as_str())
+        self.rules.rule(self.rule).map_or("", |r| r.id.as_str())
     }
 }

@@ -22,7 +22,7 @@
 use crate::config::{Policy, Thresholds};
 use crate::event::{self, Event};
 use crate::manifest::Manifest;
-use crate::policy::{Decision, Judge, Match, Rule, Ruleset};
+use crate::policy::{Decision, Judge, Match, Rule, RuleId, Ruleset};
 use crate::record::{OutRecord, RecordKind};
 use crate::tp::Tp;
 
@@ -72,7 +72,7 @@ pub use crate::policy::PolicyError;
 /// probabilities) in the order they ran.
 pub struct Judged<'a> {
     pub rules: &'a Ruleset,
-    pub rule: usize,
+    pub rule: RuleId,
     pub decision: &'a Decision,
     pub models: Vec<ScoredBy<'a>>,
 }
@@ -194,7 +194,7 @@ impl Scorer {
         let decision = self.decision(probabilities);
         let judged = Judged {
             rules: &self.alone,
-            rule: 0,
+            rule: RuleId(0),
             decision: &decision,
             models: vec![ScoredBy {
                 model: 0,
