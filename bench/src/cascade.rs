@@ -138,10 +138,7 @@ async fn run_one(
     events: Vec<GeneratedEvent>,
     encoding: Encoding,
 ) -> anyhow::Result<(f64, Seen)> {
-    let o = BenchOptions {
-        encoding,
-        ..opts.clone()
-    };
+    let o = opts.with_encoding(encoding);
     let seen = Arc::new(Mutex::new(Seen::default()));
     let into = seen.clone();
     let measure::Saturated { per_s, summary, .. } = measure::saturation_read(

@@ -71,10 +71,7 @@ async fn row(
         Contender::Cascade(dir, band) => {
             let encoding = cascade::setup(opts, dir, Some(*band), &opts.out_dir)?;
             let extra = cascade_config(&encoding, &first, dir)?;
-            let o = BenchOptions {
-                encoding,
-                ..opts.clone()
-            };
+            let o = opts.with_encoding(encoding);
             let label = format!(
                 "{} → {} at {}-{}",
                 name(&first),

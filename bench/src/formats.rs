@@ -257,10 +257,7 @@ pub async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<FormatRow>> {
     let mut rows = Vec::new();
     for &format in &opts.formats {
         let encoding = encoding(format, opts.registry_url.as_deref()).await?;
-        let o = BenchOptions {
-            encoding: encoding.clone(),
-            ..opts.clone()
-        };
+        let o = opts.with_encoding(encoding.clone());
         let events = generate(opts.events, 0, "f-");
         // Written in the format here; the latency run writes its own.
         let written = encoding.apply(events.clone());

@@ -425,11 +425,9 @@ async fn delivery_rows(opts: &BenchOptions) -> anyhow::Result<Vec<DeliveryRow>> 
         .chain(opts.delivery_intervals_ms.iter().map(|&i| (true, Some(i))));
     let mut rows: Vec<DeliveryRow> = Vec::new();
     for (exactly_once, interval) in contenders {
-        let o = BenchOptions {
-            exactly_once,
-            commit_interval_ms: interval,
-            ..opts.clone()
-        };
+        let mut o = opts.clone();
+        o.variant.exactly_once = exactly_once;
+        o.variant.commit_interval_ms = interval;
         let measure::Saturated { per_s, summary, .. } =
             measure::saturation_clocked(&o, cell, generate(opts.events, 0, "d-"), Clock::Verdicts)
                 .await?;

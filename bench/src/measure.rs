@@ -72,14 +72,14 @@ fn settings(
     s.inference = inference_settings(opts);
     s.batching.target_p99 = b.target_p99_ms.map(Duration::from_millis);
     s.limits.max_in_flight = s.limits.max_in_flight.max(b.size * 4);
-    if opts.exactly_once {
+    if opts.variant.exactly_once {
         s.kafka.delivery = modstream::config::DeliveryMode::ExactlyOnce;
         s.kafka.instance_id = Some("bench".to_string());
     }
-    if let Some(ms) = opts.commit_interval_ms {
+    if let Some(ms) = opts.variant.commit_interval_ms {
         s.kafka.commit_interval = Duration::from_millis(ms);
     }
-    opts.encoding.configure(&mut s);
+    opts.variant.encoding.configure(&mut s);
     Ok(s)
 }
 
@@ -302,7 +302,7 @@ async fn paced(
         .map(|(seconds, rate)| ((rate * seconds) as usize).max(10))
         .collect();
     let count: usize = counts.iter().sum();
-    let events = opts.encoding.apply(generate(count, 0, "l-"));
+    let events = opts.variant.encoding.apply(generate(count, 0, "l-"));
     let shutdown = Shutdown::new();
     let run = match pipeline {
         Some(b) => Some(tokio::spawn(modstream::pipeline::run(
@@ -324,7 +324,7 @@ async fn paced(
     // The warm-up goes through the load's own producer, so that its
     // connection and metadata are not in the first events' latency either.
     let producer = send::event_producer(&bootstrap)?;
-    let warmup = opts.encoding.apply(generate(1, 0, "warmup-"));
+    let warmup = opts.variant.encoding.apply(generate(1, 0, "warmup-"));
     send::produce_with(&producer, &cell.input, &warmup).await?;
     tokio::task::spawn_blocking(move || warm_rx.recv_timeout(Duration::from_secs(60)))
         .await?

@@ -92,10 +92,7 @@ pub async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<ModelRow>> {
             None => Encoding::default(),
             Some((dir, every)) => setup(opts, dir, *every, &opts.out_dir)?,
         };
-        let o = BenchOptions {
-            encoding: encoding.clone(),
-            ..opts.clone()
-        };
+        let o = opts.with_encoding(encoding.clone());
         let events = encoding.apply(generate(opts.events, 0, "m-"));
         let measure::Saturated { per_s, summary, .. } =
             measure::saturation_clocked(&o, cell, events, Clock::Verdicts).await?;

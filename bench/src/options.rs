@@ -125,15 +125,30 @@ pub struct BenchOptions {
     /// spinning, graph optimization, memory arena).
     #[arg(long)]
     pub session_sweep: bool,
-    /// Set by the format sweep for its runs.
+    /// What a sweep changes for its runs (not on the command line).
     #[arg(skip)]
-    pub encoding: formats::Encoding,
-    /// Set by the delivery sweep for its runs.
-    #[arg(skip)]
-    pub exactly_once: bool,
-    #[arg(skip)]
-    pub commit_interval_ms: Option<u64>,
+    pub variant: Variant,
     /// Where bench.json and the charts go.
     #[arg(long = "out", default_value = "target/bench")]
     pub out_dir: PathBuf,
+}
+
+/// What a sweep changes for one of its runs.
+#[derive(Debug, Clone, Default)]
+pub struct Variant {
+    /// The input's format and what reads it (the format, model and cascade
+    /// sweeps).
+    pub encoding: formats::Encoding,
+    /// The delivery sweep's mode and commit interval.
+    pub exactly_once: bool,
+    pub commit_interval_ms: Option<u64>,
+}
+
+impl BenchOptions {
+    /// These options with the input in `encoding`.
+    pub fn with_encoding(&self, encoding: formats::Encoding) -> BenchOptions {
+        let mut o = self.clone();
+        o.variant.encoding = encoding;
+        o
+    }
 }

@@ -533,8 +533,7 @@ fn tiny_options() -> BenchOptions {
         python_script: None,
         shadow_model: None,
         delivery_intervals_ms: vec![],
-        exactly_once: false,
-        commit_interval_ms: None,
+        variant: Default::default(),
         formats: vec![],
         registry_url: None,
         second_model: None,
@@ -543,7 +542,6 @@ fn tiny_options() -> BenchOptions {
         cascade_band: modstream_bench::cascade::Band::DEFAULT,
         cost: vec![],
         session_sweep: false,
-        encoding: Default::default(),
         out_dir: PathBuf::new(),
     }
 }

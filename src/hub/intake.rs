@@ -111,7 +111,10 @@ impl<D: Deliver> Hub<D> {
         &mut self,
         topic: &str,
         event: &event::Event,
-    ) -> (std::sync::Arc<crate::policy::Ruleset>, crate::policy::RuleId) {
+    ) -> (
+        std::sync::Arc<crate::policy::Ruleset>,
+        crate::policy::RuleId,
+    ) {
         let rules = self.rules.clone();
         let rule = rules.rule_for(topic, event);
         for (l, lane) in self.lanes.iter_mut().enumerate() {

@@ -87,12 +87,16 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
     for f in found {
         let rule_id = rules.rule_for(&opts.topic, &f.event);
         let rule = &rules.rules[rule_id.0];
-        let mut scores: Vec<(usize, &Scorer, Vec<f32>)> = Vec::new();
+        let mut scores: Vec<Scored> = Vec::new();
         for (i, (scorer, model)) in models.iter_mut().enumerate() {
             if rule.runs_after(i, |m| scores_of(&scores, m)) {
                 let mut texts = [f.event.text.clone()];
                 let p = model.score(&mut texts)?.pop().unwrap_or_default();
-                scores.push((i, &*scorer, p));
+                scores.push(Scored {
+                    model: i,
+                    scorer,
+                    probabilities: p,
+                });
             }
         }
         let decision = rule.judge(|m| scores_of(&scores, m));
@@ -102,10 +106,10 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
             decision: &decision,
             models: scores
                 .iter()
-                .map(|(i, s, p)| crate::verdict::ScoredBy {
-                    model: *i,
-                    scorer: s,
-                    probabilities: p,
+                .map(|s| crate::verdict::ScoredBy {
+                    model: s.model,
+                    scorer: s.scorer,
+                    probabilities: &s.probabilities,
                 })
                 .collect(),
         };
@@ -229,13 +233,17 @@ fn find(settings: &Settings, opts: &ExplainOptions) -> anyhow::Result<Vec<Found>
     Ok(found)
 }
 
+/// One model's scores of the event.
+struct Scored<'a> {
+    model: usize,
+    scorer: &'a Scorer,
+    probabilities: Vec<f32>,
+}
+
 /// Model `m`'s labels and probabilities among those scored so far.
-fn scores_of<'s>(
-    scores: &'s [(usize, &Scorer, Vec<f32>)],
-    m: usize,
-) -> Option<(&'s [String], &'s [f32])> {
+fn scores_of<'s>(scores: &'s [Scored], m: usize) -> Option<(&'s [String], &'s [f32])> {
     scores
         .iter()
-        .find(|(i, _, _)| *i == m)
-        .map(|(_, s, p)| (s.labels(), p.as_slice()))
+        .find(|s| s.model == m)
+        .map(|s| (s.scorer.labels(), s.probabilities.as_slice()))
 }

@@ -146,7 +146,11 @@ pub fn plan(report: &Report, opts: &PlanOptions) -> Result<Plan, PlanError> {
             "the bench report has no saturation run".into(),
         ));
     }
-    let (per_instance, measured_with, measured_p99) = capacity(report, opts.p99_ms)?;
+    let Capacity {
+        per_instance,
+        measured_with,
+        measured_p99,
+    } = capacity(report, opts.p99_ms)?;
     let usable = per_instance * opts.headroom;
     let instances = ((opts.rate / usable).ceil() as u64).max(1);
     let partitions = (instances * 2).div_ceil(6) * 6;
@@ -245,9 +249,18 @@ fn day_cost(report: &Report, opts: &PlanOptions) -> Result<Option<DayCost>, Plan
     }))
 }
 
+/// What one instance sustains, as the report measured it.
+struct Capacity {
+    per_instance: f64,
+    /// How it was measured.
+    measured_with: String,
+    /// Its measured p99 (with a p99 asked for).
+    measured_p99: Option<f64>,
+}
+
 /// What one instance sustains: at saturation, or (with a p99) the highest
-/// measured rate that held it; how it was measured, and its measured p99.
-fn capacity(report: &Report, p99_ms: Option<f64>) -> Result<(f64, String, Option<f64>), PlanError> {
+/// measured rate that held it.
+fn capacity(report: &Report, p99_ms: Option<f64>) -> Result<Capacity, PlanError> {
     let label = |size: usize, delay: u64, target: Option<u64>| match target {
         Some(t) => format!("batching.target_p99 = {t} ms"),
         None => format!("max_batch_size {size}, max_batch_delay {delay} ms"),
@@ -259,9 +272,9 @@ fn capacity(report: &Report, p99_ms: Option<f64>) -> Result<(f64, String, Option
                 .iter()
                 .max_by(|a, b| a.pipeline_per_s.total_cmp(&b.pipeline_per_s))
                 .ok_or_else(|| PlanError::Invalid("no saturation run".into()))?;
-            Ok((
-                best.pipeline_per_s,
-                format!(
+            Ok(Capacity {
+                per_instance: best.pipeline_per_s,
+                measured_with: format!(
                     "{}, at saturation",
                     label(
                         best.max_batch_size,
@@ -269,8 +282,8 @@ fn capacity(report: &Report, p99_ms: Option<f64>) -> Result<(f64, String, Option
                         best.target_p99_ms
                     )
                 ),
-                None,
-            ))
+                measured_p99: None,
+            })
         }
         Some(p99) => {
             let held = report
@@ -279,15 +292,15 @@ fn capacity(report: &Report, p99_ms: Option<f64>) -> Result<(f64, String, Option
                 .filter(|r| r.p99_ms <= p99)
                 .max_by(|a, b| a.achieved_per_s.total_cmp(&b.achieved_per_s));
             match held {
-                Some(r) => Ok((
-                    r.achieved_per_s,
-                    format!(
+                Some(r) => Ok(Capacity {
+                    per_instance: r.achieved_per_s,
+                    measured_with: format!(
                         "{}, at {:.0} % of its saturation",
                         label(r.max_batch_size, r.max_batch_delay_ms, r.target_p99_ms),
                         r.offered_fraction * 100.0
                     ),
-                    Some(r.p99_ms),
-                )),
+                    measured_p99: Some(r.p99_ms),
+                }),
                 None => {
                     let best_ms = report
                         .latency
