@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::batcher::{Batcher, CloseReason, ClosedBatch};
 use crate::event;
 use crate::offsets::OffsetTracker;
-use crate::policy::{RuleId, Ruleset};
+use crate::policy::{ModelId, RuleId, Ruleset};
 use crate::record::{Original, OutRecord};
 use crate::tp::Tp;
 use crate::verdict::Scorer;
@@ -53,8 +53,7 @@ pub struct Pending {
 /// One model's scores of an event.
 #[derive(Debug)]
 pub struct ModelScores {
-    /// The model's index (in the order models score an event).
-    pub model: usize,
+    pub model: ModelId,
     /// The identity of the model version that scored it.
     pub scorer: Arc<Scorer>,
     pub probabilities: Vec<f32>,
@@ -62,7 +61,7 @@ pub struct ModelScores {
 
 impl Pending {
     /// Whether model `model` is still to score this event.
-    pub fn needs(&self, model: usize) -> bool {
+    pub fn needs(&self, model: ModelId) -> bool {
         self.failed.is_none()
             && self
                 .rules
@@ -71,7 +70,7 @@ impl Pending {
     }
 
     /// Model `model`'s labels and probabilities of this event, if it scored it.
-    pub fn scores_of(&self, model: usize) -> Option<(&[String], &[f32])> {
+    pub fn scores_of(&self, model: ModelId) -> Option<(&[String], &[f32])> {
         self.scores
             .iter()
             .find(|m| m.model == model)

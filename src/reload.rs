@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{InferenceSettings, ModelSpec, Policy, Settings};
 use crate::inference::{self, Swap};
 use crate::manifest::Manifest;
+use crate::policy::ModelId;
 use crate::policy::{ModelLabels, Ruleset};
 use crate::score_cache::ScoreCache;
 use crate::telemetry::metric::{self, ReloadOutcome};
@@ -278,7 +279,7 @@ impl Reloader {
         let _ = self
             .scorers
             .send(NewScorer {
-                model: l,
+                model: ModelId(l),
                 version,
                 scorer,
             })
@@ -318,7 +319,7 @@ impl Reloader {
                 new_rules: (rules != self.rules).then_some(rules),
             });
         }
-        let missing = self.rules.missing_labels(l, &manifest.labels);
+        let missing = self.rules.missing_labels(ModelId(l), &manifest.labels);
         if !missing.is_empty() {
             return Err(Refusal::LabelsMissing {
                 version: self.rules.version.clone(),

@@ -16,6 +16,7 @@ use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use modstream::config::{InferenceSettings, Settings};
+use modstream::policy::ModelId;
 use modstream::shutdown::Shutdown;
 use modstream::tools::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS};
 use modstream::tools::embedded::EmbeddedBroker;
@@ -568,7 +569,7 @@ fn the_example_policy_loads_against_the_shipped_models() {
     let cascade = &rules.rules[3].cascade;
     assert_eq!(
         (cascade.len(), cascade[0].after, cascade[0].model),
-        (1, 0, 1),
+        (1, ModelId(0), ModelId(1)),
         "MiniLM after the profanity model"
     );
 }

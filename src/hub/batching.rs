@@ -16,7 +16,7 @@ impl<D: Deliver> Hub<D> {
         let target = self.settings.batching.target_p99.unwrap_or_default();
         let (mut saturated, mut missed) = (false, false);
         let partitions = self.partitions.len();
-        for lane in &mut self.lanes {
+        for lane in self.lanes.iter_mut() {
             let Some(Adjusted { was_missed, status }) = lane.adjust(Instant::now(), partitions)
             else {
                 continue;

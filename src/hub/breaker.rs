@@ -5,6 +5,7 @@ use tokio::time::Instant;
 use super::{Deliver, Hub};
 use crate::inference::{InferenceJob, InferenceResult};
 use crate::partition::ReadyBatch;
+use crate::policy::ModelId;
 use crate::telemetry::metric;
 
 /// The circuit breaker's probe: the text when no event was scored yet (else
@@ -147,7 +148,7 @@ impl Breaker {
 impl<D: Deliver> Hub<D> {
     /// Breaker open: when its time has come, try the model on one synthetic
     /// text.
-    pub(super) fn probe(&mut self, l: usize) {
+    pub(super) fn probe(&mut self, l: ModelId) {
         let Some(text) = self.lanes[l].probe_due(Instant::now()) else {
             return;
         };
@@ -160,7 +161,7 @@ impl<D: Deliver> Hub<D> {
         self.lanes[l].send_probe(job);
     }
 
-    pub(super) fn on_probe(&mut self, l: usize, result: InferenceResult) {
+    pub(super) fn on_probe(&mut self, l: ModelId, result: InferenceResult) {
         let lane = &mut self.lanes[l];
         let model = lane.scorer().id.clone();
         let scored = result.scores.iter().any(Result::is_ok);
@@ -194,7 +195,7 @@ impl<D: Deliver> Hub<D> {
     /// many runs that failed whole.
     pub(super) fn hold_back(
         &mut self,
-        l: usize,
+        l: ModelId,
         mut segments: Vec<ReadyBatch>,
         result: InferenceResult,
         opened: Option<u32>,

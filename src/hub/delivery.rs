@@ -5,6 +5,7 @@ use super::transaction::HandOver;
 use super::{Ack, Decided, Deliver, Hold, Hub, InputOffset, Outcome, Outgoing, ReadyOutput};
 use crate::event::{self, RejectReason};
 use crate::partition::{Finished, Partition, Pending};
+use crate::policy::ModelId;
 use crate::producer::ProducerError;
 use crate::record::{self, OutRecord, RecordKind};
 use crate::telemetry::metric;
@@ -146,7 +147,7 @@ impl<D: Deliver> Hub<D> {
         let Some(shadow) = &self.shadow else {
             return;
         };
-        let Some(first) = pending.scores.iter().find(|m| m.model == 0) else {
+        let Some(first) = pending.scores.iter().find(|m| m.model == ModelId(0)) else {
             return;
         };
         if shadow.samples(&pending.event.event_id) {

@@ -7,20 +7,21 @@ use super::lanes::NewRun;
 use super::{Deliver, Hub};
 use crate::inference::{InferenceJob, InferenceResult};
 use crate::partition::ModelScores;
+use crate::policy::ModelId;
 use crate::telemetry::metric;
 use tokio::time::Instant;
 
 impl<D: Deliver> Hub<D> {
     /// Every model's runs, while its workers' queue has room.
     pub(super) fn dispatch(&mut self) {
-        for lane in 0..self.lanes.len() {
+        for lane in self.lanes.ids() {
             self.dispatch_lane(lane);
         }
     }
 
     /// Coalesce ready batches (possibly of several partitions) into runs of
     /// at most the model's run size, counting the events it is to score.
-    fn dispatch_lane(&mut self, l: usize) {
+    fn dispatch_lane(&mut self, l: ModelId) {
         if self.lanes[l].breaker_open() {
             self.probe(l);
             return;
@@ -70,12 +71,13 @@ impl<D: Deliver> Hub<D> {
             .map(|r| r.lane)
             .or_else(|| {
                 let probe = |lane: &super::Lane| lane.is_probe(result.id);
-                self.lanes.iter().position(probe)
+                self.lanes.iter().position(probe).map(ModelId)
             });
         if let Some(lane) = run_lane.and_then(|l| self.lanes.get_mut(l)) {
             lane.ran_version(result.worker, result.version);
         }
-        if let Some(l) = self.lanes.iter().position(|lane| lane.is_probe(result.id)) {
+        let probe = self.lanes.iter().position(|lane| lane.is_probe(result.id));
+        if let Some(l) = probe.map(ModelId) {
             self.on_probe(l, result);
             return;
         }
@@ -123,7 +125,7 @@ impl<D: Deliver> Hub<D> {
                     None => p.failed = Some("no score returned".to_string()),
                 }
             }
-            self.send_on(segment, l + 1);
+            self.send_on(segment, l.next());
         }
     }
 }

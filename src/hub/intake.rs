@@ -6,6 +6,7 @@ use super::{Deliver, Hub, Outcome};
 use crate::consumer::Ingested;
 use crate::event::{self, Priority, RejectReason};
 use crate::partition::{Partition, Pending, ReadyBatch, Rejected};
+use crate::policy::ModelId;
 use crate::record::{self, Original};
 use crate::schema::SchemaError;
 use crate::telemetry::metric;
@@ -117,7 +118,7 @@ impl<D: Deliver> Hub<D> {
     ) {
         let rules = self.rules.clone();
         let rule = rules.rule_for(topic, event);
-        for (l, lane) in self.lanes.iter_mut().enumerate() {
+        for (l, lane) in self.lanes.with_ids_mut() {
             if rules.rules[rule.0].runs(l) {
                 lane.arrived(1);
             }
@@ -161,7 +162,7 @@ impl<D: Deliver> Hub<D> {
         metrics::histogram!(metric::BATCH_WAIT_SECONDS).record(waited);
         self.summary.batch_wait_seconds += waited;
         self.summary.closed_batches += 1;
-        self.send_on(batch, 0);
+        self.send_on(batch, ModelId(0));
     }
 
     pub(super) fn close_expired(&mut self) {

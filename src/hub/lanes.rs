@@ -19,6 +19,7 @@ use super::queue::RunQueue;
 use super::{Deliver, Hub};
 use crate::inference::InferenceJob;
 use crate::partition::ReadyBatch;
+use crate::policy::ModelId;
 use crate::slo::{self, Choice};
 use crate::telemetry::metric;
 use crate::verdict::Scorer;
@@ -54,6 +55,54 @@ pub(super) struct Lane {
     slo: Option<slo::Controller>,
 }
 
+/// The lanes, one per model in model order, looked up by [`ModelId`].
+pub(super) struct Lanes(Vec<Lane>);
+
+impl Lanes {
+    pub(super) fn new(lanes: Vec<Lane>) -> Lanes {
+        Lanes(lanes)
+    }
+
+    /// Each lane with its model's id.
+    pub(super) fn with_ids_mut(&mut self) -> impl Iterator<Item = (ModelId, &mut Lane)> {
+        self.0.iter_mut().enumerate().map(|(i, l)| (ModelId(i), l))
+    }
+
+    pub(super) fn ids(&self) -> impl Iterator<Item = ModelId> + use<> {
+        ModelId::all(self.0.len())
+    }
+
+    pub(super) fn get_mut(&mut self, id: ModelId) -> Option<&mut Lane> {
+        self.0.get_mut(id.0)
+    }
+}
+
+impl std::ops::Deref for Lanes {
+    type Target = [Lane];
+    fn deref(&self) -> &[Lane] {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Lanes {
+    fn deref_mut(&mut self) -> &mut [Lane] {
+        &mut self.0
+    }
+}
+
+impl std::ops::Index<ModelId> for Lanes {
+    type Output = Lane;
+    fn index(&self, id: ModelId) -> &Lane {
+        &self.0[id.0]
+    }
+}
+
+impl std::ops::IndexMut<ModelId> for Lanes {
+    fn index_mut(&mut self, id: ModelId) -> &mut Lane {
+        &mut self.0[id.0]
+    }
+}
+
 /// A run a lane took from its queue.
 pub(super) struct NewRun {
     /// The batches whose events it scores (of one or more partitions).
@@ -69,7 +118,7 @@ pub(super) struct Adjusted {
 }
 
 /// Events of a batch that model `lane` is to score.
-pub(super) fn needing(batch: &ReadyBatch, lane: usize) -> usize {
+pub(super) fn needing(batch: &ReadyBatch, lane: ModelId) -> usize {
     batch.items.iter().filter(|p| p.needs(lane)).count()
 }
 
@@ -194,7 +243,7 @@ impl Lane {
     /// The next run of model `l` while its workers have room: ready batches
     /// coalesced (possibly of several partitions) up to its run size,
     /// counting the events it is to score. Counted as running.
-    pub(super) fn take_run(&mut self, l: usize) -> Option<NewRun> {
+    pub(super) fn take_run(&mut self, l: ModelId) -> Option<NewRun> {
         if self.ready.is_empty() || self.running >= self.capacity {
             return None;
         }
@@ -337,7 +386,7 @@ impl<D: Deliver> Hub<D> {
     /// A batch goes to the first model from `from` on that is to score any
     /// of its events; when none is, its events go back to their partition
     /// (in order), to be delivered.
-    pub(super) fn send_on(&mut self, batch: ReadyBatch, from: usize) {
+    pub(super) fn send_on(&mut self, batch: ReadyBatch, from: ModelId) {
         let tp = batch.tp.clone();
         let current = self
             .partitions
@@ -349,10 +398,12 @@ impl<D: Deliver> Hub<D> {
             self.release(batch.items.len());
             return;
         }
-        let next = (from..self.lanes.len()).find(|&l| batch.items.iter().any(|p| p.needs(l)));
+        let next = (self.lanes.ids())
+            .skip(from.0)
+            .find(|&l| batch.items.iter().any(|p| p.needs(l)));
         if let Some(l) = next {
             if batch.urgent {
-                for (m, lane) in self.lanes.iter_mut().enumerate() {
+                for (m, lane) in self.lanes.with_ids_mut() {
                     if m != l {
                         lane.promote_earlier(&batch);
                     }

@@ -30,7 +30,7 @@ use crate::consumer::Ingested;
 use crate::event::RejectReason;
 use crate::inference::InferenceResult;
 use crate::partition::{Partition, ReadyBatch};
-use crate::policy::{RuleId, Ruleset};
+use crate::policy::{ModelId, RuleId, Ruleset};
 use crate::producer::{ProducerError, ServiceFailure};
 use crate::rebalance::{Control, Positions, Revokes};
 use crate::record::{OutRecord, RecordKind};
@@ -55,8 +55,8 @@ mod revoke;
 mod transaction;
 mod watchdog;
 
-use lanes::Lane;
 pub use lanes::ModelLane;
+use lanes::{Lane, Lanes};
 use positions::PositionBook;
 use watchdog::STALL_CHECK;
 
@@ -149,7 +149,7 @@ enum Outcome {
 /// A run in inference: the model's lane and the batches whose events it
 /// scores.
 struct Running {
-    lane: usize,
+    lane: ModelId,
     segments: Vec<ReadyBatch>,
 }
 
@@ -203,7 +203,7 @@ struct Decided {
     event_time_ms: Option<i64>,
     rules: Arc<Ruleset>,
     rule: RuleId,
-    models: Vec<usize>,
+    models: Vec<ModelId>,
 }
 
 /// The hub's inputs.
@@ -222,7 +222,7 @@ pub struct Inputs {
 pub struct Hub<D: Deliver> {
     settings: Settings,
     /// One lane per model, in the order they score an event.
-    lanes: Vec<Lane>,
+    lanes: Lanes,
     /// The policy new events are judged by.
     rules: Arc<Ruleset>,
     /// The candidate model offered the live verdicts, if one is configured.
@@ -300,7 +300,7 @@ impl<D: Deliver> Hub<D> {
         policy_loaded_at();
         Hub {
             settings,
-            lanes,
+            lanes: Lanes::new(lanes),
             rules,
             shadow: None,
             outbox,

@@ -77,7 +77,7 @@ impl<D: Deliver> Hub<D> {
     /// be scored); returns how many events they held.
     pub(super) fn drop_queued(&mut self, tps: &HashSet<&Tp>) -> usize {
         let mut dropped = 0;
-        for lane in &mut self.lanes {
+        for lane in self.lanes.iter_mut() {
             dropped += lane.drop_queued(tps);
         }
         dropped

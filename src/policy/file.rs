@@ -23,6 +23,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use super::ModelId;
 use super::{Field, Judge, Match, Route, Rule, Ruleset, Verdict};
 use crate::config::Thresholds;
 
@@ -235,7 +236,7 @@ impl RuleSpec {
         let mut judges = Vec::new();
         for (name, labels) in self.models {
             let key = format!("models.{name}");
-            let Some(model) = models.iter().position(|m| m.name == name) else {
+            let Some(model) = models.iter().position(|m| m.name == name).map(ModelId) else {
                 let known: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
                 return Err((key, format!("no such model (the models are {known:?})")));
             };
@@ -245,8 +246,8 @@ impl RuleSpec {
             let mut judged = Vec::new();
             for (label, t) in labels {
                 let key = format!("{key}.{label}");
-                if models[model].index(&label).is_none() {
-                    return Err((key, models[model].no_such_label(&label)));
+                if models[model.0].index(&label).is_none() {
+                    return Err((key, models[model.0].no_such_label(&label)));
                 }
                 let valid = |x: f32| (0.0..=1.0).contains(&x);
                 if !valid(t.review_at) || !valid(t.block_at) || t.review_at > t.block_at {
@@ -332,6 +333,7 @@ impl CascadeSpec {
             models
                 .iter()
                 .position(|m| m.name == n)
+                .map(ModelId)
                 .filter(|i| judges.iter().any(|j| j.model == *i))
         };
         let model = judging(name).ok_or_else(|| {
@@ -355,10 +357,10 @@ impl CascadeSpec {
                 ),
             ));
         }
-        if models[after].index(&self.label).is_none() {
+        if models[after.0].index(&self.label).is_none() {
             return Err((
                 format!("{key}.label"),
-                models[after].no_such_label(&self.label),
+                models[after.0].no_such_label(&self.label),
             ));
         }
         let [from, to] = self.band;

@@ -70,6 +70,23 @@ pub fn decide(t: &Thresholds, score: f32) -> Verdict {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct RuleId(pub usize);
 
+/// A model's place in the models list (`[[models]]`, the order in which
+/// models score an event): how rules name a model, and the hub's lane of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct ModelId(pub usize);
+
+impl ModelId {
+    /// The model after this one.
+    pub fn next(self) -> ModelId {
+        ModelId(self.0 + 1)
+    }
+
+    /// The models of a list of `n`, in order.
+    pub fn all(n: usize) -> impl Iterator<Item = ModelId> {
+        (0..n).map(ModelId)
+    }
+}
+
 /// The rules in force, in order, and their version.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ruleset {
@@ -96,8 +113,8 @@ pub struct Rule {
 /// applied; its scores stay in the reason, marked deferred).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cascade {
-    pub model: usize,
-    pub after: usize,
+    pub model: ModelId,
+    pub after: ModelId,
     pub label: String,
     pub from: f32,
     pub to: f32,
@@ -120,7 +137,7 @@ impl Cascade {
 /// judged the same (a version that lacks one is refused by the reload).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Judge {
-    pub model: usize,
+    pub model: ModelId,
     pub labels: Vec<(String, Thresholds)>,
 }
 
@@ -207,7 +224,7 @@ impl Match {
 /// (`block_at` for a block, `review_at` for a review) and what it means.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Crossing {
-    pub model: usize,
+    pub model: ModelId,
     pub label: String,
     pub score: f32,
     pub threshold: f32,
@@ -220,7 +237,7 @@ pub struct Decision {
     pub verdict: Verdict,
     /// Models whose thresholds were not applied: a later model of a
     /// cascade ran where they were unsure.
-    pub deferred: Vec<usize>,
+    pub deferred: Vec<ModelId>,
     /// The verdict the scores alone gave (before `human_review`).
     pub by_score: Verdict,
     pub human_review: bool,
@@ -258,7 +275,10 @@ impl Ruleset {
                     })
                     .collect::<Result<_, _>>()?
             };
-            judges.push(Judge { model: i, labels });
+            judges.push(Judge {
+                model: ModelId(i),
+                labels,
+            });
         }
         Ok(Ruleset {
             version: "config".to_string(),
@@ -290,7 +310,7 @@ impl Ruleset {
     }
 
     /// Every label a rule judges of model `model` that `labels` lacks.
-    pub fn missing_labels(&self, model: usize, labels: &[String]) -> Vec<&str> {
+    pub fn missing_labels(&self, model: ModelId, labels: &[String]) -> Vec<&str> {
         let mut missing: Vec<&str> = self
             .rules
             .iter()
@@ -320,7 +340,7 @@ fn score_of(scores: Option<(&[String], &[f32])>, label: &str) -> Option<f32> {
 impl Rule {
     /// Whether model `model` may score the events of this rule (a cascaded
     /// one only where the model before it is unsure: [`Rule::runs_after`]).
-    pub fn runs(&self, model: usize) -> bool {
+    pub fn runs(&self, model: ModelId) -> bool {
         self.judges.iter().any(|j| j.model == model)
     }
 
@@ -328,8 +348,8 @@ impl Rule {
     /// scores of the models that ran before it (`scores(model)`).
     pub fn runs_after<'a>(
         &self,
-        model: usize,
-        scores: impl Fn(usize) -> Option<(&'a [String], &'a [f32])>,
+        model: ModelId,
+        scores: impl Fn(ModelId) -> Option<(&'a [String], &'a [f32])>,
     ) -> bool {
         if !self.runs(model) {
             return false;
@@ -344,9 +364,9 @@ impl Rule {
     /// (`scores(model)`; a model without scores judges nothing).
     pub fn judge<'a>(
         &self,
-        scores: impl Fn(usize) -> Option<(&'a [String], &'a [f32])>,
+        scores: impl Fn(ModelId) -> Option<(&'a [String], &'a [f32])>,
     ) -> Decision {
-        let deferred: Vec<usize> = self
+        let deferred: Vec<ModelId> = self
             .cascade
             .iter()
             .filter(|c| scores(c.model).is_some())

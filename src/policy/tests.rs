@@ -1,6 +1,9 @@
 use super::*;
 use config::FileFormat;
 
+const M0: ModelId = ModelId(0);
+const M1: ModelId = ModelId(1);
+
 fn models() -> Vec<ModelLabels> {
     vec![
         ModelLabels {
@@ -61,8 +64,8 @@ fn the_first_matching_rule_decides_and_only_its_models_run() {
         .collect();
     assert_eq!(ids, ["kids", "debate", "default", "default"]);
     let kids_rule = &rules.rules[0];
-    assert!(kids_rule.runs(0) && kids_rule.runs(1));
-    assert!(rules.rules[1].runs(0) && !rules.rules[1].runs(1));
+    assert!(kids_rule.runs(M0) && kids_rule.runs(M1));
+    assert!(rules.rules[1].runs(M0) && !rules.rules[1].runs(M1));
 
     // Profanity 0.3 crosses kids' review_at 0.2; MiniLM Toxic 0.7 its block_at 0.6.
     let p = [0.3f32];
@@ -72,8 +75,8 @@ fn the_first_matching_rule_decides_and_only_its_models_run() {
         ["Toxic".to_string(), "clean".to_string()],
     );
     let decision = kids_rule.judge(|i| match i {
-        0 => Some((&pl[..], &p[..])),
-        1 => Some((&ml[..], &m[..])),
+        M0 => Some((&pl[..], &p[..])),
+        M1 => Some((&ml[..], &m[..])),
         _ => None,
     });
     assert_eq!(decision.verdict, Verdict::Block);
@@ -81,14 +84,14 @@ fn the_first_matching_rule_decides_and_only_its_models_run() {
         decision.crossings,
         vec![
             Crossing {
-                model: 0,
+                model: M0,
                 label: "is_offensive".into(),
                 score: 0.3,
                 threshold: 0.2,
                 verdict: Verdict::Review
             },
             Crossing {
-                model: 1,
+                model: M1,
                 label: "Toxic".into(),
                 score: 0.7,
                 threshold: 0.6,
@@ -218,7 +221,7 @@ fn without_a_file_the_configuration_thresholds_make_the_default_rule() {
         (rule.id.as_str(), rules.version.as_str()),
         ("default", "config")
     );
-    assert!(rule.runs(0) && rule.runs(1));
+    assert!(rule.runs(M0) && rule.runs(M1));
     let p = [0.9f32];
     let m = [0.1f32, 0.9];
     let (pl, ml) = (
@@ -226,7 +229,7 @@ fn without_a_file_the_configuration_thresholds_make_the_default_rule() {
         ["Toxic".to_string(), "clean".to_string()],
     );
     let d = rule.judge(|i| {
-        Some(if i == 0 {
+        Some(if i == M0 {
             (&pl[..], &p[..])
         } else {
             (&ml[..], &m[..])
@@ -245,10 +248,10 @@ fn without_a_file_the_configuration_thresholds_make_the_default_rule() {
     assert!(e.to_string().contains("policy.labels.nope"), "{e}");
     // A new model version must have every label the rules judge.
     let rules = Ruleset::parse(THREE, FileFormat::Toml, &models()).unwrap();
-    assert_eq!(rules.missing_labels(1, &["toxic".into()]), vec!["Toxic"]);
+    assert_eq!(rules.missing_labels(M1, &["toxic".into()]), vec!["Toxic"]);
     assert!(
         rules
-            .missing_labels(1, &["clean".into(), "Toxic".into()])
+            .missing_labels(M1, &["clean".into(), "Toxic".into()])
             .is_empty()
     );
 }
@@ -287,7 +290,7 @@ fn a_cascaded_model_runs_only_where_the_first_is_unsure_and_then_decides() {
     let ml = ["Toxic".to_string(), "clean".to_string()];
     let runs = |p: f32| {
         let probs = [p];
-        rule.runs_after(1, |m| (m == 0).then_some((&pl[..], &probs[..])))
+        rule.runs_after(M1, |m| (m == M0).then_some((&pl[..], &probs[..])))
     };
     assert!(!runs(0.1) && runs(0.2) && runs(0.5) && !runs(0.8) && !runs(0.95));
     let whole = Cascade {
@@ -300,24 +303,24 @@ fn a_cascaded_model_runs_only_where_the_first_is_unsure_and_then_decides() {
         "a band up to 1 includes 1"
     );
     assert!(
-        !rule.runs_after(1, |_| None),
+        !rule.runs_after(M1, |_| None),
         "not before the first model scored"
     );
-    assert!(rule.runs_after(0, |_| None), "the first model always runs");
+    assert!(rule.runs_after(M0, |_| None), "the first model always runs");
     // Unsure (0.7 would be a review by profanity's thresholds); MiniLM says
     // allow, and decides.
     let p = [0.7f32];
     let m = [0.1f32, 0.9];
     let d = rule.judge(|i| match i {
-        0 => Some((&pl[..], &p[..])),
-        1 => Some((&ml[..], &m[..])),
+        M0 => Some((&pl[..], &p[..])),
+        M1 => Some((&ml[..], &m[..])),
         _ => None,
     });
-    assert_eq!((d.verdict, d.deferred.clone()), (Verdict::Allow, vec![0]));
+    assert_eq!((d.verdict, d.deferred.clone()), (Verdict::Allow, vec![M0]));
     assert!(d.crossings.is_empty());
     // Sure: MiniLM did not run, profanity's thresholds apply.
     let p = [0.9f32];
-    let d = rule.judge(|i| (i == 0).then_some((&pl[..], &p[..])));
+    let d = rule.judge(|i| (i == M0).then_some((&pl[..], &p[..])));
     assert_eq!((d.verdict, d.deferred.len()), (Verdict::Block, 0));
 }
 

@@ -21,6 +21,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use crate::config::{InputFormat, Settings};
 use crate::event::Event;
 use crate::inference;
+use crate::policy::ModelId;
 use crate::policy::ModelLabels;
 use crate::reload::PolicySource;
 use crate::tools::range;
@@ -89,6 +90,7 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
         let rule = &rules.rules[rule_id.0];
         let mut scores: Vec<Scored> = Vec::new();
         for (i, (scorer, model)) in models.iter_mut().enumerate() {
+            let i = ModelId(i);
             if rule.runs_after(i, |m| scores_of(&scores, m)) {
                 let mut texts = [f.event.text.clone()];
                 let p = model.score(&mut texts)?.pop().unwrap_or_default();
@@ -235,13 +237,13 @@ fn find(settings: &Settings, opts: &ExplainOptions) -> anyhow::Result<Vec<Found>
 
 /// One model's scores of the event.
 struct Scored<'a> {
-    model: usize,
+    model: ModelId,
     scorer: &'a Scorer,
     probabilities: Vec<f32>,
 }
 
 /// Model `m`'s labels and probabilities among those scored so far.
-fn scores_of<'s>(scores: &'s [Scored], m: usize) -> Option<(&'s [String], &'s [f32])> {
+fn scores_of<'s>(scores: &'s [Scored], m: ModelId) -> Option<(&'s [String], &'s [f32])> {
     scores
         .iter()
         .find(|s| s.model == m)

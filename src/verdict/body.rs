@@ -3,6 +3,7 @@
 //! in name order, as they always were.
 
 use super::{Judged, ScoredBy, Scorer};
+use crate::policy::ModelId;
 use crate::policy::Verdict;
 
 #[derive(serde::Serialize)]
@@ -119,7 +120,7 @@ impl serde::Serialize for Scores<'_> {
 impl<'a> Judged<'a> {
     /// The crossings of one model (or, `model` = None, of all, each
     /// naming its model).
-    pub(super) fn crossed(&self, model: Option<usize>) -> Vec<CrossedRef<'a>> {
+    pub(super) fn crossed(&self, model: Option<ModelId>) -> Vec<CrossedRef<'a>> {
         self.decision
             .crossings
             .iter()

@@ -22,7 +22,7 @@
 use crate::config::{Policy, Thresholds};
 use crate::event::{self, Event};
 use crate::manifest::Manifest;
-use crate::policy::{Decision, Judge, Match, Rule, RuleId, Ruleset};
+use crate::policy::{Decision, Judge, Match, ModelId, Rule, RuleId, Ruleset};
 use crate::record::{OutRecord, RecordKind};
 use crate::tp::Tp;
 
@@ -35,8 +35,8 @@ pub use crate::policy::{Verdict, decide};
 /// A new model version for the hub (from a hot reload).
 #[derive(Debug)]
 pub struct NewScorer {
-    /// The model's index (its lane, in the order models score an event).
-    pub model: usize,
+    /// The model (its lane).
+    pub model: ModelId,
     /// The version the workers' results carry from their next job on.
     pub version: u64,
     pub scorer: std::sync::Arc<Scorer>,
@@ -80,8 +80,7 @@ pub struct Judged<'a> {
 /// One judging model's scores of the event.
 #[derive(Debug, Clone, Copy)]
 pub struct ScoredBy<'a> {
-    /// The model's index (in the order models score an event).
-    pub model: usize,
+    pub model: ModelId,
     pub scorer: &'a Scorer,
     pub probabilities: &'a [f32],
 }
@@ -118,7 +117,7 @@ impl Scorer {
                 id: "default".into(),
                 when: Match::default(),
                 judges: vec![Judge {
-                    model: 0,
+                    model: ModelId(0),
                     labels: vec![(
                         labels
                             .labels
@@ -197,7 +196,7 @@ impl Scorer {
             rule: RuleId(0),
             decision: &decision,
             models: vec![ScoredBy {
-                model: 0,
+                model: ModelId(0),
                 scorer: self,
                 probabilities,
             }],

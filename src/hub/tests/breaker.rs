@@ -37,7 +37,10 @@ async fn a_model_that_fails_everything_is_retried_instead_of_flooding_the_dlq() 
             .model_failing
             .load(std::sync::atomic::Ordering::SeqCst)
     );
-    assert!(h.hub.lanes[0].breaker_open(), "no input is taken meanwhile");
+    assert!(
+        h.hub.lanes[ModelId(0)].breaker_open(),
+        "no input is taken meanwhile"
+    );
     h.result(failed(&third));
     assert!(h.jobs.try_recv().is_err(), "no batch goes to the model");
     // A probe after 1 s; it fails, the next comes 2 s later.
@@ -90,7 +93,7 @@ async fn events_held_by_the_breaker_are_given_up_uncommitted_at_the_shutdown_tim
     h.push(record(0, 1, 0));
     let job = h.jobs.try_recv().unwrap();
     h.result(failed(&job));
-    assert!(h.hub.lanes[0].breaker_open());
+    assert!(h.hub.lanes[ModelId(0)].breaker_open());
     assert_eq!(h.hub.in_flight, 2);
     // kafka.shutdown_timeout passed: the watchdog cancelled `abort`.
     h.hub.give_up_held();
