@@ -94,11 +94,20 @@ fn properties<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String
     Ok(out)
 }
 
+/// A property whose value is not a string, number or boolean (the value
+/// itself is not shown: it may be a secret).
+#[derive(Debug, thiserror::Error)]
+#[error("property {key}: expected a string, number or boolean, got {got}")]
+struct NotAProperty {
+    key: String,
+    got: &'static str,
+}
+
 fn flatten_property(
     key: &str,
     value: serde_json::Value,
     out: &mut BTreeMap<String, String>,
-) -> Result<(), String> {
+) -> Result<(), NotAProperty> {
     let value = match value {
         serde_json::Value::String(s) => s,
         serde_json::Value::Number(n) => n.to_string(),
@@ -110,14 +119,16 @@ fn flatten_property(
             return Ok(());
         }
         serde_json::Value::Array(_) => {
-            return Err(format!(
-                "property {key}: expected a string, number or boolean, got a list"
-            ));
+            return Err(NotAProperty {
+                key: key.to_string(),
+                got: "a list",
+            });
         }
         serde_json::Value::Null => {
-            return Err(format!(
-                "property {key}: expected a string, number or boolean, got nothing"
-            ));
+            return Err(NotAProperty {
+                key: key.to_string(),
+                got: "nothing",
+            });
         }
     };
     out.insert(key.to_string(), value);

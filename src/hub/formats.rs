@@ -18,7 +18,7 @@ impl<D: Deliver> Hub<D> {
         event_id: &str,
         tp: &Tp,
         offset: i64,
-    ) -> Result<(), String> {
+    ) -> Result<(), crate::schema::verdict::EncodeError> {
         let output = &self.settings.output;
         if output.cloudevents == CloudEventsOutput::Off && self.verdict_encoder.is_none() {
             return Ok(());
@@ -45,7 +45,8 @@ impl<D: Deliver> Hub<D> {
                 out.payload = Some(payload);
             }
             CloudEventsOutput::Structured => {
-                let data = serde_json::from_slice(&payload).map_err(|e| e.to_string())?;
+                let data = serde_json::from_slice(&payload)
+                    .map_err(crate::schema::verdict::EncodeError::NotJson)?;
                 out.headers.push((
                     "content-type".into(),
                     Some(STRUCTURED_CONTENT_TYPE.as_bytes().to_vec()),

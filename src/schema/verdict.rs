@@ -70,18 +70,31 @@ impl VerdictEncoder {
     }
 
     /// A JSON verdict body in the wire format.
-    pub fn encode(&self, json: &[u8]) -> Result<Vec<u8>, String> {
-        let value: Value = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+    pub fn encode(&self, json: &[u8]) -> Result<Vec<u8>, EncodeError> {
+        let value: Value = serde_json::from_slice(json).map_err(EncodeError::NotJson)?;
         let avro = apache_avro::types::Value::from(value)
             .resolve(&self.schema)
-            .map_err(|e| format!("the verdict does not fit its Avro schema: {e}"))?;
-        let body = apache_avro::to_avro_datum(&self.schema, avro).map_err(|e| e.to_string())?;
+            .map_err(|e| EncodeError::DoesNotFit(e.to_string()))?;
+        let body = apache_avro::to_avro_datum(&self.schema, avro)
+            .map_err(|e| EncodeError::Write(e.to_string()))?;
         let mut out = Vec::with_capacity(5 + body.len());
         out.push(0);
         out.extend_from_slice(&self.id.to_be_bytes());
         out.extend_from_slice(&body);
         Ok(out)
     }
+}
+
+/// Why a verdict cannot be written in its output format (a bug: the record is
+/// dead-lettered).
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    #[error("{0}")]
+    NotJson(serde_json::Error),
+    #[error("the verdict does not fit its Avro schema: {0}")]
+    DoesNotFit(String),
+    #[error("{0}")]
+    Write(String),
 }
 
 #[cfg(test)]
