@@ -8,7 +8,7 @@
 //! the revoke/assign protocol between consumer and hub (and, with
 //! exactly-once, the end of each [`transaction`]); [`pipeline`] wires
 //! the stages. The shared vocabulary sits below them: [`tp`] (partitions
-//! and positions), [`record`] (output records), [`manifest`], [`client`]
+//! and positions), [`scores`] (a model's scores of an event, or why none), [`record`] (output records), [`manifest`], [`client`]
 //! (Kafka client configs), [`config`], [`telemetry`]. [`tools`] holds what
 //! runs around the pipeline: demo, bench, the event generator, the embedded
 //! cluster. docs/architecture.md has the layers (checked by tests/layers.rs).
@@ -31,6 +31,7 @@ pub mod record;
 pub mod reload;
 pub mod schema;
 pub mod score_cache;
+pub mod scores;
 pub mod shadow;
 pub mod shutdown;
 pub mod slo;

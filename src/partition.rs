@@ -47,7 +47,7 @@ pub struct Pending {
     pub scores: Vec<ModelScores>,
     /// Why a model could not score it: it goes to the DLQ, and the models
     /// after that one skip it.
-    pub failed: Option<String>,
+    pub failed: Option<crate::inference::ScoreError>,
 }
 
 /// One model's scores of an event.

@@ -10,8 +10,7 @@ use std::sync::Arc;
 
 use crate::telemetry::metric;
 
-/// Scores of one text, one per label.
-type Scores = Result<Vec<f32>, String>;
+use crate::scores::{ScoreError, Scores};
 
 pub struct ScoreCache {
     cache: moka::sync::Cache<String, Arc<[f32]>>,
@@ -49,9 +48,7 @@ impl ScoreCache {
             let mut to_score: Vec<String> = missed.iter().map(|&i| texts[i].clone()).collect();
             let mut scored = score(&mut to_score).into_iter();
             for &i in &missed {
-                let result = scored
-                    .next()
-                    .unwrap_or_else(|| Err("no score returned".to_string()));
+                let result = scored.next().unwrap_or(Err(ScoreError::Missing));
                 if let Ok(scores) = &result {
                     self.cache
                         .insert(texts[i].clone(), Arc::from(scores.as_slice()));
@@ -60,7 +57,7 @@ impl ScoreCache {
             }
         }
         out.into_iter()
-            .map(|s| s.unwrap_or_else(|| Err("no score returned".to_string())))
+            .map(|s| s.unwrap_or(Err(ScoreError::Missing)))
             .collect()
     }
 
@@ -87,7 +84,7 @@ mod tests {
                 .iter()
                 .map(|t| {
                     if t == "bad" {
-                        Err("model failed".to_string())
+                        Err(ScoreError::Run("model failed".to_string()))
                     } else {
                         Ok(vec![t.len() as f32, 0.5])
                     }

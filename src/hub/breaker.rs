@@ -145,6 +145,16 @@ impl Breaker {
     }
 }
 
+/// The first event's failure of a run, for the log.
+fn first_error(result: &InferenceResult) -> String {
+    result
+        .scores
+        .iter()
+        .find_map(|s| s.as_ref().err())
+        .map(ToString::to_string)
+        .unwrap_or_default()
+}
+
 impl<D: Deliver> Hub<D> {
     /// Breaker open: when its time has come, try the model on one synthetic
     /// text.
@@ -179,11 +189,7 @@ impl<D: Deliver> Hub<D> {
                 metrics::gauge!(metric::INFERENCE_BREAKER_OPEN).set(f64::from(u8::from(open)));
             }
             ProbeOutcome::StillFailing { retry_in } => {
-                let error = result
-                    .scores
-                    .into_iter()
-                    .find_map(Result::err)
-                    .unwrap_or_default();
+                let error = first_error(&result);
                 tracing::warn!(model, error = %error, retry_in_s = retry_in.as_secs(), "the model still fails");
             }
         }
@@ -200,11 +206,7 @@ impl<D: Deliver> Hub<D> {
         result: InferenceResult,
         opened: Option<u32>,
     ) {
-        let error = result
-            .scores
-            .into_iter()
-            .find_map(Result::err)
-            .unwrap_or_default();
+        let error = first_error(&result);
         let lane = &mut self.lanes[l];
         if let Some(runs) = opened {
             tracing::error!(model = %lane.scorer().id, runs, error = %error, "the model fails every event; holding events back and retrying it (circuit breaker open)");

@@ -65,11 +65,11 @@ impl<D: Deliver> Hub<D> {
     /// The records of a scored event (its verdict, the copies its rule
     /// routes, its decision record), or its dead-letter record.
     pub(super) fn outcome(&self, mut pending: Pending) -> (Outgoing, Outcome) {
-        if let Some(message) = pending.failed.take() {
+        if let Some(failure) = pending.failed.take() {
             metrics::counter!(metric::INFERENCE_FAILURES_TOTAL).increment(1);
             let rejection = event::Rejection {
                 reason: RejectReason::InferenceFailed,
-                message,
+                message: failure.to_string(),
             };
             let out = self.dead_letter(pending, &rejection);
             return (out.into(), Outcome::Dlq(RejectReason::InferenceFailed));

@@ -5,7 +5,7 @@
 use super::breaker::{BreakerAction, RunOutcome};
 use super::lanes::NewRun;
 use super::{Deliver, Hub};
-use crate::inference::{InferenceJob, InferenceResult};
+use crate::inference::{InferenceJob, InferenceResult, ScoreError};
 use crate::partition::ModelScores;
 use crate::policy::ModelId;
 use crate::telemetry::metric;
@@ -122,7 +122,7 @@ impl<D: Deliver> Hub<D> {
                         probabilities,
                     }),
                     Some(Err(e)) => p.failed = Some(e),
-                    None => p.failed = Some("no score returned".to_string()),
+                    None => p.failed = Some(ScoreError::Missing),
                 }
             }
             self.send_on(segment, l.next());

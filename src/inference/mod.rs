@@ -71,11 +71,13 @@ pub struct InferenceJob {
     pub texts: Vec<String>,
 }
 
+pub use crate::scores::{ScoreError, Scores};
+
 #[derive(Debug)]
 pub struct InferenceResult {
     pub id: u64,
     /// One entry per text, in job order.
-    pub scores: Vec<Result<Vec<f32>, String>>,
+    pub scores: Vec<Scores>,
     /// The job's texts, handed back (a batch whose run failed may be tried
     /// again).
     pub texts: Vec<String>,
@@ -261,7 +263,7 @@ impl Worker {
                         tracing::error!(worker, error = %e, "cannot load the model again; keeping the old session")
                     }
                 }
-                let failure = format!("inference panicked: {panic}");
+                let failure = ScoreError::Panicked(panic);
                 job.texts.iter().map(|_| Err(failure.clone())).collect()
             }
         };

@@ -7,8 +7,8 @@ use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::value::Tensor;
 
-use super::InferenceError;
 use super::runtime::{environment, register_providers};
+use super::{InferenceError, ScoreError, Scores};
 use crate::config::{GraphOptimization, InferenceSettings, PadTo};
 use crate::manifest::{InputKind, Manifest, TOKEN_INPUTS};
 use crate::tokens::{self, Encoded, Encoder, Split};
@@ -244,20 +244,17 @@ impl Model {
     /// transient), then score each text alone so that one bad input fails
     /// only itself. A row with a NaN or infinite score is a failure of its
     /// event, never a verdict.
-    pub fn score_isolating(&mut self, texts: &mut [String]) -> Vec<Result<Vec<f32>, String>> {
+    pub fn score_isolating(&mut self, texts: &mut [String]) -> Vec<Scores> {
         match self.score(texts).or_else(|_| self.score(texts)) {
             Ok(scores) => scores.into_iter().map(finite).collect(),
-            Err(e) if texts.len() == 1 => vec![Err(e.to_string())],
+            Err(e) if texts.len() == 1 => vec![Err(ScoreError::Run(e.to_string()))],
             Err(e) => {
                 tracing::warn!(batch = texts.len(), error = %e, "batch run failed; scoring events one by one");
                 texts
                     .chunks_mut(1)
                     .map(|one| match self.score(one) {
-                        Ok(mut s) => s
-                            .pop()
-                            .ok_or_else(|| "no score returned".to_string())
-                            .and_then(finite),
-                        Err(e) => Err(e.to_string()),
+                        Ok(mut s) => s.pop().ok_or(ScoreError::Missing).and_then(finite),
+                        Err(e) => Err(ScoreError::Run(e.to_string())),
                     })
                     .collect()
             }
@@ -270,8 +267,8 @@ impl Model {
 /// would then never be answered.
 pub(super) fn catching_panics(
     texts: &mut [String],
-    score: impl FnOnce(&mut [String]) -> Vec<Result<Vec<f32>, String>>,
-) -> Result<Vec<Result<Vec<f32>, String>>, String> {
+    score: impl FnOnce(&mut [String]) -> Vec<Scores>,
+) -> Result<Vec<Scores>, String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| score(texts))).map_err(|payload| {
         payload
             .downcast_ref::<&str>()
@@ -282,11 +279,11 @@ pub(super) fn catching_panics(
 }
 
 /// Scores that can make a verdict: all finite.
-fn finite(scores: Vec<f32>) -> Result<Vec<f32>, String> {
+fn finite(scores: Vec<f32>) -> Scores {
     if scores.iter().all(|s| s.is_finite()) {
         Ok(scores)
     } else {
-        Err(format!("the model returned a non-finite score: {scores:?}"))
+        Err(ScoreError::NotFinite(scores))
     }
 }
 

@@ -3,7 +3,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::inference::{InferenceJob, TokenStats};
+use crate::inference::{InferenceJob, ScoreError, TokenStats};
 use crate::manifest::Manifest;
 use crate::partition::tests::tp;
 use crate::tp::Position;
@@ -208,7 +208,7 @@ fn failed(job: &InferenceJob) -> InferenceResult {
         scores: job
             .texts
             .iter()
-            .map(|_| Err("model run failed".into()))
+            .map(|_| Err(ScoreError::Run("model run failed".into())))
             .collect(),
         texts: job.texts.clone(),
         elapsed: Duration::from_millis(3),
