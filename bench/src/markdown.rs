@@ -63,8 +63,8 @@ fn cell_name(size: usize, target: Option<u64>) -> String {
 struct SaturationColumns {
     /// Token models: padding efficiency and the raw model without buckets.
     tokens: bool,
-    /// Reports from issue 34 on: the own process's CPU against the raw
-    /// model's (before, the raw model was one session).
+    /// Reports with the own process's CPU against the raw model's on as
+    /// many sessions (older ones ran the raw model on one).
     cpu: bool,
     /// With `--broker-pid`: the broker's CPU per verdict.
     broker: bool,

@@ -42,8 +42,8 @@ pub struct SaturationRow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raw_unbucketed_padding_efficiency: Option<f64>,
     /// How many sessions the raw model ran on at once: the pipeline's
-    /// workers (`raw_model_per_s` is theirs together). Absent in reports
-    /// from before issue 34, whose raw model was one session.
+    /// workers (`raw_model_per_s` is theirs together). Absent in older
+    /// reports, whose raw model was one session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raw_sessions: Option<usize>,
     /// The raw model's CPU time per event on those sessions, µs.
@@ -97,8 +97,8 @@ pub struct OverloadRow {
     pub light_load_peak_rss_bytes: u64,
     /// What the peak may reach: the light-load peak, the byte budget
     /// (`limits.max_in_flight_bytes`, which also bounds librdkafka's fetch
-    /// queues) and [`super::measure::RSS_HEADROOM_BYTES`]. Absent in reports
-    /// from before issue 34.
+    /// queues) and the bench's `RSS_HEADROOM_BYTES`. Absent in older
+    /// reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bound_bytes: Option<u64>,
 }
