@@ -118,7 +118,7 @@ pub(super) struct Adjusted {
 }
 
 /// Events of a batch that model `lane` is to score.
-pub(super) fn needing(batch: &ReadyBatch, lane: ModelId) -> usize {
+fn needing(batch: &ReadyBatch, lane: ModelId) -> usize {
     batch.items.iter().filter(|p| p.needs(lane)).count()
 }
 
