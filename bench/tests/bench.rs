@@ -486,6 +486,10 @@ async fn the_model_sweep_measures_one_model_against_two_on_the_same_events() {
     let second = support::repo_root().join("models/profanity-check");
     let report = tiny_bench(BenchOptions {
         second_model: Some(second),
+        // Model time per verdict is compared below: over 300 events (five
+        // runs of 64) one slow first run of a fresh session, or a core taken
+        // by a test beside this one, could decide it.
+        events: 1200,
         ..tiny_options()
     })
     .await;
