@@ -21,6 +21,7 @@ pub mod event;
 pub mod hub;
 pub mod inference;
 pub mod manifest;
+pub mod matching;
 pub mod offsets;
 pub mod partition;
 pub mod pipeline;

@@ -22,7 +22,8 @@ use crate::offsets::OffsetTracker;
 use crate::policy::{ModelId, RuleId, Ruleset};
 use crate::record::{Original, OutRecord};
 use crate::tp::Tp;
-use crate::verdict::Scorer;
+pub use crate::verdict::ModelScores;
+use crate::verdict::Marks;
 
 /// A valid event waiting for its verdict.
 #[derive(Debug)]
@@ -48,21 +49,22 @@ pub struct Pending {
     /// Why a model could not score it: it goes to the DLQ, and the models
     /// after that one skip it.
     pub failed: Option<crate::inference::ScoreError>,
+    /// What matching found; a deciding list match means no model runs.
+    pub marks: Option<Box<Marks>>,
+    /// The near-duplicate cluster it joined (its scores may be kept for
+    /// the cluster's later posts).
+    pub cluster: Option<crate::verdict::ClusterId>,
+    /// A wave record to write with its verdict (its wave started or grew).
+    pub wave_record: Option<Box<OutRecord>>,
 }
 
-/// One model's scores of an event.
-#[derive(Debug)]
-pub struct ModelScores {
-    pub model: ModelId,
-    /// The identity of the model version that scored it.
-    pub scorer: Arc<Scorer>,
-    pub probabilities: Vec<f32>,
-}
 
 impl Pending {
     /// Whether model `model` is still to score this event.
     pub fn needs(&self, model: ModelId) -> bool {
         self.failed.is_none()
+            && self.marks.as_ref().is_none_or(|m| m.deciding().is_none())
+            && self.scores_of(model).is_none()
             && self
                 .rules
                 .rule(self.rule)
@@ -271,6 +273,9 @@ pub(crate) mod tests {
             rule: RuleId(0),
             scores: Vec::new(),
             failed: None,
+            marks: None,
+            cluster: None,
+            wave_record: None,
             event: event::validate(
                 Some(format!(r#"{{"event_id":"e{offset}","text":"post {offset}"}}"#).as_bytes()),
                 &Default::default(),

@@ -27,6 +27,7 @@ use crate::event::RejectReason;
 use crate::hub::{Deliver, Hub, Inputs, ModelLane};
 use crate::inference::{InferenceError, InferencePool};
 use crate::policy::{ModelLabels, Ruleset};
+use crate::matching::Matcher;
 use crate::producer::{ProducerError, Sink};
 use crate::record::OutRecord;
 use crate::record::RecordKind;
@@ -53,6 +54,10 @@ pub enum PipelineError {
     Producer(#[from] ProducerError),
     #[error(transparent)]
     Transaction(#[from] crate::transaction::TransactionError),
+    #[error(transparent)]
+    List(#[from] crate::matching::ListError),
+    #[error(transparent)]
+    ListTopic(#[from] crate::matching::topic::TopicError),
     #[error(
         "{0} events were not delivered before kafka.shutdown_timeout; they stay uncommitted and are reprocessed after a restart"
     )]
@@ -101,13 +106,26 @@ pub async fn run_with_health(
 /// anything.
 pub struct Loaded {
     models: Models,
+    /// With `[matching]`: its list files, loaded.
+    matcher: Option<Matcher>,
 }
 
-/// Load the models and check the policy (the first step of [`run`]).
+/// Load the models and check the policy (the first step of [`run`]), and
+/// load the list files.
 pub fn load(settings: &Settings) -> Result<Loaded, PipelineError> {
-    Ok(Loaded {
-        models: start_models(settings)?,
-    })
+    let models = start_models(settings)?;
+    let known = settings.matching.list_names();
+    if let Some((rule, list)) = models.rules.unknown_list(&known) {
+        return Err(PolicyError::new(
+            format!("rules.{rule}.lists"),
+            format!("no list is named {list:?} (the lists are {known:?})"),
+        )
+        .into());
+    }
+    let matcher = (settings.matching.enabled())
+        .then(|| Matcher::new(&settings.matching))
+        .transpose()?;
+    Ok(Loaded { models, matcher })
 }
 
 /// [`run_with_health`] with what [`load`] loaded.
@@ -117,7 +135,7 @@ pub async fn run_loaded(
     shutdown: Shutdown,
     health: Arc<Health>,
 ) -> Result<RunSummary, PipelineError> {
-    let Loaded { models } = loaded;
+    let Loaded { models, matcher } = loaded;
     health.model_loaded.store(true, Ordering::SeqCst);
 
     let schemas = crate::schema::SchemaStore::from_settings(&settings)?;
@@ -144,7 +162,9 @@ pub async fn run_loaded(
     let watchdog = shutdown_watchdog(&shutdown, settings.kafka.shutdown_timeout);
     // Hot reload: a new model (or, on SIGHUP, policy) while running;
     // started last so that an early return leaves no task behind.
-    let reloading = spawn_reloader(&settings, &models, &shutdown);
+    let (matching_tx, matching) = mpsc::channel(256);
+    let list_topic = start_list_topic(&settings, &matching_tx)?;
+    let reloading = spawn_reloader(&settings, &models, &shutdown, matching_tx);
     let shadow = crate::shadow::Shadow::start(&settings);
     let records = schema_stage(
         &settings,
@@ -164,15 +184,18 @@ pub async fn run_loaded(
         &shutdown,
     )
     .with_shadow(shadow)
-    .with_formats(schemas, verdict_encoder);
+    .with_formats(schemas, verdict_encoder)
+    .with_matcher(matcher);
     let inputs = Inputs {
         records,
         control: channels.control,
         results: models.results,
         scorers: reloading.scorers,
         policies: reloading.policies,
+        matching,
     };
     let (mut summary, producer_fatal) = hub.run(inputs).await;
+    list_topic.cancel();
     watchdog.abort();
     reloading.task.abort();
     health.consumer_ready.store(false, Ordering::SeqCst);
@@ -363,7 +386,25 @@ struct Reloading {
     policies: mpsc::Receiver<Arc<Ruleset>>,
 }
 
-fn spawn_reloader(settings: &Settings, models: &Models, shutdown: &Shutdown) -> Reloading {
+/// The list topic's reader (`matching.list_topic`), if there is one;
+/// cancel the token to stop it.
+fn start_list_topic(
+    settings: &Settings,
+    updates: &mpsc::Sender<crate::matching::Update>,
+) -> Result<CancellationToken, PipelineError> {
+    let stop = CancellationToken::new();
+    if let Some(topic) = &settings.matching.list_topic {
+        crate::matching::topic::spawn(settings, topic, updates.clone(), stop.clone())?;
+    }
+    Ok(stop)
+}
+
+fn spawn_reloader(
+    settings: &Settings,
+    models: &Models,
+    shutdown: &Shutdown,
+    lists: mpsc::Sender<crate::matching::Update>,
+) -> Reloading {
     // Reloads are rare and the hub takes each at once (first in its loop).
     let (scorers_tx, scorers) = mpsc::channel(4);
     let (policies_tx, policies) = mpsc::channel(4);
@@ -387,6 +428,10 @@ fn spawn_reloader(settings: &Settings, models: &Models, shutdown: &Shutdown) -> 
         models.rules.clone(),
         scorers_tx,
         policies_tx,
+    )
+    .with_lists(
+        (!settings.matching.lists.is_empty())
+            .then(|| crate::matching::ListWatch::new(&settings.matching, lists)),
     );
     Reloading {
         task: tokio::spawn(reloader.run(shutdown.stop.clone())),

@@ -23,10 +23,17 @@ pub enum RecordKind {
     Dlq,
     /// An audit record for `output.decisions_topic`.
     Decision,
+    /// A wave record for `output.waves_topic`.
+    Wave,
 }
 
 impl RecordKind {
-    pub const ALL: [RecordKind; 3] = [RecordKind::Verdict, RecordKind::Dlq, RecordKind::Decision];
+    pub const ALL: [RecordKind; 4] = [
+        RecordKind::Verdict,
+        RecordKind::Dlq,
+        RecordKind::Decision,
+        RecordKind::Wave,
+    ];
 
     /// The metric label value and log field.
     pub fn as_str(self) -> &'static str {
@@ -34,6 +41,7 @@ impl RecordKind {
             RecordKind::Verdict => "verdict",
             RecordKind::Dlq => "dlq",
             RecordKind::Decision => "decision",
+            RecordKind::Wave => "wave",
         }
     }
 }

@@ -22,6 +22,9 @@
 //! is wrong: the old one stays. The hub stamps each event with the policy
 //! in force when it arrived, so a change applies from one point of each
 //! partition on, never to part of an event.
+//!
+//! The known-bad list files (`[matching] lists`) are looked at on the same
+//! interval and read again on SIGHUP ([`crate::matching::ListWatch`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -126,6 +129,9 @@ pub struct Reloader {
     pub rules: Ruleset,
     /// The policy file's stamp when last read.
     pub stamp: Option<(u64, Option<SystemTime>)>,
+    /// The known-bad list files (`[matching] lists`), read again when they
+    /// change and on SIGHUP.
+    pub lists: Option<crate::matching::ListWatch>,
 }
 
 impl Reloader {
@@ -146,7 +152,14 @@ impl Reloader {
             source,
             rules,
             stamp,
+            lists: None,
         }
+    }
+
+    /// Also watch the list files, handing new lists to the hub here.
+    pub fn with_lists(mut self, lists: Option<crate::matching::ListWatch>) -> Reloader {
+        self.lists = lists;
+        self
     }
 
     /// Watch until `stop`: on the interval and on SIGHUP.
@@ -181,6 +194,9 @@ impl Reloader {
                 tracing::info!("SIGHUP: reading the policy and the models again");
             }
             self.check_policy(sighup).await;
+            if let Some(lists) = &mut self.lists {
+                lists.check(sighup).await;
+            }
             for l in 0..self.models.len() {
                 self.check_model(l, sighup).await;
             }
@@ -215,7 +231,15 @@ impl Reloader {
             }
             PolicySource::Config(_) => return,
         };
-        match source.rules(&self.labels()) {
+        let known = self.settings.matching.list_names();
+        let checked = source.rules(&self.labels()).and_then(|rules| match rules.unknown_list(&known) {
+            None => Ok(rules),
+            Some((rule, list)) => Err(crate::policy::PolicyError::new(
+                format!("rules.{rule}.lists"),
+                format!("no list is named {list:?} (the lists are {known:?})"),
+            )),
+        });
+        match checked {
             Ok(rules) if rules == self.rules => {}
             Ok(rules) => {
                 tracing::info!(version = %rules.version, rules = ?rules.rule_ids().collect::<Vec<_>>(), "policy reloaded");

@@ -135,30 +135,30 @@ fn saturation_cells(r: &SaturationRow, c: SaturationColumns) -> String {
     let mut line = saturation_row(r);
     let own = r.own_process.as_ref();
     if c.cpu {
-        line += &format!(
+        line.push_str(&format!(
             " {} | {} | {} | {} |",
             opt(own.map(|o| o.per_s), 0),
             opt(own.and_then(|o| o.cpu_us_per_verdict), 1),
             opt(r.raw_cpu_us_per_event, 1),
             opt(r.cpu_over_raw(), 2)
-        );
+        ));
     }
     if c.broker {
-        line += &format!(
+        line.push_str(&format!(
             " {} |",
             opt(own.and_then(|o| o.broker_cpu_us_per_verdict), 1)
-        );
+        ));
     }
-    line += &format!(
+    line.push_str(&format!(
         " {:.1} | {:.0} / {:.1} / {:.1} |",
         r.mean_batch_size, r.batch_wait_ms, r.inference_ms, r.produce_ms
-    );
+    ));
     if c.tokens {
-        line += &format!(
+        line.push_str(&format!(
             " {} | {} |",
             opt(r.padding_efficiency, 2),
             opt(r.raw_unbucketed_per_s, 0)
-        );
+        ));
     }
     line
 }

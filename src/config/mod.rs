@@ -13,6 +13,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 mod delivery;
 mod input;
+mod matching;
 mod models;
 mod properties;
 mod registry;
@@ -22,6 +23,7 @@ mod validate;
 
 pub use delivery::DeliveryMode;
 pub use input::{FieldSource, InputSettings, Mapping, TimeUnit};
+pub use matching::{ListFile, ListMode, MatchingSettings};
 pub use models::{ModelSettings, ModelSpec, SINGLE_MODEL};
 pub use properties::{Properties, REDACTED, is_secret};
 pub use registry::{CloudEventsOutput, InputFormat, OutputFormat, SchemaRegistrySettings};
@@ -87,6 +89,8 @@ pub struct Settings {
     pub inference: InferenceSettings,
     #[serde(default)]
     pub policy: Policy,
+    #[serde(default)]
+    pub matching: MatchingSettings,
     #[serde(default)]
     pub telemetry: TelemetrySettings,
     #[serde(default)]
@@ -159,6 +163,8 @@ pub struct OutputSettings {
     pub cloudevents: CloudEventsOutput,
     /// One decision record per event (policy, rule, models, reasons), keyed by event id.
     pub decisions_topic: Option<String>,
+    /// Wave records (`[matching] waves`): when a wave starts and as it grows.
+    pub waves_topic: Option<String>,
 }
 
 impl Default for OutputSettings {
@@ -170,6 +176,7 @@ impl Default for OutputSettings {
             format: OutputFormat::default(),
             cloudevents: CloudEventsOutput::default(),
             decisions_topic: None,
+            waves_topic: None,
         }
     }
 }
@@ -538,6 +545,7 @@ impl Settings {
         validate::batching_and_limits(&self.batching, &self.limits)?;
         validate::inference(&self.inference)?;
         models::validate(self)?;
-        validate::policy(&self.policy)
+        validate::policy(&self.policy)?;
+        matching::validate(&self.matching)
     }
 }

@@ -51,6 +51,7 @@ impl<D: Deliver> Hub<D> {
                     received_at: pending.received_at,
                     bytes: pending.bytes.take(),
                 };
+                self.remember_scores(&pending);
                 let (out, outcome) = self.outcome(pending);
                 self.deliver(ReadyOutput {
                     at,
@@ -71,12 +72,17 @@ impl<D: Deliver> Hub<D> {
                 reason: RejectReason::InferenceFailed,
                 message: failure.to_string(),
             };
-            let out = self.dead_letter(pending, &rejection);
-            return (out.into(), Outcome::Dlq(RejectReason::InferenceFailed));
+            let wave = pending.wave_record.take();
+            let mut out: Outgoing = self.dead_letter(pending, &rejection).into();
+            out.also.extend(wave.map(|w| *w));
+            return (out, Outcome::Dlq(RejectReason::InferenceFailed));
         }
         let rules = pending.rules.clone();
         let rule = &rules.rules[pending.rule.0];
-        let decision = rule.judge(|m| pending.scores_of(m));
+        let decision = match pending.marks.as_ref().and_then(|m| m.deciding()) {
+            Some(item) => rule.decided_by(item.verdict),
+            None => rule.judge(|m| pending.scores_of(m)),
+        };
         self.offer_shadow(&mut pending);
         let judged = Judged {
             rules: &pending.rules,
@@ -91,6 +97,7 @@ impl<D: Deliver> Hub<D> {
                     probabilities: &m.probabilities,
                 })
                 .collect(),
+            marks: pending.marks.as_deref(),
         };
         let answer = Answer {
             source: &pending.tp,
@@ -121,12 +128,16 @@ impl<D: Deliver> Hub<D> {
         if let Some(topic) = &self.settings.output.decisions_topic {
             also.push(verdict::decision_record(topic, &answer, &judged));
         }
+        also.extend(pending.wave_record.take().map(|w| *w));
         let decided = Decided {
             verdict: decision.verdict,
             event_time_ms: event::event_time_ms(pending.original.timestamp_ms, &pending.event),
             rules: pending.rules.clone(),
             rule: pending.rule,
-            models: pending.scores.iter().map(|m| m.model).collect(),
+            models: (pending.scores.iter())
+                .filter(|m| !m.reused)
+                .map(|m| m.model)
+                .collect(),
         };
         (Outgoing { main, also }, Outcome::Verdict(decided))
     }

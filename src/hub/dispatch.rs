@@ -120,6 +120,7 @@ impl<D: Deliver> Hub<D> {
                         model: l,
                         scorer: scorer.clone(),
                         probabilities,
+                        reused: false,
                     }),
                     Some(Err(e)) => p.failed = Some(e),
                     None => p.failed = Some(ScoreError::Missing),

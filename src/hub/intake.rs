@@ -59,7 +59,7 @@ impl<D: Deliver> Hub<D> {
             Ok(event) => {
                 let urgent = event.priority == Priority::Urgent;
                 let (rules, rule) = self.rule_for(&record.tp.topic, &event);
-                let pending = Pending {
+                let mut pending = Pending {
                     tp: record.tp,
                     generation,
                     offset: record.offset,
@@ -71,7 +71,11 @@ impl<D: Deliver> Hub<D> {
                     rule,
                     scores: Vec::new(),
                     failed: None,
+                    marks: None,
+                    cluster: None,
+                    wave_record: None,
                 };
+                self.inspect(&mut pending);
                 self.accept(pending, urgent);
             }
             Err(rejection) => {

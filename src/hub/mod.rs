@@ -48,6 +48,7 @@ mod dispatch;
 mod formats;
 mod intake;
 mod lanes;
+mod matching;
 mod meters;
 mod positions;
 mod queue;
@@ -217,6 +218,8 @@ pub struct Inputs {
     /// New policies (the policy file changed, or SIGHUP): events accepted
     /// from then on are judged by it.
     pub policies: mpsc::Receiver<Arc<Ruleset>>,
+    /// List changes (a list file read again, the list topic's items).
+    pub matching: mpsc::Receiver<crate::matching::Update>,
 }
 
 pub struct Hub<D: Deliver> {
@@ -264,6 +267,8 @@ pub struct Hub<D: Deliver> {
     verdict_encoder: Option<crate::schema::verdict::VerdictEncoder>,
     /// Per-event metric handles.
     meters: meters::Meters,
+    /// With `[matching]`: the known-bad lists and the wave clusters.
+    matcher: Option<crate::matching::Matcher>,
 }
 
 impl<D: Deliver> Hub<D> {
@@ -324,6 +329,7 @@ impl<D: Deliver> Hub<D> {
             schemas: None,
             verdict_encoder: None,
             meters,
+            matcher: None,
         }
     }
 
@@ -336,6 +342,12 @@ impl<D: Deliver> Hub<D> {
     ) -> Self {
         self.schemas = schemas;
         self.verdict_encoder = verdict_encoder;
+        self
+    }
+
+    /// Match events against lists and waves with this matcher.
+    pub fn with_matcher(mut self, matcher: Option<crate::matching::Matcher>) -> Self {
+        self.matcher = matcher;
         self
     }
 
@@ -378,8 +390,12 @@ impl<D: Deliver> Hub<D> {
                     if let Some(lane) = self.lanes.get_mut(new.model) {
                         lane.reloaded(new.version, new.scorer);
                     }
+                    if let Some(matcher) = &mut self.matcher {
+                        matcher.model_reloaded();
+                    }
                 }
                 Some(rules) = inputs.policies.recv() => self.on_policy(rules),
+                Some(update) = inputs.matching.recv() => self.on_match_update(update),
                 Some(ack) = delivering.next() => self.on_ack(ack),
                 Some(result) = inputs.results.recv() => self.on_inference_result(result),
                 _ = abort.cancelled(), if holding => self.give_up_held(),

@@ -88,7 +88,12 @@ struct RuleSpec {
     id: String,
     #[serde(default)]
     when: BTreeMap<String, OneOrMany>,
+    #[serde(default)]
     models: BTreeMap<String, BTreeMap<String, Thresholds>>,
+    /// The known-bad lists (`[matching]`) this rule's events are matched
+    /// against; left out: all of them; `[]`: none.
+    #[serde(default)]
+    lists: Option<Vec<String>>,
     #[serde(default)]
     human_review: bool,
     #[serde(default)]
@@ -230,8 +235,11 @@ impl RuleSpec {
             ));
         }
         let fields = check_when(self.when)?;
-        if self.models.is_empty() {
-            return Err(("models".into(), "at least one model judges".into()));
+        if self.models.is_empty() && self.lists.as_ref().is_none_or(Vec::is_empty) {
+            return Err((
+                "models".into(),
+                "at least one model judges (or, without models, name the lists that decide)".into(),
+            ));
         }
         let mut judges = Vec::new();
         for (name, labels) in self.models {
@@ -282,6 +290,7 @@ impl RuleSpec {
             human_review: self.human_review,
             routes,
             cascade,
+            lists: self.lists,
         })
     }
 }

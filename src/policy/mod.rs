@@ -105,6 +105,10 @@ pub struct Rule {
     pub routes: Vec<Route>,
     /// Models that run only where an earlier one is unsure.
     pub cascade: Vec<Cascade>,
+    /// The known-bad lists its events are matched against (None: all).
+    /// A rule without models is decided by its lists alone (allow when
+    /// nothing matches).
+    pub lists: Option<Vec<String>>,
 }
 
 /// A model of the rule that runs only where an earlier model of the rule
@@ -289,6 +293,7 @@ impl Ruleset {
                 human_review: false,
                 routes: Vec::new(),
                 cascade: Vec::new(),
+                lists: None,
             }],
         })
     }
@@ -321,6 +326,16 @@ impl Ruleset {
         missing.sort_unstable();
         missing.dedup();
         missing
+    }
+
+    /// The first list a rule names that is not among `known`, with the
+    /// rule's id.
+    pub fn unknown_list<'a>(&'a self, known: &[String]) -> Option<(&'a str, &'a str)> {
+        self.rules.iter().find_map(|r| {
+            let lists = r.lists.as_deref().unwrap_or_default();
+            let unknown = lists.iter().find(|l| !known.contains(l))?;
+            Some((r.id.as_str(), unknown.as_str()))
+        })
     }
 
     /// Rule ids, for metric labels (they come from the file, never from
@@ -415,6 +430,22 @@ impl Rule {
             by_score,
             human_review: self.human_review,
             crossings,
+        }
+    }
+
+    /// The decision of a known-bad list's item (its verdict, raised to
+    /// review when the rule asks for a human): no model judged.
+    pub fn decided_by(&self, verdict: Verdict) -> Decision {
+        Decision {
+            verdict: if self.human_review {
+                verdict.max(Verdict::Review)
+            } else {
+                verdict
+            },
+            deferred: Vec::new(),
+            by_score: verdict,
+            human_review: self.human_review,
+            crossings: Vec::new(),
         }
     }
 

@@ -171,7 +171,7 @@ pub struct Sink {
 
 /// One counter per [`RecordKind`] (a labelled `counter!` looks its series
 /// up in the registry on every call).
-struct Produced([metrics::Counter; 3]);
+struct Produced([metrics::Counter; 4]);
 
 impl Produced {
     fn new() -> Produced {
@@ -186,6 +186,7 @@ impl Produced {
             RecordKind::Verdict => 0,
             RecordKind::Dlq => 1,
             RecordKind::Decision => 2,
+            RecordKind::Wave => 3,
         };
         &self.0[i]
     }

@@ -114,6 +114,7 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
                     probabilities: &s.probabilities,
                 })
                 .collect(),
+            marks: None,
         };
         let answer = Answer {
             source: &f.tp,

@@ -2,6 +2,7 @@
 //! parts (no `serde_json::Value` per record). Fields and score labels are
 //! in name order, as they always were.
 
+use super::marks::{MatchRef, WaveRef};
 use super::{Judged, ScoredBy, Scorer};
 use crate::policy::ModelId;
 use crate::policy::Verdict;
@@ -64,9 +65,15 @@ pub(super) struct SourceRef<'a> {
 #[derive(serde::Serialize)]
 pub(super) struct Reason<'a> {
     pub human_review: bool,
+    #[serde(rename = "match", skip_serializing_if = "Option::is_none")]
+    pub matched: Option<MatchRef<'a>>,
     pub models: Vec<ModelReason<'a>>,
     pub policy: &'a str,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reused: bool,
     pub rule: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wave: Option<WaveRef<'a>>,
 }
 
 #[derive(serde::Serialize)]
@@ -164,6 +171,9 @@ impl<'a> Judged<'a> {
                 .collect(),
             policy: &self.rules.version,
             rule: self.rule_id(),
+            matched: self.marks.and_then(|m| m.matched.as_ref()).map(MatchRef::from),
+            reused: self.marks.is_some_and(|m| m.reused),
+            wave: self.marks.and_then(|m| m.wave.as_ref()).map(WaveRef::from),
         }
     }
 

@@ -6,7 +6,7 @@
 //! `{"event_id", "latency_ms", "model": {"name", "version"}, "processed_at",
 //!   "reason": {"human_review", "models": [{"crossed": [{"label", "score",
 //!   "threshold", "verdict"}], "id", "name", "scores", "version"}],
-//!   "policy", "rule"}, "review_priority"?, "scores": {label: p},
+//!   "policy", "rule", "match"?, "wave"?, "reused"?}, "review_priority"?, "scores": {label: p},
 //!   "source": {"topic", "partition", "offset"}, "tenant"?, "verdict":
 //!   "allow"|"review"|"block", "warnings"?}`.
 //! `model` and `scores` are those of the first model that judged the event
@@ -27,10 +27,12 @@ use crate::record::{OutRecord, RecordKind};
 use crate::tp::Tp;
 
 mod body;
+mod marks;
 
 use body::{DecisionBody, ModelRef, Scores, SourceRef, VerdictBody};
 
 pub use crate::policy::{Verdict, decide};
+pub use marks::{ClusterId, ListMatch, Marks, WaveNote, rfc3339};
 
 /// A new model version for the hub (from a hot reload).
 #[derive(Debug)]
@@ -75,6 +77,19 @@ pub struct Judged<'a> {
     pub rule: RuleId,
     pub decision: &'a Decision,
     pub models: Vec<ScoredBy<'a>>,
+    /// What matching found (lists, waves), if it ran.
+    pub marks: Option<&'a Marks>,
+}
+
+/// One model's scores of an event.
+#[derive(Debug, Clone)]
+pub struct ModelScores {
+    pub model: ModelId,
+    /// The identity of the model version that scored it.
+    pub scorer: std::sync::Arc<Scorer>,
+    pub probabilities: Vec<f32>,
+    /// Taken from its wave's first scored post, not from a run of the model.
+    pub reused: bool,
 }
 
 /// One judging model's scores of the event.
@@ -130,6 +145,7 @@ impl Scorer {
                 human_review: false,
                 routes: Vec::new(),
                 cascade: Vec::new(),
+                lists: None,
             }],
         };
         Scorer::with_rules(id, manifest, alone)
@@ -200,6 +216,7 @@ impl Scorer {
                 scorer: self,
                 probabilities,
             }],
+            marks: None,
         };
         (
             verdict_record(topic, &answer, &judged, None),

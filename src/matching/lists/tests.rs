@@ -1,0 +1,143 @@
+use super::*;
+
+fn item(json: &str) -> Item {
+    Item::parse(json.as_bytes(), None, &Fingerprinter::default()).unwrap()
+}
+
+fn list_of(items: &[&str]) -> List {
+    let mut list = List::new("spam", ListMode::Decide, 0.7);
+    for json in items {
+        list.insert(item(json));
+    }
+    list
+}
+
+fn find(list: &List, text: &str) -> Option<Found> {
+    list.find(&Fingerprinter::default().of_normalized(&normalize(text)))
+}
+
+/// Each evasion of a list entry matches it; benign near-misses do not.
+#[test]
+fn evasions_match_their_item_and_near_misses_do_not() {
+    let list = list_of(&[
+        r#"{"id": "s1", "verdict": "block", "label": "spam", "text": "win a free iphone now click the link in my bio"}"#,
+        r#"{"id": "p1", "verdict": "review", "label": "profanity", "text": "fuck you"}"#,
+    ]);
+    let evasions = [
+        ("win а free iphone now click the link in my bio", "s1"), // Cyrillic а
+        ("ｗｉｎ ａ ｆｒｅｅ ｉｐｈｏｎｅ now click the link in my bio", "s1"),
+        ("win a fr\u{200d}ee iph\u{200b}one now click the link in my bio", "s1"),
+        ("WIN A FREE IPHONE NOW click the link in my bio", "s1"),
+        ("win a free 🔥iphone🔥 now click the link in my bio 💰💰", "s1"),
+        ("win a freeeee iphoneee now!!! click the link in my bio", "s1"),
+        ("win a free iphone now click the link in my profile", "s1"), // one word changed: near
+        ("f.u.c.k you", "p1"),
+        ("F U C K you", "p1"),
+        ("fuuuuck yoooou", "p1"),
+    ];
+    let mut missed = Vec::new();
+    for (text, id) in evasions {
+        match find(&list, text) {
+            Some(f) if &*f.item.id == id => {}
+            other => missed.push((text, other.map(|f| f.item.id.to_string()))),
+        }
+    }
+    // "F U C K you" splits the word: not the same text, and too short to
+    // be near (documented: spaces between letters are not undone).
+    assert_eq!(missed, vec![("F U C K you", None)]);
+    for benign in [
+        "you are free to click the link if you like",
+        "I won a free coffee today",
+        "fun duck",
+        "win a free iphone",
+    ] {
+        assert!(find(&list, benign).is_none(), "{benign:?} matched");
+    }
+    let exact = find(&list, "Win a free iPhone now, click the link in my bio!").unwrap();
+    assert_eq!(exact.distance, 0.0);
+    let near = find(&list, "win a free iphone now click the link in my profile").unwrap();
+    assert!(near.distance > 0.0 && near.distance <= 0.3, "{}", near.distance);
+}
+
+#[test]
+fn an_item_by_hash_matches_exactly_and_items_come_and_go() {
+    let hash = format!("{:016x}", super::super::normalize::text_hash(&normalize("Call me at 555 0100")));
+    let mut list = list_of(&[&format!(
+        r#"{{"id": "d1", "verdict": "review", "label": "doxxing", "hash": "{hash}"}}"#
+    )]);
+    assert_eq!(&*find(&list, "CALL me at 555 0100!").unwrap().item.id, "d1");
+    assert!(find(&list, "call me at 555 0101").is_none());
+    list.insert(item(r#"{"id": "x", "verdict": "block", "label": "l", "text": "buy followers cheap today"}"#));
+    assert_eq!(list.len(), 2);
+    assert!(find(&list, "buy followers cheap today").is_some());
+    assert!(list.remove("x"));
+    assert!(find(&list, "buy followers cheap today").is_none());
+    assert!(!list.remove("x"));
+}
+
+#[test]
+fn a_wrong_line_refuses_the_whole_file_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l.jsonl");
+    let good = r#"{"id": "a", "verdict": "block", "label": "spam", "text": "buy now"}"#;
+    for (bad, says) in [
+        (r#"{"id": "b", "verdict": "allow", "label": "x", "text": "t"}"#, "verdict \"allow\""),
+        (r#"{"id": "b", "verdict": "block", "label": "x"}"#, "one of text or hash"),
+        (r#"{"id": "b", "verdict": "block", "label": "x", "hash": "12"}"#, "16 hex digits"),
+        (r#"{"id": "b", "verdict": "block", "label": "x", "text": "BUY NOW!"}"#, "same normalised text as item \"a\""),
+        (r#"{"id": "b", "verdict": "block", "label": "x", "text": "🔥"}"#, "no words"),
+        (r#"{"verdict": "block", "label": "x", "text": "t"}"#, "no id"),
+        ("not json", "not an item"),
+    ] {
+        std::fs::write(&path, format!("# a comment\n{good}\n\n{bad}\n")).unwrap();
+        let prints = Fingerprinter::default();
+        let e = List::load("l", &path, ListMode::Decide, 0.8, &prints).err().unwrap().to_string();
+        assert!(e.contains("line 4") && e.contains(says), "{e}");
+    }
+    std::fs::write(&path, format!("{good}\n")).unwrap();
+    let list = List::load("l", &path, ListMode::Decide, 0.8, &Fingerprinter::default()).unwrap();
+    assert_eq!(list.len(), 1);
+}
+
+/// The false-match rate: the sample posts against a list of 1,000 spam
+/// items built from templates (none of them a sample post).
+#[test]
+fn sample_posts_do_not_match_a_list_of_a_thousand_items() {
+    let list = thousand_items();
+    assert_eq!(list.len(), 1000);
+    let posts = crate::tools::generator::sample_posts();
+    let matched: Vec<&str> = posts
+        .iter()
+        .map(|(_, t)| *t)
+        .filter(|t| find(&list, t).is_some())
+        .collect();
+    assert!(matched.is_empty(), "{} of {} posts matched: {matched:?}", matched.len(), posts.len());
+}
+
+/// 1,000 distinct spam items: 50 openings × 20 offers.
+fn thousand_items() -> List {
+    let opens = [
+        "win", "claim", "grab", "get", "score", "collect", "unlock", "redeem", "receive", "take",
+    ];
+    let whats = ["a free", "your bonus", "the cash", "a gift card", "crypto"];
+    let offers = [
+        "iphone now", "prize today", "reward here", "voucher fast", "payout instantly",
+        "airdrop tonight", "coupon code", "discount deal", "jackpot spin", "lottery ticket",
+        "followers pack", "likes bundle", "loan approval", "credit boost", "trading signal",
+        "casino bonus", "diet pills", "watch replica", "dating match", "investment tip",
+    ];
+    let mut list = List::new("spam", ListMode::Decide, 0.7);
+    let mut n = 0;
+    for o in opens {
+        for w in whats {
+            for offer in offers {
+                let text = format!("{o} {w} {offer} click the link in my bio dm me");
+                list.insert(item(&format!(
+                    r#"{{"id": "t{n}", "verdict": "block", "label": "spam", "text": "{text}"}}"#
+                )));
+                n += 1;
+            }
+        }
+    }
+    list
+}
