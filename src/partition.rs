@@ -49,7 +49,14 @@ pub struct Pending {
     /// Why a model could not score it: it goes to the DLQ, and the models
     /// after that one skip it.
     pub failed: Option<crate::inference::ScoreError>,
-    /// What matching found; a deciding list match means no model runs.
+    /// What matching found (with `[matching]`).
+    pub matching: Matching,
+}
+
+/// What matching found for an event ([`crate::matching`]).
+#[derive(Debug, Default)]
+pub struct Matching {
+    /// Its marks; a deciding list match means no model runs.
     pub marks: Option<Box<Marks>>,
     /// The near-duplicate cluster it joined (its scores may be kept for
     /// the cluster's later posts).
@@ -63,7 +70,7 @@ impl Pending {
     /// Whether model `model` is still to score this event.
     pub fn needs(&self, model: ModelId) -> bool {
         self.failed.is_none()
-            && self.marks.as_ref().is_none_or(|m| m.deciding().is_none())
+            && (self.matching.marks.as_ref()).is_none_or(|m| m.deciding().is_none())
             && self.scores_of(model).is_none()
             && self
                 .rules
@@ -273,9 +280,7 @@ pub(crate) mod tests {
             rule: RuleId(0),
             scores: Vec::new(),
             failed: None,
-            marks: None,
-            cluster: None,
-            wave_record: None,
+            matching: Matching::default(),
             event: event::validate(
                 Some(format!(r#"{{"event_id":"e{offset}","text":"post {offset}"}}"#).as_bytes()),
                 &Default::default(),

@@ -72,14 +72,14 @@ impl<D: Deliver> Hub<D> {
                 reason: RejectReason::InferenceFailed,
                 message: failure.to_string(),
             };
-            let wave = pending.wave_record.take();
+            let wave = pending.matching.wave_record.take();
             let mut out: Outgoing = self.dead_letter(pending, &rejection).into();
             out.also.extend(wave.map(|w| *w));
             return (out, Outcome::Dlq(RejectReason::InferenceFailed));
         }
         let rules = pending.rules.clone();
         let rule = &rules.rules[pending.rule.0];
-        let decision = match pending.marks.as_ref().and_then(|m| m.deciding()) {
+        let decision = match pending.matching.marks.as_ref().and_then(|m| m.deciding()) {
             Some(item) => rule.decided_by(item.verdict),
             None => rule.judge(|m| pending.scores_of(m)),
         };
@@ -97,7 +97,7 @@ impl<D: Deliver> Hub<D> {
                     probabilities: &m.probabilities,
                 })
                 .collect(),
-            marks: pending.marks.as_deref(),
+            marks: pending.matching.marks.as_deref(),
         };
         let answer = Answer {
             source: &pending.tp,
@@ -128,7 +128,7 @@ impl<D: Deliver> Hub<D> {
         if let Some(topic) = &self.settings.output.decisions_topic {
             also.push(verdict::decision_record(topic, &answer, &judged));
         }
-        also.extend(pending.wave_record.take().map(|w| *w));
+        also.extend(pending.matching.wave_record.take().map(|w| *w));
         let decided = Decided {
             verdict: decision.verdict,
             event_time_ms: event::event_time_ms(pending.original.timestamp_ms, &pending.event),

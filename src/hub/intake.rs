@@ -59,7 +59,7 @@ impl<D: Deliver> Hub<D> {
             Ok(event) => {
                 let urgent = event.priority == Priority::Urgent;
                 let (rules, rule) = self.rule_for(&record.tp.topic, &event);
-                let mut pending = Pending {
+                let pending = Pending {
                     tp: record.tp,
                     generation,
                     offset: record.offset,
@@ -71,11 +71,8 @@ impl<D: Deliver> Hub<D> {
                     rule,
                     scores: Vec::new(),
                     failed: None,
-                    marks: None,
-                    cluster: None,
-                    wave_record: None,
+                    matching: Default::default(),
                 };
-                self.inspect(&mut pending);
                 self.accept(pending, urgent);
             }
             Err(rejection) => {
@@ -98,8 +95,10 @@ impl<D: Deliver> Hub<D> {
         }
     }
 
-    /// A valid event joins its partition's open batch.
-    fn accept(&mut self, pending: Pending, urgent: bool) {
+    /// A valid event, once matched (see [`super::matching`]), joins its
+    /// partition's open batch.
+    fn accept(&mut self, mut pending: Pending, urgent: bool) {
+        self.inspect(&mut pending);
         let Some(partition) = self.partitions.get_mut(&pending.tp) else {
             return;
         };

@@ -27,7 +27,7 @@ impl<D: Deliver> Hub<D> {
             rule.lists.as_deref(),
             Instant::now(),
         );
-        pending.cluster = found.cluster;
+        pending.matching.cluster = found.cluster;
         let mut marks = found.marks;
         if let (Some(reuse), Some(m)) = (found.reuse, marks.as_mut())
             && m.deciding().is_none()
@@ -43,16 +43,16 @@ impl<D: Deliver> Hub<D> {
                 .collect();
             m.reused = !pending.scores.is_empty();
         }
-        pending.marks = marks;
+        pending.matching.marks = marks;
         if let (Some(report), Some(topic)) = (found.report, &self.settings.output.waves_topic) {
-            pending.wave_record = Some(Box::new(Matcher::wave_record(topic, &report)));
+            pending.matching.wave_record = Some(Box::new(Matcher::wave_record(topic, &report)));
         }
     }
 
     /// The scores a post of a cluster was judged by, from its models' runs,
     /// kept for the wave's later posts (the first such post's only).
     pub(super) fn remember_scores(&mut self, pending: &Pending) {
-        let (Some(matcher), Some(cluster)) = (&mut self.matcher, pending.cluster) else {
+        let (Some(matcher), Some(cluster)) = (&mut self.matcher, pending.matching.cluster) else {
             return;
         };
         if pending.scores.iter().any(|s| s.reused) {

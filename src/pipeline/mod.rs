@@ -23,24 +23,22 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::consumer::{self, ConsumerError};
-use crate::event::RejectReason;
 use crate::hub::{Deliver, Hub, Inputs, ModelLane};
 use crate::inference::{InferenceError, InferencePool};
 use crate::policy::{ModelLabels, Ruleset};
 use crate::matching::Matcher;
 use crate::producer::{ProducerError, Sink};
 use crate::record::OutRecord;
-use crate::record::RecordKind;
 use crate::reload::PolicySource;
 use crate::shutdown::Shutdown;
 use crate::telemetry::Health;
-use crate::telemetry::metric::{
-    self, CommitOutcome, ErrorKind, RebalanceKind, ReloadOutcome, ShadowStage, TxnOutcome,
-};
 use crate::tp::Source;
-use crate::verdict::{PolicyError, Scorer, Verdict};
+use crate::verdict::{PolicyError, Scorer};
 
 pub use crate::hub::RunSummary;
+pub use zeroes::register_zeroes;
+
+mod zeroes;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -159,12 +157,11 @@ pub async fn run_loaded(
     check_producer(&sink, settings.kafka.startup_timeout, &health).await;
     tracing::info!(topics = ?settings.input.topics, group = %settings.kafka.group_id, "consuming");
 
+    // Hot reload: a new model (or, on SIGHUP, policy, lists) while
+    // running, and the list topic's reader; started last so that an early
+    // return leaves no task behind.
+    let reloading = spawn_reloader(&settings, &models, &shutdown)?;
     let watchdog = shutdown_watchdog(&shutdown, settings.kafka.shutdown_timeout);
-    // Hot reload: a new model (or, on SIGHUP, policy) while running;
-    // started last so that an early return leaves no task behind.
-    let (matching_tx, matching) = mpsc::channel(256);
-    let list_topic = start_list_topic(&settings, &matching_tx)?;
-    let reloading = spawn_reloader(&settings, &models, &shutdown, matching_tx);
     let shadow = crate::shadow::Shadow::start(&settings);
     let records = schema_stage(
         &settings,
@@ -192,10 +189,9 @@ pub async fn run_loaded(
         results: models.results,
         scorers: reloading.scorers,
         policies: reloading.policies,
-        matching,
+        matching: reloading.lists,
     };
     let (mut summary, producer_fatal) = hub.run(inputs).await;
-    list_topic.cancel();
     watchdog.abort();
     reloading.task.abort();
     health.consumer_ready.store(false, Ordering::SeqCst);
@@ -384,27 +380,22 @@ struct Reloading {
     task: tokio::task::JoinHandle<()>,
     scorers: mpsc::Receiver<crate::verdict::NewScorer>,
     policies: mpsc::Receiver<Arc<Ruleset>>,
-}
-
-/// The list topic's reader (`matching.list_topic`), if there is one;
-/// cancel the token to stop it.
-fn start_list_topic(
-    settings: &Settings,
-    updates: &mpsc::Sender<crate::matching::Update>,
-) -> Result<CancellationToken, PipelineError> {
-    let stop = CancellationToken::new();
-    if let Some(topic) = &settings.matching.list_topic {
-        crate::matching::topic::spawn(settings, topic, updates.clone(), stop.clone())?;
-    }
-    Ok(stop)
+    lists: mpsc::Receiver<crate::matching::Update>,
+    /// Stops the list topic's reader when dropped (at the end of the run).
+    _list_topic: tokio_util::sync::DropGuard,
 }
 
 fn spawn_reloader(
     settings: &Settings,
     models: &Models,
     shutdown: &Shutdown,
-    lists: mpsc::Sender<crate::matching::Update>,
-) -> Reloading {
+) -> Result<Reloading, PipelineError> {
+    // List changes: the list topic's items and the list files read again.
+    let (lists_tx, lists) = mpsc::channel(256);
+    let list_topic = CancellationToken::new();
+    if let Some(topic) = &settings.matching.list_topic {
+        crate::matching::topic::spawn(settings, topic, lists_tx.clone(), list_topic.clone())?;
+    }
     // Reloads are rare and the hub takes each at once (first in its loop).
     let (scorers_tx, scorers) = mpsc::channel(4);
     let (policies_tx, policies) = mpsc::channel(4);
@@ -431,13 +422,15 @@ fn spawn_reloader(
     )
     .with_lists(
         (!settings.matching.lists.is_empty())
-            .then(|| crate::matching::ListWatch::new(&settings.matching, lists)),
+            .then(|| crate::matching::ListWatch::new(&settings.matching, lists_tx)),
     );
-    Reloading {
+    Ok(Reloading {
         task: tokio::spawn(reloader.run(shutdown.stop.clone())),
         scorers,
         policies,
-    }
+        lists,
+        _list_topic: list_topic.drop_guard(),
+    })
 }
 
 /// The consumer reached the cluster; check the producer does too (same
@@ -511,101 +504,4 @@ impl Stopped {
         tracing::debug!("consumer thread joined");
         joined
     }
-}
-
-/// The labelled series of the models: shadow agreement and failures, errors, events per model.
-fn register_model_zeroes(settings: &crate::config::Settings) {
-    use metrics::counter;
-    for live in Verdict::ALL {
-        for shadow in Verdict::ALL {
-            counter!(metric::SHADOW_AGREEMENT_TOTAL, "live" => live.as_str(), "shadow" => shadow.as_str())
-                .absolute(0);
-        }
-    }
-    for stage in ShadowStage::ALL {
-        counter!(metric::SHADOW_FAILURES_TOTAL, "stage" => stage.as_str()).absolute(0);
-    }
-    for kind in ErrorKind::ALL {
-        counter!(metric::ERRORS_TOTAL, "kind" => kind.as_str()).absolute(0);
-    }
-    for model in settings.models() {
-        metrics::gauge!(metric::MODEL_VERSIONS_HELD, "model" => model.name.clone()).set(1.0);
-        counter!(metric::MODEL_EVENTS_TOTAL, "model" => model.name).absolute(0);
-    }
-}
-
-/// Every counter and gauge at 0 from the start, with its labels where they
-/// are known before any event (input topics, verdict kinds, DLQ reasons,
-/// record kinds, outcomes), so that alerts and dashboards find their series
-/// on an idle instance. Per-partition series appear with their partitions.
-pub fn register_zeroes(settings: &crate::config::Settings) {
-    use metrics::{counter, gauge};
-    for topic in &settings.input.topics {
-        counter!(metric::CONSUMED_TOTAL, "topic" => topic.clone()).absolute(0);
-    }
-    for verdict in Verdict::ALL {
-        counter!(metric::VERDICTS_TOTAL, "verdict" => verdict.as_str()).absolute(0);
-    }
-    for reason in RejectReason::ALL {
-        counter!(metric::DLQ_TOTAL, "reason" => reason.code()).absolute(0);
-    }
-    for field in crate::event::OptionalField::ALL {
-        counter!(metric::FIELD_WARNINGS_TOTAL, "field" => field.as_str()).absolute(0);
-    }
-    for kind in RecordKind::ALL.map(RecordKind::as_str) {
-        counter!(metric::PRODUCED_TOTAL, "kind" => kind).absolute(0);
-        counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => kind).absolute(0);
-        counter!(metric::UNDELIVERABLE_TOTAL, "kind" => kind).absolute(0);
-    }
-    for outcome in CommitOutcome::ALL {
-        counter!(metric::COMMITS_TOTAL, "outcome" => outcome.as_str()).absolute(0);
-    }
-    for outcome in TxnOutcome::ALL {
-        counter!(metric::TRANSACTIONS_TOTAL, "outcome" => outcome.as_str()).absolute(0);
-    }
-    for kind in RebalanceKind::ALL {
-        counter!(metric::REBALANCES_TOTAL, "kind" => kind.as_str()).absolute(0);
-    }
-    for outcome in ReloadOutcome::ALL.iter().map(|o| o.as_str()) {
-        counter!(metric::MODEL_RELOADS_TOTAL, "outcome" => outcome).absolute(0);
-        counter!(metric::POLICY_RELOADS_TOTAL, "outcome" => outcome).absolute(0);
-    }
-    register_model_zeroes(settings);
-    for m in metric::TABLE {
-        // Those without labels; the labelled ones are above.
-        let labelled = [
-            metric::CONSUMED_TOTAL,
-            metric::VERDICTS_TOTAL,
-            metric::DLQ_TOTAL,
-            metric::FIELD_WARNINGS_TOTAL,
-            metric::PRODUCED_TOTAL,
-            metric::DELIVERY_FAILURES_TOTAL,
-            metric::UNDELIVERABLE_TOTAL,
-            metric::COMMITS_TOTAL,
-            metric::REBALANCES_TOTAL,
-            metric::TRANSACTIONS_TOTAL,
-            metric::MODEL_RELOADS_TOTAL,
-            metric::POLICY_RELOADS_TOTAL,
-            // Per rule (the hub, from the policy) and per model (above).
-            metric::POLICY_VERDICTS_TOTAL,
-            metric::MODEL_EVENTS_TOTAL,
-            metric::SHADOW_AGREEMENT_TOTAL,
-            metric::SHADOW_FAILURES_TOTAL,
-            metric::ERRORS_TOTAL,
-            // Per partition: they appear with their partitions.
-            metric::OLDEST_PENDING_SECONDS,
-            metric::CONSUMER_LAG,
-        ];
-        if labelled.contains(&m.name) {
-            continue;
-        }
-        match m.kind {
-            metric::Type::Counter => counter!(m.name).absolute(0),
-            metric::Type::Gauge => gauge!(m.name).set(0.0),
-            metric::Type::Histogram => {}
-        }
-    }
-    let b = &settings.batching;
-    gauge!(metric::BATCH_TARGET_SIZE).set(b.max_batch_size as f64);
-    gauge!(metric::BATCH_TARGET_DELAY_SECONDS).set(b.max_batch_delay.as_secs_f64());
 }
