@@ -22,8 +22,8 @@ use crate::offsets::OffsetTracker;
 use crate::policy::{ModelId, RuleId, Ruleset};
 use crate::record::{Original, OutRecord};
 use crate::tp::Tp;
-pub use crate::verdict::ModelScores;
 use crate::verdict::Marks;
+pub use crate::verdict::ModelScores;
 
 /// A valid event waiting for its verdict.
 #[derive(Debug)]
@@ -64,7 +64,6 @@ pub struct Matching {
     /// A wave record to write with its verdict (its wave started or grew).
     pub wave_record: Option<Box<OutRecord>>,
 }
-
 
 impl Pending {
     /// Whether model `model` is still to score this event.

@@ -113,7 +113,9 @@ pub(super) fn validate(m: &MatchingSettings) -> Result<(), ConfigError> {
         if !ok {
             return Err(invalid(
                 "matching.lists.name",
-                format!("{name:?}: 1 to 64 characters of A-Z a-z 0-9 _ - . (a list topic's name too)"),
+                format!(
+                    "{name:?}: 1 to 64 characters of A-Z a-z 0-9 _ - . (a list topic's name too)"
+                ),
             ));
         }
         if names[..i].contains(name) {

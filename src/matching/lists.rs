@@ -227,7 +227,11 @@ impl List {
     /// The item a text matches: the same normalised text first, else the
     /// most similar item at or above the list's similarity.
     pub fn find(&self, print: &Fingerprint) -> Option<Found> {
-        if let Some(item) = self.exact.get(&print.hash).and_then(|id| self.items.get(id)) {
+        if let Some(item) = self
+            .exact
+            .get(&print.hash)
+            .and_then(|id| self.items.get(id))
+        {
             return Some(Found {
                 item: item.clone(),
                 distance: 0.0,

@@ -125,7 +125,8 @@ impl Matcher {
             return Inspection::default();
         }
         let print = self.prints.of_normalized(&normalized);
-        let applies = |l: &List| rule_lists.is_none_or(|names| names.iter().any(|n| **n == *l.name));
+        let applies =
+            |l: &List| rule_lists.is_none_or(|names| names.iter().any(|n| **n == *l.name));
         let matched = self
             .lists
             .iter()

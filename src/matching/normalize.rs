@@ -26,15 +26,15 @@ use unicode_normalization::char::is_combining_mark;
 /// Which scripts decancer leaves alone (see the module's docs).
 fn cure_options() -> decancer::Options {
     decancer::Options::default()
-    .disable_bidi()
-    .retain_arabic()
-    .retain_hebrew()
-    .retain_chinese()
-    .retain_japanese()
-    .retain_korean()
-    .retain_thai()
-    .retain_devanagari()
-    .retain_bengali()
+        .disable_bidi()
+        .retain_arabic()
+        .retain_hebrew()
+        .retain_chinese()
+        .retain_japanese()
+        .retain_korean()
+        .retain_thai()
+        .retain_devanagari()
+        .retain_bengali()
         .retain_tamil()
 }
 

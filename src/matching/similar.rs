@@ -147,7 +147,9 @@ mod tests {
         let near = print("WIN a free phone t0day!! click the link in my profile now");
         let far = print("what a lovely morning for a walk along the river with friends");
         assert_eq!(
-            index.query_one(near.signature.as_ref().unwrap()).map(|m| *m.0),
+            index
+                .query_one(near.signature.as_ref().unwrap())
+                .map(|m| *m.0),
             Some(1)
         );
         assert!(index.query_one(far.signature.as_ref().unwrap()).is_none());

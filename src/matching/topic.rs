@@ -123,7 +123,10 @@ pub fn update_of(
         tracing::warn!(key, why, "list topic record refused");
         metrics::counter!(metric::LIST_TOPIC_REFUSED_TOTAL).increment(1);
     };
-    let Some(key) = key.and_then(|k| std::str::from_utf8(k).ok()).filter(|k| !k.is_empty()) else {
+    let Some(key) = key
+        .and_then(|k| std::str::from_utf8(k).ok())
+        .filter(|k| !k.is_empty())
+    else {
         refuse("", "no key (the item id) in UTF-8");
         return None;
     };

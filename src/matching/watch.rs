@@ -50,7 +50,13 @@ impl ListWatch {
             let f = file.clone();
             let similarity = self.similarity;
             let loaded = tokio::task::spawn_blocking(move || {
-                List::load(&f.name, &f.file, f.mode, similarity, &Fingerprinter::default())
+                List::load(
+                    &f.name,
+                    &f.file,
+                    f.mode,
+                    similarity,
+                    &Fingerprinter::default(),
+                )
             })
             .await;
             let outcome = match loaded {

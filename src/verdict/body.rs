@@ -171,7 +171,10 @@ impl<'a> Judged<'a> {
                 .collect(),
             policy: &self.rules.version,
             rule: self.rule_id(),
-            matched: self.marks.and_then(|m| m.matched.as_ref()).map(MatchRef::from),
+            matched: self
+                .marks
+                .and_then(|m| m.matched.as_ref())
+                .map(MatchRef::from),
             reused: self.marks.is_some_and(|m| m.reused),
             wave: self.marks.and_then(|m| m.wave.as_ref()).map(WaveRef::from),
         }

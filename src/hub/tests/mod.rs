@@ -143,6 +143,25 @@ fn harness_with(kafka: &str) -> Harness {
     harness_of(settings, vec![lane], rules, jobs)
 }
 
+/// The harness's one model under these settings, judged by `[policy]`.
+fn harness_of_settings(settings: Settings) -> Harness {
+    let manifest: Manifest = serde_json::from_value(serde_json::json!({
+        "name": "m", "version": "1", "input_kind": "text", "inputs": ["text"],
+        "output": "p", "labels": ["offensive"], "score_label": "offensive",
+    }))
+    .unwrap();
+    let (jobs_tx, jobs) = async_channel::bounded(2);
+    let lane = ModelLane {
+        scorer: Scorer::named("default", &manifest),
+        jobs: jobs_tx,
+        workers: 1,
+        max_batch: settings.batching.max_batch_size,
+    };
+    let labels = [crate::policy::ModelLabels::of("default", &manifest)];
+    let rules = Ruleset::from_config(&settings.policy, &labels).unwrap();
+    harness_of(settings, vec![lane], rules, jobs)
+}
+
 /// A hub over these models and rules; `jobs` is the first model's queue.
 fn harness_of(
     settings: Settings,
@@ -469,6 +488,7 @@ async fn a_partition_without_progress_is_reported_stalled_until_it_moves() {
 mod breaker;
 mod delivery;
 mod exactly_once;
+mod matching;
 mod policy;
 
 #[tokio::test(start_paused = true)]

@@ -25,11 +25,23 @@ fn evasions_match_their_item_and_near_misses_do_not() {
     ]);
     let evasions = [
         ("win а free iphone now click the link in my bio", "s1"), // Cyrillic а
-        ("ｗｉｎ ａ ｆｒｅｅ ｉｐｈｏｎｅ now click the link in my bio", "s1"),
-        ("win a fr\u{200d}ee iph\u{200b}one now click the link in my bio", "s1"),
+        (
+            "ｗｉｎ ａ ｆｒｅｅ ｉｐｈｏｎｅ now click the link in my bio",
+            "s1",
+        ),
+        (
+            "win a fr\u{200d}ee iph\u{200b}one now click the link in my bio",
+            "s1",
+        ),
         ("WIN A FREE IPHONE NOW click the link in my bio", "s1"),
-        ("win a free 🔥iphone🔥 now click the link in my bio 💰💰", "s1"),
-        ("win a freeeee iphoneee now!!! click the link in my bio", "s1"),
+        (
+            "win a free 🔥iphone🔥 now click the link in my bio 💰💰",
+            "s1",
+        ),
+        (
+            "win a freeeee iphoneee now!!! click the link in my bio",
+            "s1",
+        ),
         ("win a free iphone now click the link in my profile", "s1"), // one word changed: near
         ("f.u.c.k you", "p1"),
         ("F U C K you", "p1"),
@@ -56,18 +68,27 @@ fn evasions_match_their_item_and_near_misses_do_not() {
     let exact = find(&list, "Win a free iPhone now, click the link in my bio!").unwrap();
     assert_eq!(exact.distance, 0.0);
     let near = find(&list, "win a free iphone now click the link in my profile").unwrap();
-    assert!(near.distance > 0.0 && near.distance <= 0.3, "{}", near.distance);
+    assert!(
+        near.distance > 0.0 && near.distance <= 0.3,
+        "{}",
+        near.distance
+    );
 }
 
 #[test]
 fn an_item_by_hash_matches_exactly_and_items_come_and_go() {
-    let hash = format!("{:016x}", super::super::normalize::text_hash(&normalize("Call me at 555 0100")));
+    let hash = format!(
+        "{:016x}",
+        super::super::normalize::text_hash(&normalize("Call me at 555 0100"))
+    );
     let mut list = list_of(&[&format!(
         r#"{{"id": "d1", "verdict": "review", "label": "doxxing", "hash": "{hash}"}}"#
     )]);
     assert_eq!(&*find(&list, "CALL me at 555 0100!").unwrap().item.id, "d1");
     assert!(find(&list, "call me at 555 0101").is_none());
-    list.insert(item(r#"{"id": "x", "verdict": "block", "label": "l", "text": "buy followers cheap today"}"#));
+    list.insert(item(
+        r#"{"id": "x", "verdict": "block", "label": "l", "text": "buy followers cheap today"}"#,
+    ));
     assert_eq!(list.len(), 2);
     assert!(find(&list, "buy followers cheap today").is_some());
     assert!(list.remove("x"));
@@ -81,17 +102,38 @@ fn a_wrong_line_refuses_the_whole_file_with_its_line() {
     let path = dir.path().join("l.jsonl");
     let good = r#"{"id": "a", "verdict": "block", "label": "spam", "text": "buy now"}"#;
     for (bad, says) in [
-        (r#"{"id": "b", "verdict": "allow", "label": "x", "text": "t"}"#, "verdict \"allow\""),
-        (r#"{"id": "b", "verdict": "block", "label": "x"}"#, "one of text or hash"),
-        (r#"{"id": "b", "verdict": "block", "label": "x", "hash": "12"}"#, "16 hex digits"),
-        (r#"{"id": "b", "verdict": "block", "label": "x", "text": "BUY NOW!"}"#, "same normalised text as item \"a\""),
-        (r#"{"id": "b", "verdict": "block", "label": "x", "text": "🔥"}"#, "no words"),
-        (r#"{"verdict": "block", "label": "x", "text": "t"}"#, "no id"),
+        (
+            r#"{"id": "b", "verdict": "allow", "label": "x", "text": "t"}"#,
+            "verdict \"allow\"",
+        ),
+        (
+            r#"{"id": "b", "verdict": "block", "label": "x"}"#,
+            "one of text or hash",
+        ),
+        (
+            r#"{"id": "b", "verdict": "block", "label": "x", "hash": "12"}"#,
+            "16 hex digits",
+        ),
+        (
+            r#"{"id": "b", "verdict": "block", "label": "x", "text": "BUY NOW!"}"#,
+            "same normalised text as item \"a\"",
+        ),
+        (
+            r#"{"id": "b", "verdict": "block", "label": "x", "text": "🔥"}"#,
+            "no words",
+        ),
+        (
+            r#"{"verdict": "block", "label": "x", "text": "t"}"#,
+            "no id",
+        ),
         ("not json", "not an item"),
     ] {
         std::fs::write(&path, format!("# a comment\n{good}\n\n{bad}\n")).unwrap();
         let prints = Fingerprinter::default();
-        let e = List::load("l", &path, ListMode::Decide, 0.8, &prints).err().unwrap().to_string();
+        let e = List::load("l", &path, ListMode::Decide, 0.8, &prints)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("line 4") && e.contains(says), "{e}");
     }
     std::fs::write(&path, format!("{good}\n")).unwrap();
@@ -111,7 +153,12 @@ fn sample_posts_do_not_match_a_list_of_a_thousand_items() {
         .map(|(_, t)| *t)
         .filter(|t| find(&list, t).is_some())
         .collect();
-    assert!(matched.is_empty(), "{} of {} posts matched: {matched:?}", matched.len(), posts.len());
+    assert!(
+        matched.is_empty(),
+        "{} of {} posts matched: {matched:?}",
+        matched.len(),
+        posts.len()
+    );
 }
 
 /// 1,000 distinct spam items: 50 openings × 20 offers.
@@ -121,10 +168,26 @@ fn thousand_items() -> List {
     ];
     let whats = ["a free", "your bonus", "the cash", "a gift card", "crypto"];
     let offers = [
-        "iphone now", "prize today", "reward here", "voucher fast", "payout instantly",
-        "airdrop tonight", "coupon code", "discount deal", "jackpot spin", "lottery ticket",
-        "followers pack", "likes bundle", "loan approval", "credit boost", "trading signal",
-        "casino bonus", "diet pills", "watch replica", "dating match", "investment tip",
+        "iphone now",
+        "prize today",
+        "reward here",
+        "voucher fast",
+        "payout instantly",
+        "airdrop tonight",
+        "coupon code",
+        "discount deal",
+        "jackpot spin",
+        "lottery ticket",
+        "followers pack",
+        "likes bundle",
+        "loan approval",
+        "credit boost",
+        "trading signal",
+        "casino bonus",
+        "diet pills",
+        "watch replica",
+        "dating match",
+        "investment tip",
     ];
     let mut list = List::new("spam", ListMode::Decide, 0.7);
     let mut n = 0;

@@ -26,7 +26,11 @@ fn variant(v: usize) -> String {
         "Win a free phone today, just click the link in my {} now",
         words[v % words.len()]
     );
-    if v % 2 == 0 { text.to_uppercase() } else { text }
+    if v % 2 == 0 {
+        text.to_uppercase()
+    } else {
+        text
+    }
 }
 
 #[test]
@@ -37,19 +41,36 @@ fn a_cluster_becomes_a_wave_at_its_posts_and_users_and_reuses_kept_scores() {
     for i in 0..30 {
         let user = format!("u{}", i % 6);
         let j = waves
-            .join(&print(&variant(i)), &format!("e{i}"), Some(&user), t0, 1_000)
+            .join(
+                &print(&variant(i)),
+                &format!("e{i}"),
+                Some(&user),
+                t0,
+                1_000,
+            )
             .unwrap();
         joined.push(j);
     }
     let clusters: std::collections::HashSet<ClusterId> = joined.iter().map(|j| j.cluster).collect();
-    assert_eq!(clusters.len(), 1, "every variant joined the first post's cluster");
+    assert_eq!(
+        clusters.len(),
+        1,
+        "every variant joined the first post's cluster"
+    );
     assert!(joined[..19].iter().all(|j| j.wave.is_none()));
     let wave = joined[19].wave.clone().unwrap();
     assert_eq!((wave.size, wave.users, &*wave.id), (20, 6, "e0"));
     assert_eq!(joined[19].report.as_ref().map(|r| r.started), Some(true));
     // Within the report interval: no second record.
-    assert!(joined[20..].iter().all(|j| j.report.is_none() && j.wave.is_some()));
-    assert!(joined.iter().all(|j| j.reuse.is_none()), "nothing scored yet");
+    assert!(
+        joined[20..]
+            .iter()
+            .all(|j| j.report.is_none() && j.wave.is_some())
+    );
+    assert!(
+        joined.iter().all(|j| j.reuse.is_none()),
+        "nothing scored yet"
+    );
 
     let scorer = std::sync::Arc::new(crate::verdict::Scorer::named("m", &manifest()));
     let scores = [ModelScores {
@@ -59,11 +80,34 @@ fn a_cluster_becomes_a_wave_at_its_posts_and_users_and_reuses_kept_scores() {
         reused: false,
     }];
     waves.scored(joined[0].cluster, &scores);
-    let later = waves.join(&print(&variant(31)), "e31", Some("u1"), t0 + Duration::from_secs(11), 0).unwrap();
-    assert_eq!(later.reuse.as_deref().map(|s| s[0].probabilities.clone()), Some(vec![0.9]));
-    assert_eq!(later.report.map(|r| (r.started, r.wave.size)), Some((false, 31)), "grown, interval passed");
+    let later = waves
+        .join(
+            &print(&variant(31)),
+            "e31",
+            Some("u1"),
+            t0 + Duration::from_secs(11),
+            0,
+        )
+        .unwrap();
+    assert_eq!(
+        later.reuse.as_deref().map(|s| s[0].probabilities.clone()),
+        Some(vec![0.9])
+    );
+    assert_eq!(
+        later.report.map(|r| (r.started, r.wave.size)),
+        Some((false, 31)),
+        "grown, interval passed"
+    );
     waves.forget_scores();
-    let after = waves.join(&print(&variant(32)), "e32", Some("u1"), t0 + Duration::from_secs(12), 0).unwrap();
+    let after = waves
+        .join(
+            &print(&variant(32)),
+            "e32",
+            Some("u1"),
+            t0 + Duration::from_secs(12),
+            0,
+        )
+        .unwrap();
     assert!(after.reuse.is_none());
 }
 
@@ -72,13 +116,29 @@ fn one_user_posting_alone_is_no_wave_and_short_texts_join_nothing() {
     let mut waves = Waves::new(&settings());
     let t0 = Instant::now();
     for i in 0..40 {
-        let j = waves.join(&print(&variant(i)), "e", Some("same"), t0, 0).unwrap();
+        let j = waves
+            .join(&print(&variant(i)), "e", Some("same"), t0, 0)
+            .unwrap();
         assert!(j.wave.is_none());
     }
-    assert!(waves.join(&print("thanks so much!"), "e", Some("u"), t0, 0).is_none());
-    assert!(waves.join(&print("🔥🔥🔥"), "e", Some("u"), t0, 0).is_none());
+    assert!(
+        waves
+            .join(&print("thanks so much!"), "e", Some("u"), t0, 0)
+            .is_none()
+    );
+    assert!(
+        waves
+            .join(&print("🔥🔥🔥"), "e", Some("u"), t0, 0)
+            .is_none()
+    );
     let other = waves
-        .join(&print("the match last night was the best one this whole season"), "e", None, t0, 0)
+        .join(
+            &print("the match last night was the best one this whole season"),
+            "e",
+            None,
+            t0,
+            0,
+        )
         .unwrap();
     assert_eq!(waves.len(), 2);
     assert_ne!(other.cluster, ClusterId(1));
@@ -96,15 +156,22 @@ fn clusters_are_forgotten_after_the_window_and_beyond_the_bound() {
         "red orange yellow green blue indigo violet white",
         "monday tuesday wednesday thursday friday saturday sunday holiday",
     ];
-    let first = waves.join(&print(texts[0]), "a", None, t0, 0).unwrap().cluster;
+    let first = waves
+        .join(&print(texts[0]), "a", None, t0, 0)
+        .unwrap()
+        .cluster;
     waves.join(&print(texts[1]), "b", None, t0 + Duration::from_secs(1), 0);
     waves.join(&print(texts[2]), "c", None, t0 + Duration::from_secs(2), 0);
     // The first is joined again: the second is now the least recent.
-    let again = waves.join(&print(texts[0]), "a2", None, t0 + Duration::from_secs(3), 0).unwrap();
+    let again = waves
+        .join(&print(texts[0]), "a2", None, t0 + Duration::from_secs(3), 0)
+        .unwrap();
     assert_eq!(again.cluster, first);
     waves.join(&print(texts[3]), "d", None, t0 + Duration::from_secs(4), 0);
     assert_eq!(waves.len(), 3);
-    let b = waves.join(&print(texts[1]), "b2", None, t0 + Duration::from_secs(5), 0).unwrap();
+    let b = waves
+        .join(&print(texts[1]), "b2", None, t0 + Duration::from_secs(5), 0)
+        .unwrap();
     assert!(b.cluster.0 > 4, "the evicted cluster started again");
     // Past the window with no post, everything is forgotten.
     let late = t0 + Duration::from_secs(5) + s.wave_window;

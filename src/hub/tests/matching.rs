@@ -1,0 +1,218 @@
+//! Matching in the hub: a deciding list item settles an event without a
+//! model run (and an annotating one only marks it); a rule may skip lists
+//! or be decided by them alone; a wave's later posts take the scores of its
+//! first scored post, and the wave record goes out with a verdict.
+
+use super::*;
+use crate::matching::Matcher;
+
+const SPAM: &str = "win a free phone today click the link in my bio now";
+
+/// A hub whose matcher has one list (`spam`, in `mode`) holding [`SPAM`],
+/// with waves of 3 posts by 2 users and a waves topic; `rules`: the policy
+/// file (none: `[policy]`).
+fn matching_hub(mode: &str, rules: Option<&str>) -> (Harness, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("spam.jsonl");
+    std::fs::write(
+        &list,
+        format!(r#"{{"id": "s1", "verdict": "block", "label": "spam", "text": "{SPAM}"}}"#),
+    )
+    .unwrap();
+    let settings = Settings::from_toml(&format!(
+        r#"
+        [kafka]
+        bootstrap_servers = "127.0.0.1:1"
+        [input]
+        topics = ["posts"]
+        [output]
+        waves_topic = "waves"
+        [batching]
+        max_batch_size = 1
+        [inference]
+        workers = 1
+        [matching]
+        lists = [{{ name = "spam", file = {list:?}, mode = "{mode}" }}]
+        waves = true
+        wave_posts = 3
+        wave_users = 2
+        "#
+    ))
+    .unwrap();
+    let mut h = harness_of_settings(settings.clone());
+    if let Some(text) = rules {
+        let manifest: Manifest = serde_json::from_value(serde_json::json!({
+            "name": "m", "version": "1", "input_kind": "text", "inputs": ["text"],
+            "output": "p", "labels": ["offensive"], "score_label": "offensive",
+        }))
+        .unwrap();
+        let labels = [crate::policy::ModelLabels::of("default", &manifest)];
+        let rules = Ruleset::parse(text, config::FileFormat::Toml, &labels).unwrap();
+        h.hub.rules = Arc::new(rules);
+    }
+    h.hub.matcher = Some(Matcher::new(&settings.matching).unwrap());
+    (h, dir)
+}
+
+fn post(offset: i64, text: &str, user: &str) -> Ingested {
+    let event =
+        serde_json::json!({"event_id": format!("e{offset}"), "text": text, "user_id": user});
+    Ingested {
+        payload: Some(event.to_string().into_bytes()),
+        ..record(0, offset, 0)
+    }
+}
+
+fn verdicts(h: &Harness) -> Vec<serde_json::Value> {
+    h.outbox
+        .sent()
+        .iter()
+        .filter(|r| r.kind == crate::record::RecordKind::Verdict)
+        .map(|r| serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap())
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deciding_item_settles_an_event_without_a_model_run() {
+    let (mut h, _dir) = matching_hub("decide", None);
+    h.push(post(
+        0,
+        "WIN a free phone today!! click the link in my bio now guys",
+        "u1",
+    ));
+    h.push(post(
+        1,
+        "Win a free phone today, click the link in my bio now 🔥",
+        "u2",
+    ));
+    assert!(
+        h.jobs.try_recv().is_err(),
+        "no model ran on a matched event"
+    );
+    let v = verdicts(&h);
+    assert_eq!(v.len(), 2);
+    assert_eq!(v[1]["verdict"], "block");
+    assert_eq!(
+        v[1]["reason"]["match"],
+        serde_json::json!({"list": "spam", "id": "s1", "label": "spam", "verdict": "block", "distance": 0.0})
+    );
+    assert!(
+        v[0]["reason"]["match"]["distance"].as_f64().unwrap() > 0.0,
+        "near: {}",
+        v[0]
+    );
+    h.push(post(
+        2,
+        "what a lovely morning for a long walk by the river",
+        "u3",
+    ));
+    let job = h.jobs.try_recv().expect("an unmatched event is scored");
+    h.result(scored(&job));
+    let v = verdicts(&h);
+    assert_eq!(v[2]["verdict"], "allow");
+    assert!(v[2]["reason"].get("match").is_none());
+    h.acks(3).await;
+    assert_eq!(h.stored().concat().last(), Some(&at(0, 3)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_annotating_list_marks_the_reason_and_the_model_decides() {
+    let (mut h, _dir) = matching_hub("annotate", None);
+    h.push(post(0, SPAM, "u1"));
+    let job = h.jobs.try_recv().expect("the model runs");
+    h.result(scored(&job));
+    let v = &verdicts(&h)[0];
+    assert_eq!(v["verdict"], "allow", "by the model's 0.1");
+    assert_eq!(v["reason"]["match"]["id"], "s1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rule_skips_lists_or_is_decided_by_them_alone() {
+    let rules = r#"
+        version = "v1"
+        [[rules]]
+        id = "trusted"
+        when = { user_id = "staff" }
+        lists = []
+        models.default.offensive = { review_at = 0.5, block_at = 0.85 }
+        [[rules]]
+        id = "lists-only"
+        lists = ["spam"]
+    "#;
+    let (mut h, _dir) = matching_hub("decide", Some(rules));
+    h.push(post(0, SPAM, "staff"));
+    let job = h.jobs.try_recv().expect("the trusted rule skips the list");
+    h.result(scored(&job));
+    h.push(post(1, SPAM, "u1"));
+    h.push(post(2, "a post no list holds and no model judges", "u2"));
+    assert!(
+        h.jobs.try_recv().is_err(),
+        "the lists-only rule runs no model"
+    );
+    let v = verdicts(&h);
+    let got: Vec<(&str, &str)> = v
+        .iter()
+        .map(|v| {
+            (
+                v["reason"]["rule"].as_str().unwrap(),
+                v["verdict"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("trusted", "allow"),
+            ("lists-only", "block"),
+            ("lists-only", "allow")
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waves_later_posts_reuse_its_first_scored_posts_scores() {
+    let (mut h, _dir) = matching_hub("decide", None);
+    let text = |i: i64| {
+        format!(
+            "join the best crypto group in town today message me for the link {}",
+            ["now", "fast", "here"][i as usize % 3]
+        )
+    };
+    h.push(post(0, &text(0), "u1"));
+    let job = h.jobs.try_recv().unwrap();
+    let mut first = scored(&job);
+    first.scores = vec![Ok(vec![0.6])];
+    h.result(first);
+    // Posts 1 and 2 make it a wave (3 posts, 2 users); 2 and later reuse.
+    for i in 1..5 {
+        h.push(post(i, &text(i), if i % 2 == 0 { "u1" } else { "u2" }));
+    }
+    let job = h.jobs.try_recv().expect("post 1: not yet a wave, scored");
+    h.result(scored(&job));
+    assert!(h.jobs.try_recv().is_err(), "posts 2 to 4 reuse the scores");
+    let v = verdicts(&h);
+    assert_eq!(v.len(), 5);
+    for (i, v) in v.iter().enumerate().skip(2) {
+        assert_eq!(v["verdict"], "review", "post {i}: the first post's 0.6");
+        assert_eq!(v["reason"]["reused"], true);
+        assert_eq!(v["reason"]["wave"]["id"], "e0");
+        assert_eq!(v["scores"]["offensive"], 0.6000000238418579);
+    }
+    assert_eq!(v[1]["verdict"], "allow");
+    assert!(v[1]["reason"].get("wave").is_none());
+    let waves: Vec<serde_json::Value> = (h.outbox.sent().iter())
+        .filter(|r| r.topic == "waves")
+        .map(|r| serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap())
+        .collect();
+    assert_eq!(
+        waves.len(),
+        1,
+        "one record as it started (the interval bounds the rest)"
+    );
+    assert_eq!(
+        (waves[0]["size"].as_u64(), waves[0]["started"].as_bool()),
+        (Some(3), Some(true))
+    );
+    h.acks(5).await;
+    assert_eq!(h.hub.in_flight, 0);
+}
