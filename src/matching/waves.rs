@@ -1,13 +1,17 @@
 //! Near-duplicate waves: clusters of similar posts across the partitions
-//! this instance owns. A post joins the cluster whose first post it is
-//! similar to (`matching.wave_similarity`), or starts one; a cluster is a
-//! wave from `wave_posts` posts by at least `wave_users` distinct users.
+//! this instance owns. A post joins the cluster of the most similar post
+//! it finds among those the clusters keep (`matching.wave_similarity`), or
+//! starts one; a cluster keeps its first post and up to
+//! [`MAX_MEMBERS`] − 1 more that differ from those it keeps (so that
+//! variants of variants still join). A cluster is a wave from `wave_posts`
+//! posts by at least `wave_users` distinct users.
 //!
 //! Bounds: a cluster is forgotten once no post joined it for
 //! `wave_window`, and at most `max_clusters` are kept (the least recently
 //! joined is forgotten first, counted in
-//! `modstream_wave_clusters_evicted_total`); each keeps its first post's
-//! signature, counts, and the hashes of at most [`MAX_USERS`] user ids.
+//! `modstream_wave_clusters_evicted_total`); each keeps at most
+//! [`MAX_MEMBERS`] signatures (256 bytes each), counts, and the hashes of at
+//! most [`MAX_USERS`] user ids.
 //! Nothing here is persisted: after a restart or a rebalance a wave is
 //! found again from its next posts (its first `wave_posts` posts on the
 //! new owner are not marked, and run the models).
@@ -26,9 +30,23 @@ use crate::verdict::{ClusterId, ModelScores, WaveNote};
 /// Distinct users counted per cluster (the count stops there).
 pub const MAX_USERS: usize = 1000;
 
+/// Posts whose signatures a cluster keeps to be found by.
+pub const MAX_MEMBERS: u8 = 4;
+
+/// A post joins without being kept when it is at least this similar to
+/// the one it matched (it adds nothing to find the cluster by).
+const KEPT_BELOW: f64 = 0.9;
+
+/// One kept post of a cluster: the index's id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Member {
+    cluster: ClusterId,
+    n: u8,
+}
+
 pub struct Waves {
     settings: MatchingSettings,
-    index: MinHashIndex<u32, ClusterId>,
+    index: MinHashIndex<u32, Member>,
     clusters: HashMap<ClusterId, Cluster>,
     /// Clusters by when a post last joined them, least recent first.
     by_last: BTreeSet<(Instant, ClusterId)>,
@@ -41,6 +59,8 @@ struct Cluster {
     first_seen_ms: i64,
     last: Instant,
     size: u32,
+    /// Posts kept in the index.
+    members: u8,
     users: HashSet<u64>,
     wave: bool,
     /// When a wave record was last written, and the size it gave.
@@ -110,8 +130,8 @@ impl Waves {
         }
         let signature = print.signature.as_ref()?;
         let user = user.map(|u| xxhash_rust::xxh3::xxh3_64(u.as_bytes()));
-        let found = self.index.query_one(signature).map(|(id, _)| *id);
-        let Some(id) = found else {
+        let found = self.index.query_one(signature).map(|(m, s)| (m.cluster, s));
+        let Some((id, similarity)) = found else {
             let id = self.start(signature.clone(), event_id, user, now, now_ms);
             return Some(Joined {
                 cluster: id,
@@ -126,6 +146,14 @@ impl Waves {
         self.by_last.insert((now, id));
         cluster.last = now;
         cluster.size = cluster.size.saturating_add(1);
+        if similarity < KEPT_BELOW && cluster.members < MAX_MEMBERS {
+            let member = Member {
+                cluster: id,
+                n: cluster.members,
+            };
+            cluster.members += 1;
+            self.index.insert(member, signature.clone());
+        }
         if let Some(u) = user
             && cluster.users.len() < MAX_USERS
         {
@@ -208,7 +236,7 @@ impl Waves {
         }
         let id = ClusterId(self.next);
         self.next += 1;
-        self.index.insert(id, signature);
+        self.index.insert(Member { cluster: id, n: 0 }, signature);
         self.by_last.insert((now, id));
         self.clusters.insert(
             id,
@@ -217,6 +245,7 @@ impl Waves {
                 first_seen_ms: now_ms,
                 last: now,
                 size: 1,
+                members: 1,
                 users: user.into_iter().collect(),
                 wave: false,
                 reported: None,
@@ -239,8 +268,11 @@ impl Waves {
     }
 
     fn forget(&mut self, id: ClusterId) {
-        self.index.remove(&id);
-        self.clusters.remove(&id);
+        if let Some(c) = self.clusters.remove(&id) {
+            for n in 0..c.members {
+                self.index.remove(&Member { cluster: id, n });
+            }
+        }
         self.meters.clusters.set(self.clusters.len() as f64);
     }
 }

@@ -63,7 +63,7 @@ pub fn generate(count: usize, malformed_every: usize, prefix: &str) -> Vec<Gener
 }
 
 /// A cheap deterministic hash (splitmix64), so that streams repeat exactly.
-fn spread(i: u64) -> u64 {
+pub fn spread(i: u64) -> u64 {
     let mut z = i.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

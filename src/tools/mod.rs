@@ -7,6 +7,7 @@
 pub mod demo;
 pub mod embedded;
 pub mod explain;
+pub mod campaign;
 pub mod generator;
 pub mod plan;
 pub mod range;

@@ -26,7 +26,7 @@ fn variant(v: usize) -> String {
         "Win a free phone today, just click the link in my {} now",
         words[v % words.len()]
     );
-    if v % 2 == 0 {
+    if v.is_multiple_of(2) {
         text.to_uppercase()
     } else {
         text
@@ -185,4 +185,43 @@ fn manifest() -> crate::manifest::Manifest {
         "output": "p", "labels": ["offensive"], "score_label": "offensive",
     }))
     .unwrap()
+}
+
+/// The synthetic campaign (2,000 posts, 30 % of them 40 variants of 5
+/// templates from 200 users): posts marked as in a wave against the
+/// generator's truth.
+#[test]
+fn the_campaigns_waves_are_found_with_their_precision_and_recall() {
+    use crate::tools::campaign::{Campaign, generate_campaign};
+    let posts = generate_campaign(2000, &Campaign::default(), "c-");
+    let mut waves = Waves::new(&settings());
+    let prints = Fingerprinter::default();
+    let t0 = Instant::now();
+    let (mut marked_spam, mut marked_normal, mut spam) = (0, 0, 0);
+    let mut clusters_of = std::collections::HashMap::<usize, std::collections::HashSet<ClusterId>>::new();
+    for (i, p) in posts.iter().enumerate() {
+        let text = p.event.text.as_deref().unwrap();
+        let at = t0 + Duration::from_millis(i as u64 * 50);
+        let joined = waves.join(&prints.of_normalized(&normalize(text)), &p.event.event_id, Some(&p.event.key), at, 0);
+        let in_wave = joined.as_ref().is_some_and(|j| j.wave.is_some());
+        match p.template {
+            Some(t) => {
+                spam += 1;
+                marked_spam += usize::from(in_wave);
+                clusters_of.entry(t).or_default().extend(joined.map(|j| j.cluster));
+            }
+            None => marked_normal += usize::from(in_wave),
+        }
+    }
+    let precision = marked_spam as f64 / (marked_spam + marked_normal).max(1) as f64;
+    let recall = marked_spam as f64 / spam as f64;
+    // Each template's first `wave_posts` - 1 posts come before its wave.
+    let reachable = (spam - 5 * (settings().wave_posts as usize - 1)) as f64 / spam as f64;
+    let clusters: Vec<usize> = (0..5).map(|t| clusters_of[&t].len()).collect();
+    eprintln!(
+        "campaign: {spam} posts, precision {precision:.3}, recall {recall:.3} (at most {reachable:.3}), clusters per template {clusters:?}"
+    );
+    assert_eq!(marked_normal, 0, "no normal post is in a wave");
+    assert_eq!(clusters, vec![1; 5], "one cluster per template");
+    assert!(recall >= reachable - 0.01, "recall {recall} of {reachable}");
 }
