@@ -12,13 +12,14 @@
 
 use super::generator::{GeneratedEvent, sample_posts, spread};
 
-/// The campaign's spam texts.
+/// The campaign's texts: four spam, one harassment (which the profanity
+/// model flags).
 pub const TEMPLATES: [&str; 5] = [
     "win a free phone today just click the link in my bio and claim it now",
     "earn five hundred dollars a day working from home message me to learn how",
     "cheap followers and likes for your account best price guaranteed dm us today",
     "our crypto signals group made forty percent this week join before the doors close",
-    "hot singles in your area are waiting for you tap the link to meet them tonight",
+    "you are a stupid worthless idiot and everyone here hates you so shut up and leave",
 ];
 
 const SWAPS: [&str; 8] = [
