@@ -100,6 +100,12 @@ enum Command {
         #[command(flatten)]
         options: modstream::tools::explain::ExplainOptions,
     },
+    /// A text's normal form, as known-bad lists and waves match it, and its
+    /// hash (a list item's `hash`).
+    Normalize {
+        /// The text (one argument; quote it).
+        text: String,
+    },
     /// How many instances and partitions for a rate at a p99, from a bench
     /// report of your own hardware (`modstream bench`).
     Plan {
@@ -178,6 +184,12 @@ fn main() -> ExitCode {
         Command::Plan { options } => modstream::tools::plan::run(&options),
         Command::Rescore { options } => rescore(options),
         Command::Explain { options } => explain(&options),
+        Command::Normalize { text } => {
+            let normal = modstream::matching::normalize::normalize(&text);
+            let hash = modstream::matching::normalize::text_hash(&normal);
+            println!("{normal}\n{hash:016x}");
+            Ok(())
+        }
         Command::Demo {
             rate: Some(rate),
             seconds,

@@ -321,3 +321,56 @@ fn the_paced_demo_serves_metrics_while_it_runs() {
         .unwrap();
     assert!(sent.starts_with("1800 events"), "{sent}");
 }
+
+/// `normalize` prints the normal form and the hash a list item may give
+/// in its place; a list file naming that hash matches the evaded text, and
+/// a wrong list file stops the start naming its line.
+#[test]
+fn normalize_prints_the_form_and_hash_lists_match_and_a_wrong_list_stops_the_start() {
+    let out = modstream()
+        .args(["normalize", "Ｆｒｅｅ Mоney!!! 🔥"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "fre money");
+    assert!(
+        lines[1].len() == 16 && lines[1].chars().all(|c| c.is_ascii_hexdigit()),
+        "{text}"
+    );
+    let again = modstream()
+        .args(["normalize", "free money"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout),
+        text,
+        "the same form, the same hash"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("spam.jsonl");
+    std::fs::write(&list, "{\"id\": \"a\", \"verdict\": \"block\", \"label\": \"spam\", \"text\": \"buy now\"}\n{\"id\": \"b\", \"verdict\": \"maybe\", \"label\": \"x\", \"text\": \"t\"}\n").unwrap();
+    let config = dir.path().join("m.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n[input]\ntopics = [\"posts\"]\n[inference]\nmodel_dir = {:?}\n[matching]\nlists = [{{ name = \"spam\", file = {:?} }}]\n",
+            support::repo_root().join("models/profanity-check"),
+            list
+        ),
+    )
+    .unwrap();
+    let out = modstream()
+        .args(["run", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("line 2") && stderr.contains("verdict \"maybe\""),
+        "{stderr}"
+    );
+}

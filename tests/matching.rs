@@ -12,10 +12,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use modstream::config::Settings;
+use modstream::matching::normalize::normalize;
 use modstream::shutdown::Shutdown;
 use modstream::tools::campaign::{Campaign, CampaignPost, generate_campaign};
 use modstream::tools::embedded::EmbeddedBroker;
-use modstream::matching::normalize::normalize;
 use modstream::verdict::Verdict;
 use support::{DLQ, INPUT, VERDICTS};
 
@@ -47,7 +47,13 @@ fn settings(dir: &Path, bootstrap: &str, group: &str, matching: &str) -> Setting
 fn triples(posts: &[CampaignPost]) -> Vec<(String, String, Vec<u8>)> {
     posts
         .iter()
-        .map(|p| (p.event.event_id.clone(), p.event.key.clone(), p.event.payload.clone()))
+        .map(|p| {
+            (
+                p.event.event_id.clone(),
+                p.event.key.clone(),
+                p.event.payload.clone(),
+            )
+        })
         .collect()
 }
 
@@ -68,7 +74,10 @@ async fn committed_sum(bootstrap: &str, group: &str, partitions: i32, total: i64
     tokio::task::spawn_blocking(move || {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let sum: i64 = support::committed(&b, &g, partitions).iter().map(|o| (*o).max(0)).sum();
+            let sum: i64 = support::committed(&b, &g, partitions)
+                .iter()
+                .map(|o| (*o).max(0))
+                .sum();
             if sum == total || Instant::now() > deadline {
                 return sum;
             }
@@ -88,7 +97,13 @@ fn model_verdicts(settings: &Settings, texts: &[String]) -> Vec<modstream::verdi
     let mut out = Vec::new();
     for chunk in texts.chunks(32) {
         let mut chunk = chunk.to_vec();
-        out.extend(model.score(&mut chunk).unwrap().iter().map(|p| scorer.decide(p)));
+        out.extend(
+            model
+                .score(&mut chunk)
+                .unwrap()
+                .iter()
+                .map(|p| scorer.decide(p)),
+        );
     }
     out
 }
@@ -105,7 +120,12 @@ async fn a_campaigns_waves_are_found_and_reuse_the_verdicts_the_model_gives() {
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let settings = settings(dir.path(), &bootstrap, "g-campaign", "waves = true\nreuse = true");
+    let settings = settings(
+        dir.path(),
+        &bootstrap,
+        "g-campaign",
+        "waves = true\nreuse = true",
+    );
     let shutdown = Shutdown::new();
     let pipeline = tokio::spawn(modstream::pipeline::run(settings.clone(), shutdown.clone()));
     support::read_records(&bootstrap, VERDICTS, 2, posts.len()).await;
@@ -115,17 +135,24 @@ async fn a_campaigns_waves_are_found_and_reuse_the_verdicts_the_model_gives() {
     assert_eq!((summary.verdicts, summary.dlq), (posts.len() as u64, 0));
     assert_eq!(committed, posts.len() as i64, "committed == end");
     let b = bootstrap.clone();
-    let verification = tokio::task::spawn_blocking(move || support::verify(&b, &acked, Duration::from_secs(30)))
-        .await
-        .unwrap();
+    let verification =
+        tokio::task::spawn_blocking(move || support::verify(&b, &acked, Duration::from_secs(30)))
+            .await
+            .unwrap();
     assert!(verification.lost.is_empty() && verification.duplicates == 0);
     let verdicts = by_id(&support::read_to_end(&bootstrap, VERDICTS).await);
 
     // Waves against the generator's truth.
     let in_wave = |p: &CampaignPost| verdicts[&p.event.event_id]["reason"].get("wave").is_some();
     let spam = posts.iter().filter(|p| p.template.is_some()).count();
-    let marked_spam = posts.iter().filter(|p| p.template.is_some() && in_wave(p)).count();
-    let marked_normal = posts.iter().filter(|p| p.template.is_none() && in_wave(p)).count();
+    let marked_spam = posts
+        .iter()
+        .filter(|p| p.template.is_some() && in_wave(p))
+        .count();
+    let marked_normal = posts
+        .iter()
+        .filter(|p| p.template.is_none() && in_wave(p))
+        .count();
     let precision = marked_spam as f64 / (marked_spam + marked_normal).max(1) as f64;
     let recall = marked_spam as f64 / spam as f64;
 
@@ -136,11 +163,28 @@ async fn a_campaigns_waves_are_found_and_reuse_the_verdicts_the_model_gives() {
         .iter()
         .filter(|p| verdicts[&p.event.event_id]["reason"]["reused"] == true)
         .collect();
-    let raw: Vec<String> = reused.iter().map(|p| p.event.text.clone().unwrap()).collect();
+    let raw: Vec<String> = reused
+        .iter()
+        .map(|p| p.event.text.clone().unwrap())
+        .collect();
     let normalised: Vec<String> = raw.iter().map(|t| normalize(t)).collect();
-    let (own, own_raw) = (model_verdicts(&settings, &normalised), model_verdicts(&settings, &raw));
-    let verdict_of = |p: &CampaignPost| verdicts[&p.event.event_id]["verdict"].as_str().unwrap().to_string();
-    let agreeing = |own: &[Verdict]| reused.iter().zip(own).filter(|(p, v)| verdict_of(p) == v.as_str()).count();
+    let (own, own_raw) = (
+        model_verdicts(&settings, &normalised),
+        model_verdicts(&settings, &raw),
+    );
+    let verdict_of = |p: &CampaignPost| {
+        verdicts[&p.event.event_id]["verdict"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let agreeing = |own: &[Verdict]| {
+        reused
+            .iter()
+            .zip(own)
+            .filter(|(p, v)| verdict_of(p) == v.as_str())
+            .count()
+    };
     let agreement = agreeing(&own) as f64 / reused.len().max(1) as f64;
     let agreement_raw = agreeing(&own_raw) as f64 / reused.len().max(1) as f64;
     let fooled = reused
@@ -152,7 +196,10 @@ async fn a_campaigns_waves_are_found_and_reuse_the_verdicts_the_model_gives() {
     own_kinds.sort();
     own_kinds.dedup();
     let waves = support::read_to_end(&bootstrap, WAVES).await;
-    let started = waves.iter().filter(|r| r.json().unwrap()["started"] == true).count();
+    let started = waves
+        .iter()
+        .filter(|r| r.json().unwrap()["started"] == true)
+        .count();
     eprintln!(
         "campaign: {spam} campaign posts of {}; in a wave: {marked_spam} campaign, {marked_normal} normal (precision {precision:.3}, recall {recall:.3}); reused {} (agreeing with the model's verdict of the normalised text {agreement:.3}, of the raw text {agreement_raw:.3}; the model's verdicts of them {own_kinds:?}); wave records {} ({started} started)",
         posts.len(),
@@ -161,10 +208,20 @@ async fn a_campaigns_waves_are_found_and_reuse_the_verdicts_the_model_gives() {
     );
     assert!(precision >= 0.99, "precision {precision}");
     assert!(recall >= 0.75, "recall {recall}");
-    assert!(reused.len() * 2 >= marked_spam, "most posts of a wave reuse: {}", reused.len());
+    assert!(
+        reused.len() * 2 >= marked_spam,
+        "most posts of a wave reuse: {}",
+        reused.len()
+    );
     assert!(agreement >= 0.99, "agreement {agreement}");
-    assert!(fooled, "where the raw text's verdict differs, an evasion fooled the model: the reused verdict is the stricter");
-    assert!(own_kinds.len() >= 2, "the reused verdicts are not all one kind: {own_kinds:?}");
+    assert!(
+        fooled,
+        "where the raw text's verdict differs, an evasion fooled the model: the reused verdict is the stricter"
+    );
+    assert!(
+        own_kinds.len() >= 2,
+        "the reused verdicts are not all one kind: {own_kinds:?}"
+    );
     assert_eq!(started, 5, "one wave per template");
     assert!(reused.iter().all(|p| p.template.is_some()));
 }
@@ -177,11 +234,20 @@ async fn a_list_item_on_the_list_topic_matches_within_seconds_and_stops_when_rem
     let broker = broker(2);
     let bootstrap = broker.bootstrap_servers().to_string();
     let dir = tempfile::tempdir().unwrap();
-    let settings = settings(dir.path(), &bootstrap, "g-list-topic", &format!("list_topic = \"{LISTS}\""));
+    let settings = settings(
+        dir.path(),
+        &bootstrap,
+        "g-list-topic",
+        &format!("list_topic = \"{LISTS}\""),
+    );
     let shutdown = Shutdown::new();
     let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
     let target = "buy cheap watches at example dot com today";
-    let (add_at, remove_at, end) = (Duration::from_secs(2), Duration::from_secs(7), Duration::from_secs(11));
+    let (add_at, remove_at, end) = (
+        Duration::from_secs(2),
+        Duration::from_secs(7),
+        Duration::from_secs(11),
+    );
     let b = bootstrap.clone();
     let load = std::thread::spawn(move || {
         let started = Instant::now();
@@ -191,16 +257,27 @@ async fn a_list_item_on_the_list_topic_matches_within_seconds_and_stops_when_rem
         while started.elapsed() < end && i < 2000 {
             if added.is_none() && started.elapsed() >= add_at {
                 let before = chrono::Utc::now();
-                list_record(&b, Some(r#"{"verdict": "block", "label": "spam", "text": "Buy CHEAP watches at example dot com today!"}"#));
+                list_record(
+                    &b,
+                    Some(
+                        r#"{"verdict": "block", "label": "spam", "text": "Buy CHEAP watches at example dot com today!"}"#,
+                    ),
+                );
                 added = Some(before);
             }
             if removed.is_none() && started.elapsed() >= remove_at {
                 list_record(&b, None);
                 removed = Some(chrono::Utc::now());
             }
-            let text = if i % 5 == 0 { target.to_string() } else { format!("an ordinary post number {i} about the weather") };
+            let text = if i % 5 == 0 {
+                target.to_string()
+            } else {
+                format!("an ordinary post number {i} about the weather")
+            };
             let id = format!("l-{i}");
-            let payload = serde_json::json!({"event_id": id, "text": text}).to_string().into_bytes();
+            let payload = serde_json::json!({"event_id": id, "text": text})
+                .to_string()
+                .into_bytes();
             support::produce(&b, &[(id.clone(), format!("k{i}"), payload)]);
             sent.push((id, started.elapsed(), i % 5 == 0));
             i += 1;
@@ -208,7 +285,9 @@ async fn a_list_item_on_the_list_topic_matches_within_seconds_and_stops_when_rem
         }
         (sent, added.unwrap(), removed.unwrap())
     });
-    let (sent, added, removed) = tokio::task::spawn_blocking(move || load.join().unwrap()).await.unwrap();
+    let (sent, added, removed) = tokio::task::spawn_blocking(move || load.join().unwrap())
+        .await
+        .unwrap();
     support::read_records(&bootstrap, VERDICTS, 2, sent.len()).await;
     shutdown.stop.cancel();
     pipeline.await.unwrap().unwrap();
@@ -228,7 +307,8 @@ async fn a_list_item_on_the_list_topic_matches_within_seconds_and_stops_when_rem
             continue;
         }
         // Judged before the item was written, or well after its removal.
-        let judged: chrono::DateTime<chrono::Utc> = v["processed_at"].as_str().unwrap().parse().unwrap();
+        let judged: chrono::DateTime<chrono::Utc> =
+            v["processed_at"].as_str().unwrap().parse().unwrap();
         if judged < added || judged > removed + settle {
             assert!(!matched, "sent at {at:?}, outside the item's time: {v}");
         }
@@ -268,7 +348,8 @@ async fn instances_joining_and_leaving_mid_wave_lose_nothing() {
     let broker = broker(4);
     let bootstrap = broker.bootstrap_servers().to_string();
     let posts = generate_campaign(3000, &Campaign::default(), "r-");
-    let producing = support::produce_paced(bootstrap.clone(), triples(&posts), Duration::from_secs(6));
+    let producing =
+        support::produce_paced(bootstrap.clone(), triples(&posts), Duration::from_secs(6));
     let dir = tempfile::tempdir().unwrap();
     let group = "g-mid-wave";
     let settings = settings(dir.path(), &bootstrap, group, "waves = true\nreuse = true");
@@ -284,21 +365,35 @@ async fn instances_joining_and_leaving_mid_wave_lose_nothing() {
     stop_a.stop.cancel();
     a.await.unwrap().unwrap();
     let (stop_c, c) = start(&settings);
-    let acked = tokio::task::spawn_blocking(move || producing.join().unwrap()).await.unwrap();
-    let b2 = bootstrap.clone();
-    let verification = tokio::task::spawn_blocking(move || support::verify(&b2, &acked, Duration::from_secs(60)))
+    let acked = tokio::task::spawn_blocking(move || producing.join().unwrap())
         .await
         .unwrap();
+    let b2 = bootstrap.clone();
+    let verification =
+        tokio::task::spawn_blocking(move || support::verify(&b2, &acked, Duration::from_secs(60)))
+            .await
+            .unwrap();
     let committed = committed_sum(&bootstrap, group, 4, posts.len() as i64).await;
     stop_b.stop.cancel();
     stop_c.stop.cancel();
     b.await.unwrap().unwrap();
     c.await.unwrap().unwrap();
     verification.report("mid-wave");
-    assert!(verification.lost.is_empty(), "lost {:?}", &verification.lost[..verification.lost.len().min(10)]);
+    assert!(
+        verification.lost.is_empty(),
+        "lost {:?}",
+        &verification.lost[..verification.lost.len().min(10)]
+    );
     assert_eq!(committed, posts.len() as i64, "committed == end");
     let verdicts = support::read_to_end(&bootstrap, VERDICTS).await;
-    let in_waves = verdicts.iter().filter(|r| r.json().unwrap()["reason"].get("wave").is_some()).count();
-    eprintln!("mid-wave: {} verdicts, {in_waves} in a wave, {} duplicates", verdicts.len(), verification.duplicates);
+    let in_waves = verdicts
+        .iter()
+        .filter(|r| r.json().unwrap()["reason"].get("wave").is_some())
+        .count();
+    eprintln!(
+        "mid-wave: {} verdicts, {in_waves} in a wave, {} duplicates",
+        verdicts.len(),
+        verification.duplicates
+    );
     assert!(in_waves > 0, "waves found across the moves");
 }

@@ -26,6 +26,7 @@ pub struct MatchingSettings {
     /// Near-duplicate waves across the partitions this instance owns.
     pub waves: bool,
     /// A cluster is forgotten once no post joined it for this long.
+    #[serde(with = "humantime_serde")]
     pub wave_window: Duration,
     /// A cluster is a wave from this many posts ...
     pub wave_posts: u32,
@@ -43,6 +44,7 @@ pub struct MatchingSettings {
     /// of running the models again.
     pub reuse: bool,
     /// At most one wave record per wave this often as it grows.
+    #[serde(with = "humantime_serde")]
     pub wave_report_interval: Duration,
 }
 

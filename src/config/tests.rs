@@ -43,6 +43,38 @@ fn the_shipped_config_file_is_valid() {
     let text = include_str!("../../config/modstream.toml");
     let s = Settings::from_toml(text).unwrap();
     assert_eq!(s.input.topics, vec!["moderation.events".to_string()]);
+    // Its [matching] section shows every default.
+    assert_eq!(s.matching, super::MatchingSettings::default());
+}
+
+#[test]
+fn matching_settings_are_checked() {
+    let lists = r#"[matching]
+        lists = [{ name = "spam", file = "a" }, { name = "spam", file = "b" }]"#;
+    assert_eq!(invalid_key(with(lists)), "matching.lists.name");
+    assert_eq!(
+        invalid_key(with(
+            "[matching]
+list_similarity = 0"
+        )),
+        "matching.list_similarity"
+    );
+    assert_eq!(
+        invalid_key(with(
+            "[matching]
+waves = true
+wave_posts = 1"
+        )),
+        "matching.wave_posts"
+    );
+    let s = with(
+        "[matching]
+list_topic = \"lists\"
+waves = true",
+    )
+    .unwrap();
+    assert!(s.matching.enabled());
+    assert_eq!(s.matching.list_names(), vec!["lists".to_string()]);
 }
 
 #[test]

@@ -116,7 +116,12 @@ pub fn variant(t: usize, v: usize) -> String {
             .iter()
             .map(|w| match w.len() {
                 0..4 => w.clone(),
-                n => format!("{}\u{200d}{}{}", &w[..2], &w[2..n - 1], w[n - 1..].repeat(3)),
+                n => format!(
+                    "{}\u{200d}{}{}",
+                    &w[..2],
+                    &w[2..n - 1],
+                    w[n - 1..].repeat(3)
+                ),
             })
             .collect::<Vec<_>>()
             .join(" "),
@@ -146,10 +151,17 @@ mod tests {
         let spam: Vec<&CampaignPost> = posts.iter().filter(|p| p.template.is_some()).collect();
         let share = spam.len() as f64 / posts.len() as f64;
         assert!((0.27..0.33).contains(&share), "{share}");
-        let texts: std::collections::HashSet<&str> =
-            spam.iter().map(|p| p.event.text.as_deref().unwrap()).collect();
-        assert!(texts.len() > 150, "40 variants of 5 templates: {}", texts.len());
-        let users: std::collections::HashSet<&str> = spam.iter().map(|p| p.event.key.as_str()).collect();
+        let texts: std::collections::HashSet<&str> = spam
+            .iter()
+            .map(|p| p.event.text.as_deref().unwrap())
+            .collect();
+        assert!(
+            texts.len() > 150,
+            "40 variants of 5 templates: {}",
+            texts.len()
+        );
+        let users: std::collections::HashSet<&str> =
+            spam.iter().map(|p| p.event.key.as_str()).collect();
         assert!(users.len() > 150 && users.len() <= 200, "{}", users.len());
         assert_eq!(variant(0, 5), format!("{} 105", TEMPLATES[0]));
         assert!(variant(0, 1).contains('а'), "Cyrillic а");

@@ -4,10 +4,10 @@
 //! topic reader, and the embedded Kafka cluster. The integration tests and
 //! the bench (the `modstream-bench` crate) use them too.
 
+pub mod campaign;
 pub mod demo;
 pub mod embedded;
 pub mod explain;
-pub mod campaign;
 pub mod generator;
 pub mod plan;
 pub mod range;

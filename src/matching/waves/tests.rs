@@ -198,17 +198,27 @@ fn the_campaigns_waves_are_found_with_their_precision_and_recall() {
     let prints = Fingerprinter::default();
     let t0 = Instant::now();
     let (mut marked_spam, mut marked_normal, mut spam) = (0, 0, 0);
-    let mut clusters_of = std::collections::HashMap::<usize, std::collections::HashSet<ClusterId>>::new();
+    let mut clusters_of =
+        std::collections::HashMap::<usize, std::collections::HashSet<ClusterId>>::new();
     for (i, p) in posts.iter().enumerate() {
         let text = p.event.text.as_deref().unwrap();
         let at = t0 + Duration::from_millis(i as u64 * 50);
-        let joined = waves.join(&prints.of_normalized(&normalize(text)), &p.event.event_id, Some(&p.event.key), at, 0);
+        let joined = waves.join(
+            &prints.of_normalized(&normalize(text)),
+            &p.event.event_id,
+            Some(&p.event.key),
+            at,
+            0,
+        );
         let in_wave = joined.as_ref().is_some_and(|j| j.wave.is_some());
         match p.template {
             Some(t) => {
                 spam += 1;
                 marked_spam += usize::from(in_wave);
-                clusters_of.entry(t).or_default().extend(joined.map(|j| j.cluster));
+                clusters_of
+                    .entry(t)
+                    .or_default()
+                    .extend(joined.map(|j| j.cluster));
             }
             None => marked_normal += usize::from(in_wave),
         }
