@@ -19,6 +19,7 @@ mod chart;
 mod cost;
 pub mod formats;
 mod markdown;
+mod matching;
 mod measure;
 pub mod models;
 mod options;
@@ -40,8 +41,9 @@ pub use markdown::{BEGIN as TABLES_BEGIN, render as markdown, splice as splice_t
 use measure::Clock;
 pub use measure::{Batching, raw_model_throughput};
 pub use modstream::tools::report::{
-    BaselineRow, CascadeRow, ChoicePoint, CostRow, DeliveryRow, FloorRow, LatencyRow, OverloadRow,
-    OwnProcess, RepeatRow, Report, SaturationRow, SessionRow, ShadowRow, StepBin, StepTrace,
+    BaselineRow, CascadeRow, ChoicePoint, CostRow, DeliveryRow, FloorRow, LatencyRow, MatchRow,
+    OverloadRow, OwnProcess, RepeatRow, Report, SaturationRow, SessionRow, ShadowRow, StepBin,
+    StepTrace,
 };
 pub use options::BenchOptions;
 use print::Print;
@@ -85,6 +87,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     };
     let models = models::rows(&opts).await?;
     let cascade = cascade::rows(&opts).await?;
+    let matching = matching::rows(&opts).await?;
     let cost = cost::rows(&opts).await?;
     let session = session::rows(&opts).await?;
     let tokenization = session::tokenization(&opts)?;
@@ -122,6 +125,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         formats,
         models,
         cascade,
+        matching,
         cost,
         session,
         tokenization,

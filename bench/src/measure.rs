@@ -80,6 +80,9 @@ fn settings(
         s.kafka.commit_interval = Duration::from_millis(ms);
     }
     opts.variant.encoding.configure(&mut s);
+    if let Some(m) = &opts.variant.matching {
+        s.matching = m.clone();
+    }
     Ok(s)
 }
 

@@ -120,6 +120,11 @@ pub struct BenchOptions {
     /// `--cascade` (empty: skip).
     #[arg(long, value_delimiter = ',', num_args = 0..)]
     pub cost: Vec<PathBuf>,
+    /// Near-duplicate shares for matching's sweep: at each, a campaign
+    /// stream with matching off, a known-bad list only, and the list with
+    /// waves and reuse (empty: skip).
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub match_shares: Vec<f64>,
     /// The session-options sweep: `modstream run` at its default and with
     /// one session option changed at a time (workers × intra-op threads,
     /// spinning, graph optimization, memory arena).
@@ -142,6 +147,8 @@ pub struct Variant {
     /// The delivery sweep's mode and commit interval.
     pub exactly_once: bool,
     pub commit_interval_ms: Option<u64>,
+    /// Matching's sweep: `[matching]` for its runs.
+    pub matching: Option<modstream::config::MatchingSettings>,
 }
 
 impl BenchOptions {

@@ -2,8 +2,8 @@
 //! charts are drawn from the report afterwards).
 
 use modstream::tools::report::{
-    BaselineRow, CascadeRow, CostRow, DeliveryRow, FloorRow, FormatRow, LatencyRow, ModelRow,
-    OverloadRow, RepeatRow, SaturationRow, SessionRow, ShadowRow, StepTrace,
+    BaselineRow, CascadeRow, CostRow, DeliveryRow, FloorRow, FormatRow, LatencyRow, MatchRow,
+    ModelRow, OverloadRow, RepeatRow, SaturationRow, SessionRow, ShadowRow, StepTrace,
 };
 
 /// A row printed as one line (or a few) of the bench's running table.
@@ -262,6 +262,23 @@ impl Print for SessionRow {
             self.peak_rss_bytes >> 20,
             self.load_ms,
             self.light_load_cores
+        );
+    }
+}
+
+impl Print for MatchRow {
+    fn print(&self) {
+        eprintln!(
+            "near-duplicates {:>3.0} %: matching off {:>7.0}/s, lists {:>7.0}/s ({:.2}×), lists + waves + reuse {:>7.0}/s ({:.2}×, {:.0} % reused); matcher {:.1} µs/event (lists), {:.1} (with waves)",
+            self.near_duplicate_share * 100.0,
+            self.off_per_s,
+            self.lists_per_s,
+            self.lists_per_s / self.off_per_s,
+            self.reuse_per_s,
+            self.reuse_per_s / self.off_per_s,
+            self.reused_share * 100.0,
+            self.lists_matcher_us,
+            self.waves_matcher_us
         );
     }
 }

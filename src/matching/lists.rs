@@ -84,7 +84,14 @@ pub struct Item {
     pub verdict: Verdict,
     pub label: Arc<str>,
     hash: u64,
-    signature: Option<similar::Signature>,
+    /// For near matches (texts of [`NEAR_MIN_WORDS`] words or more).
+    near: Option<Near>,
+}
+
+#[derive(Debug, Clone)]
+struct Near {
+    signature: similar::Signature,
+    shingles: Vec<u64>,
 }
 
 impl Item {
@@ -105,15 +112,22 @@ impl Item {
             Some(v @ (Verdict::Block | Verdict::Review)) => v,
             _ => return Err(ItemError::Verdict(spec.verdict)),
         };
-        let (hash, signature) = match (spec.text, spec.hash) {
+        let (hash, near) = match (spec.text, spec.hash) {
             (Some(text), None) => {
                 let normalized = normalize(&text);
                 if normalized.is_empty() {
                     return Err(ItemError::Empty);
                 }
                 let print = prints.of_normalized(&normalized);
-                let near = print.words >= NEAR_MIN_WORDS;
-                (print.hash, print.signature.filter(|_| near))
+                let near = (print.words >= NEAR_MIN_WORDS)
+                    .then_some(())
+                    .and_then(|()| {
+                        Some(Near {
+                            signature: print.signature?,
+                            shingles: print.shingles,
+                        })
+                    });
+                (print.hash, near)
             }
             (None, Some(hex)) => match u64::from_str_radix(&hex, 16) {
                 Ok(h) if hex.len() == 16 => (h, None),
@@ -126,7 +140,7 @@ impl Item {
             verdict,
             label: spec.label.into(),
             hash,
-            signature,
+            near,
         })
     }
 }
@@ -146,6 +160,7 @@ pub struct List {
     items: HashMap<Arc<str>, Arc<Item>>,
     exact: HashMap<u64, Arc<str>>,
     near: MinHashIndex<u32, Arc<str>>,
+    similarity: f64,
 }
 
 impl List {
@@ -155,7 +170,8 @@ impl List {
             mode,
             items: HashMap::new(),
             exact: HashMap::new(),
-            near: similar::index(similarity),
+            near: similar::index(),
+            similarity,
         }
     }
 
@@ -205,8 +221,8 @@ impl List {
         self.remove(&item.id);
         let id = item.id.clone();
         self.exact.insert(item.hash, id.clone());
-        if let Some(signature) = &item.signature {
-            self.near.insert(id.clone(), signature.clone());
+        if let Some(near) = &item.near {
+            self.near.insert(id.clone(), near.signature.clone());
         }
         self.items.insert(id, Arc::new(item));
     }
@@ -218,7 +234,7 @@ impl List {
         if self.exact.get(&item.hash) == Some(&item.id) {
             self.exact.remove(&item.hash);
         }
-        if item.signature.is_some() {
+        if item.near.is_some() {
             self.near.remove(&item.id);
         }
         true
@@ -240,9 +256,11 @@ impl List {
         if print.words < NEAR_MIN_WORDS || self.near.size() == 0 {
             return None;
         }
-        let (id, similarity) = self.near.query_one(print.signature.as_ref()?)?;
+        let shingles_of = |id: &Arc<str>| Some(&self.items.get(id)?.near.as_ref()?.shingles);
+        let (id, similarity) =
+            similar::best_match(&self.near, print, self.similarity, shingles_of)?;
         Some(Found {
-            item: self.items.get(id)?.clone(),
+            item: self.items.get(&id)?.clone(),
             distance: (1.0 - similarity) as f32,
         })
     }

@@ -10,8 +10,9 @@
 //! `wave_window`, and at most `max_clusters` are kept (the least recently
 //! joined is forgotten first, counted in
 //! `modstream_wave_clusters_evicted_total`); each keeps at most
-//! [`MAX_MEMBERS`] signatures (256 bytes each), counts, and the hashes of at
-//! most [`MAX_USERS`] user ids.
+//! [`MAX_MEMBERS`] posts' signatures (256 bytes each) and shingles (8 bytes
+//! each, about twice the words), counts, and the hashes of at most
+//! [`MAX_USERS`] user ids.
 //! Nothing here is persisted: after a restart or a rebalance a wave is
 //! found again from its next posts (its first `wave_posts` posts on the
 //! new owner are not marked, and run the models).
@@ -47,6 +48,8 @@ struct Member {
 pub struct Waves {
     settings: MatchingSettings,
     index: MinHashIndex<u32, Member>,
+    /// The shingles of each kept post (compared exactly with candidates).
+    kept: HashMap<Member, Vec<u64>>,
     clusters: HashMap<ClusterId, Cluster>,
     /// Clusters by when a post last joined them, least recent first.
     by_last: BTreeSet<(Instant, ClusterId)>,
@@ -101,7 +104,8 @@ impl Waves {
     pub fn new(settings: &MatchingSettings) -> Waves {
         Waves {
             settings: settings.clone(),
-            index: similar::index(settings.wave_similarity),
+            index: similar::index(),
+            kept: HashMap::new(),
             clusters: HashMap::new(),
             by_last: BTreeSet::new(),
             next: 1,
@@ -130,9 +134,11 @@ impl Waves {
         }
         let signature = print.signature.as_ref()?;
         let user = user.map(|u| xxhash_rust::xxh3::xxh3_64(u.as_bytes()));
-        let found = self.index.query_one(signature).map(|(m, s)| (m.cluster, s));
+        let similarity = self.settings.wave_similarity;
+        let found = similar::best_match(&self.index, print, similarity, |m| self.kept.get(m))
+            .map(|(m, s)| (m.cluster, s));
         let Some((id, similarity)) = found else {
-            let id = self.start(signature.clone(), event_id, user, now, now_ms);
+            let id = self.start(print, event_id, user, now, now_ms);
             return Some(Joined {
                 cluster: id,
                 wave: None,
@@ -153,6 +159,7 @@ impl Waves {
             };
             cluster.members += 1;
             self.index.insert(member, signature.clone());
+            self.kept.insert(member, print.shingles.clone());
         }
         if let Some(u) = user
             && cluster.users.len() < MAX_USERS
@@ -222,7 +229,7 @@ impl Waves {
 
     fn start(
         &mut self,
-        signature: similar::Signature,
+        print: &Fingerprint,
         event_id: &str,
         user: Option<u64>,
         now: Instant,
@@ -236,7 +243,11 @@ impl Waves {
         }
         let id = ClusterId(self.next);
         self.next += 1;
-        self.index.insert(Member { cluster: id, n: 0 }, signature);
+        let first = Member { cluster: id, n: 0 };
+        if let Some(signature) = &print.signature {
+            self.index.insert(first, signature.clone());
+            self.kept.insert(first, print.shingles.clone());
+        }
         self.by_last.insert((now, id));
         self.clusters.insert(
             id,
@@ -271,6 +282,7 @@ impl Waves {
         if let Some(c) = self.clusters.remove(&id) {
             for n in 0..c.members {
                 self.index.remove(&Member { cluster: id, n });
+                self.kept.remove(&Member { cluster: id, n });
             }
         }
         self.meters.clusters.set(self.clusters.len() as f64);

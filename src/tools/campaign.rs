@@ -129,6 +129,53 @@ pub fn variant(t: usize, v: usize) -> String {
     }
 }
 
+/// A known-bad list file of `n` (up to 1,000) distinct spam items, none of
+/// them a sample post or a campaign template: 10 openings × 5 objects × 20
+/// offers, one JSON item per line.
+pub fn known_bad_list(n: usize) -> String {
+    let opens = [
+        "win", "claim", "grab", "get", "score", "collect", "unlock", "redeem", "receive", "take",
+    ];
+    let whats = ["a free", "your bonus", "the cash", "a gift card", "crypto"];
+    let offers = [
+        "iphone now",
+        "prize today",
+        "reward here",
+        "voucher fast",
+        "payout instantly",
+        "airdrop tonight",
+        "coupon code",
+        "discount deal",
+        "jackpot spin",
+        "lottery ticket",
+        "followers pack",
+        "likes bundle",
+        "loan approval",
+        "credit boost",
+        "trading signal",
+        "casino bonus",
+        "diet pills",
+        "watch replica",
+        "dating match",
+        "investment tip",
+    ];
+    let mut out = String::new();
+    let texts = opens
+        .iter()
+        .flat_map(|o| whats.iter().map(move |w| (o, w)))
+        .flat_map(|(o, w)| {
+            offers
+                .iter()
+                .map(move |f| format!("{o} {w} {f} click the link in my bio dm me"))
+        });
+    for (i, text) in texts.take(n).enumerate() {
+        let item = serde_json::json!({"id": format!("t{i}"), "verdict": "block", "label": "spam", "text": text});
+        out.push_str(&item.to_string());
+        out.push('\n');
+    }
+    out
+}
+
 /// The sample posts' words, lower case, without punctuation.
 fn vocabulary() -> Vec<&'static str> {
     let mut words: Vec<&'static str> = sample_posts()

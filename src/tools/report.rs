@@ -182,6 +182,26 @@ pub struct Report {
     /// The cascade's band sweep (`--cascade`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cascade: Vec<CascadeRow>,
+    /// Matching's sweep (`--match-shares`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matching: Vec<MatchRow>,
+}
+
+/// One near-duplicate share of matching's sweep: the same campaign stream
+/// (`tools::campaign`) on the default cell at saturation with matching
+/// off, with a known-bad list of 1,000 items only, and with the list,
+/// waves and reuse; and the matcher's own time per event, measured alone
+/// on the same texts (one thread).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MatchRow {
+    pub near_duplicate_share: f64,
+    pub off_per_s: f64,
+    pub lists_per_s: f64,
+    pub reuse_per_s: f64,
+    /// The share of the reuse run's verdicts judged on reused scores.
+    pub reused_share: f64,
+    pub lists_matcher_us: f64,
+    pub waves_matcher_us: f64,
 }
 
 /// A contender of the model sweep: which models, the share of the events
