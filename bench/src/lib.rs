@@ -80,11 +80,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let overload = overload_row(&opts, &sweep.saturation).await?;
     let shadow = shadow_row(&opts).await?;
     let delivery = delivery_rows(&opts).await?;
-    let formats = if opts.formats.is_empty() {
-        Vec::new()
-    } else {
-        formats::rows(&opts).await?
-    };
+    let formats = formats::rows(&opts).await?;
     let models = models::rows(&opts).await?;
     let cascade = cascade::rows(&opts).await?;
     let matching = matching::rows(&opts).await?;

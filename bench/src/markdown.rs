@@ -9,6 +9,7 @@ use std::path::Path;
 
 use modstream::tools::report::{BaselineRow, Report, SaturationRow, StepTrace};
 
+mod matching;
 mod repeats;
 
 /// Opens a generated block: `<!-- bench-tables: PATH -->`, PATH relative
@@ -309,7 +310,7 @@ fn baseline(out: &mut String, b: &BaselineRow) {
 }
 
 fn extras(out: &mut String, report: &Report) {
-    matching(out, report);
+    matching::render(out, report);
     if !report.repeats.is_empty() {
         let _ = writeln!(
             out,
@@ -590,32 +591,4 @@ fn session(out: &mut String, report: &Report) {
             t.score_us
         );
     }
-}
-
-/// Matching's sweep: throughput with matching off, lists only, and lists
-/// with waves and reuse; the matcher's own time per event.
-fn matching(out: &mut String, report: &Report) {
-    if report.matching.is_empty() {
-        return;
-    }
-    let _ = writeln!(
-        out,
-        "**Matching before the models** (batch 64 / 20 ms, saturation; a known-bad list of 1,000 items)\n\n| near-duplicates | off/s | lists/s | lists ÷ off | lists + waves + reuse/s | reuse ÷ off | reused | matcher µs/event (lists / with waves) |\n|---|---|---|---|---|---|---|---|"
-    );
-    for r in &report.matching {
-        let _ = writeln!(
-            out,
-            "| {:.0} % | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} % | {:.1} / {:.1} |",
-            r.near_duplicate_share * 100.0,
-            r.off_per_s,
-            r.lists_per_s,
-            r.lists_per_s / r.off_per_s,
-            r.reuse_per_s,
-            r.reuse_per_s / r.off_per_s,
-            r.reused_share * 100.0,
-            r.lists_matcher_us,
-            r.waves_matcher_us
-        );
-    }
-    out.push('\n');
 }

@@ -2,7 +2,9 @@
 //! same campaign stream (`modstream::tools::campaign`) on the default cell
 //! (64 / 20 ms) at saturation with matching off, with a known-bad list of
 //! 1,000 items only, and with that list plus waves and reuse; then the
-//! matcher alone on the same texts, for its time per event.
+//! matcher alone on the same texts, for its time per event. With
+//! `--match-runs N` the three take turns N times and each row is their
+//! medians.
 
 use std::time::Instant;
 
@@ -50,27 +52,45 @@ pub(super) async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<MatchRow>> {
             o.variant.matching = Some(m.clone());
             o
         };
-        let off = measure::saturation_of(opts, cell, events.clone()).await?;
-        let on_lists = measure::saturation_of(&with(&lists), cell, events.clone()).await?;
+        // The three contenders in turn, `--match-runs` times; the median
+        // of each (one run's noise on this machine is about ±10 %).
+        let (mut off, mut on_lists, mut on_reuse) = (Vec::new(), Vec::new(), Vec::new());
         let reused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = reused.clone();
-        let on_reuse = measure::saturation_read(
-            &with(&reuse),
-            cell,
-            events.clone(),
-            Clock::ModelLoaded,
-            move |v| {
+        for _ in 0..opts.match_runs.max(1) {
+            off.push(
+                measure::saturation_of(opts, cell, events.clone())
+                    .await?
+                    .per_s,
+            );
+            let lists_opts = with(&lists);
+            on_lists.push(
+                measure::saturation_of(&lists_opts, cell, events.clone())
+                    .await?
+                    .per_s,
+            );
+            let counted = reused.clone();
+            counted.store(0, std::sync::atomic::Ordering::Relaxed);
+            let count = move |v: &serde_json::Value| {
                 if v["reason"]["reused"] == true {
                     counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
-            },
-        )
-        .await?;
+            };
+            let reuse_opts = with(&reuse);
+            let run = measure::saturation_read(
+                &reuse_opts,
+                cell,
+                events.clone(),
+                Clock::ModelLoaded,
+                count,
+            );
+            on_reuse.push(run.await?.per_s);
+        }
         let row = MatchRow {
             near_duplicate_share: share,
-            off_per_s: off.per_s,
-            lists_per_s: on_lists.per_s,
-            reuse_per_s: on_reuse.per_s,
+            runs: off.len(),
+            off_per_s: median(&mut off),
+            lists_per_s: median(&mut on_lists),
+            reuse_per_s: median(&mut on_reuse),
             reused_share: reused.load(std::sync::atomic::Ordering::Relaxed) as f64
                 / events.len() as f64,
             lists_matcher_us: matcher_us(&lists, &events)?,
@@ -80,6 +100,11 @@ pub(super) async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<MatchRow>> {
         rows.push(row);
     }
     Ok(rows)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 /// The matcher alone over the events' texts: µs per event.

@@ -125,6 +125,9 @@ pub struct BenchOptions {
     /// waves and reuse (empty: skip).
     #[arg(long, value_delimiter = ',', num_args = 0..)]
     pub match_shares: Vec<f64>,
+    /// Runs of each contender at each share (the row: their medians).
+    #[arg(long, default_value_t = 1)]
+    pub match_runs: usize,
     /// The session-options sweep: `modstream run` at its default and with
     /// one session option changed at a time (workers × intra-op threads,
     /// spinning, graph optimization, memory arena).

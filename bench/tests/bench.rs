@@ -512,6 +512,31 @@ async fn the_model_sweep_measures_one_model_against_two_on_the_same_events() {
     assert!(modstream_bench::markdown(&report).contains("**One model against two**"));
 }
 
+/// Matching's sweep at one share: a row with each contender's throughput,
+/// reuse where the stream repeats, and the matcher's time; its table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_matching_sweep_measures_off_lists_and_reuse_on_one_stream() {
+    let report = tiny_bench(BenchOptions {
+        events: 1000,
+        loads: vec![],
+        match_shares: vec![0.6],
+        ..tiny_options()
+    })
+    .await;
+    let row = &report.matching[0];
+    assert_eq!((row.near_duplicate_share, row.runs), (0.6, 1));
+    assert!(
+        row.off_per_s > 0.0 && row.lists_per_s > 0.0 && row.reuse_per_s > 0.0,
+        "{row:?}"
+    );
+    assert!(
+        row.reused_share > 0.2,
+        "a stream of 60 % near-duplicates reuses: {row:?}"
+    );
+    assert!(row.lists_matcher_us > 0.0 && row.waves_matcher_us > 0.0);
+    assert!(modstream_bench::markdown(&report).contains("**Matching before the models**"));
+}
+
 /// One batch size, one delay, one latency point of 1 s, no overload run.
 fn tiny_options() -> BenchOptions {
     BenchOptions {
@@ -546,6 +571,8 @@ fn tiny_options() -> BenchOptions {
         cascade_band: modstream_bench::cascade::Band::DEFAULT,
         cost: vec![],
         session_sweep: false,
+        match_shares: vec![],
+        match_runs: 1,
         out_dir: PathBuf::new(),
     }
 }

@@ -6,7 +6,7 @@ use super::breaker::{BreakerAction, RunOutcome};
 use super::lanes::NewRun;
 use super::{Deliver, Hub};
 use crate::inference::{InferenceJob, InferenceResult, ScoreError};
-use crate::partition::ModelScores;
+use crate::partition::{ModelScores, ReadyBatch};
 use crate::policy::ModelId;
 use crate::telemetry::metric;
 use tokio::time::Instant;
@@ -26,7 +26,20 @@ impl<D: Deliver> Hub<D> {
             self.probe(l);
             return;
         }
-        while let Some(NewRun { mut segments, size }) = self.lanes[l].take_run(l) {
+        loop {
+            // A wave's posts whose first post was scored since they arrived
+            // take its scores here, at their model's turn.
+            let matcher = self.matcher.as_ref();
+            let prepare = |batch: &mut ReadyBatch| super::matching::take_kept(matcher, batch);
+            let Some(NewRun { mut segments, size }) = self.lanes[l].take_run(l, prepare) else {
+                break;
+            };
+            if size == 0 {
+                for segment in segments {
+                    self.send_on(segment, l.next());
+                }
+                continue;
+            }
             let texts = segments
                 .iter_mut()
                 .flat_map(|s| {

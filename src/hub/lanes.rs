@@ -242,14 +242,21 @@ impl Lane {
 
     /// The next run of model `l` while its workers have room: ready batches
     /// coalesced (possibly of several partitions) up to its run size,
-    /// counting the events it is to score. Counted as running.
-    pub(super) fn take_run(&mut self, l: ModelId) -> Option<NewRun> {
+    /// counting the events it is to score, each batch first given to
+    /// `prepare` (which may settle some of its events). Counted as running
+    /// unless no event is left to score (size 0: the batches go on).
+    pub(super) fn take_run(
+        &mut self,
+        l: ModelId,
+        mut prepare: impl FnMut(&mut ReadyBatch),
+    ) -> Option<NewRun> {
         if self.ready.is_empty() || self.running >= self.capacity {
             return None;
         }
         let mut segments = Vec::new();
         let mut size = 0;
-        while let Some(next) = self.ready.front() {
+        while let Some(next) = self.ready.front_mut() {
+            prepare(next);
             let n = needing(next, l);
             if size > 0 && size + n > self.batch.size {
                 break;
@@ -260,7 +267,9 @@ impl Lane {
             size += n;
             segments.push(batch);
         }
-        self.running += 1;
+        if size > 0 {
+            self.running += 1;
+        }
         Some(NewRun { segments, size })
     }
 

@@ -1,12 +1,17 @@
 //! The hub's side of matching ([`crate::matching`]): each valid event is
 //! inspected as it arrives; what the matcher found rides with the event
 //! (its marks, its cluster, reused scores, a wave record to write with its
-//! verdict), and the scores it was judged by are kept for its wave.
+//! verdict), and the scores it was judged by are kept for its wave. A
+//! wave's post takes its first scored post's scores as it arrives if they
+//! are kept by then, else at its model's turn ([`take_kept`]): a backlog
+//! read at once reuses too.
 
 use super::{Deliver, Hub};
 use crate::matching::{Matcher, Update};
-use crate::partition::Pending;
+use crate::partition::{ModelScores, Pending, ReadyBatch};
+use crate::policy::Rule;
 use crate::telemetry::metric;
+use crate::verdict::Marks;
 use tokio::time::Instant;
 
 impl<D: Deliver> Hub<D> {
@@ -29,19 +34,8 @@ impl<D: Deliver> Hub<D> {
         );
         pending.matching.cluster = found.cluster;
         let mut marks = found.marks;
-        if let (Some(reuse), Some(m)) = (found.reuse, marks.as_mut())
-            && m.deciding().is_none()
-        {
-            pending.scores = reuse
-                .iter()
-                .filter(|s| rule.runs(s.model))
-                .cloned()
-                .map(|mut s| {
-                    s.reused = true;
-                    s
-                })
-                .collect();
-            m.reused = !pending.scores.is_empty();
+        if let (Some(reuse), Some(m)) = (found.reuse, marks.as_mut()) {
+            reuse_scores(&mut pending.scores, m, &reuse, rule);
         }
         pending.matching.marks = marks;
         if let (Some(report), Some(topic)) = (found.report, &self.settings.output.waves_topic) {
@@ -67,4 +61,48 @@ impl<D: Deliver> Hub<D> {
             matcher.apply(update);
         }
     }
+}
+
+/// A batch at its model's turn: each event of a wave, not scored yet, whose
+/// wave's first post has been scored since it arrived takes those scores
+/// (with `matching.reuse`).
+pub(super) fn take_kept(matcher: Option<&Matcher>, batch: &mut ReadyBatch) {
+    let Some(matcher) = matcher else {
+        return;
+    };
+    for p in &mut batch.items {
+        let (Some(cluster), Some(marks)) = (p.matching.cluster, p.matching.marks.as_mut()) else {
+            continue;
+        };
+        if marks.wave.is_none() || !p.scores.is_empty() || p.failed.is_some() {
+            continue;
+        }
+        let (Some(kept), Some(rule)) = (matcher.kept(cluster), p.rules.rule(p.rule)) else {
+            continue;
+        };
+        reuse_scores(&mut p.scores, marks, &kept, rule);
+    }
+}
+
+/// An event takes a wave's kept scores of the models its rule runs (a
+/// deciding list item needs none); its marks say so.
+fn reuse_scores(
+    scores: &mut Vec<ModelScores>,
+    marks: &mut Marks,
+    kept: &[ModelScores],
+    rule: &Rule,
+) {
+    if marks.deciding().is_some() {
+        return;
+    }
+    scores.extend(
+        kept.iter()
+            .filter(|s| rule.runs(s.model))
+            .cloned()
+            .map(|mut s| {
+                s.reused = true;
+                s
+            }),
+    );
+    marks.reused = scores.iter().any(|s| s.reused);
 }

@@ -56,8 +56,9 @@ impl RunQueue {
         self.urgent += 1;
     }
 
-    pub(super) fn front(&self) -> Option<&ReadyBatch> {
-        self.batches.front()
+    /// The first batch, to change its events (not its place).
+    pub(super) fn front_mut(&mut self) -> Option<&mut ReadyBatch> {
+        self.batches.front_mut()
     }
 
     pub(super) fn pop_front(&mut self) -> Option<ReadyBatch> {

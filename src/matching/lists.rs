@@ -19,8 +19,6 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use gaoya::minhash::MinHashIndex;
-
 use super::normalize::normalize;
 use super::similar::{self, Fingerprint, Fingerprinter};
 use crate::config::ListMode;
@@ -159,7 +157,7 @@ pub struct List {
     pub mode: ListMode,
     items: HashMap<Arc<str>, Arc<Item>>,
     exact: HashMap<u64, Arc<str>>,
-    near: MinHashIndex<u32, Arc<str>>,
+    near: similar::Index<Arc<str>>,
     similarity: f64,
 }
 
@@ -170,7 +168,7 @@ impl List {
             mode,
             items: HashMap::new(),
             exact: HashMap::new(),
-            near: similar::index(),
+            near: similar::index(similarity),
             similarity,
         }
     }

@@ -71,7 +71,7 @@ pub struct Matcher {
 impl Matcher {
     /// Loads every list file (a wrong one fails the start).
     pub fn new(settings: &MatchingSettings) -> Result<Matcher, ListError> {
-        let prints = Fingerprinter::default();
+        let prints = Fingerprinter;
         let mut lists = Vec::new();
         for l in &settings.lists {
             let similarity = settings.list_similarity;
@@ -178,6 +178,11 @@ impl Matcher {
         if let Some(w) = &mut self.waves {
             w.scored(cluster, scores);
         }
+    }
+
+    /// The scores kept for `cluster`'s wave, to reuse (`matching.reuse`).
+    pub fn kept(&self, cluster: ClusterId) -> Option<Arc<[ModelScores]>> {
+        self.waves.as_ref()?.kept(cluster)
     }
 
     /// A model was reloaded: scores kept for reuse are of its old version.

@@ -12,12 +12,15 @@
 //! The signature is computed here, not by gaoya's `MinHasher32` (64 hash
 //! functions per shingle, each with a modulo: 3.7 µs of the hub's time per
 //! 12-word post, timed on 20,000 of the bench's posts while building issue
-//! 36): one-permutation hashing (Li, Owen and Zhang, 2012) with rotation
-//! densification (Shrivastava and Li, 2014). Each shingle's hash falls in
-//! one of 64 bins, each bin keeps its least hash, and an empty bin takes
-//! the value of the next filled bin to its right, shifted by the distance.
+//! 36): one-permutation hashing (Li, Owen and Zhang, 2012) with optimal
+//! densification (Shrivastava, 2017). Each shingle's hash falls in one of
+//! 64 bins, each bin keeps its least hash, and an empty bin takes the value
+//! of a filled bin drawn by its own fixed sequence.
 
-use gaoya::minhash::MinHashIndex;
+use gaoya::minhash::{MinHashIndex, SmallVecContainer};
+
+/// The index: most bands' buckets hold one id, kept inline.
+pub type Index<Id> = MinHashIndex<u32, Id, SmallVecContainer<Id, 2>>;
 
 use super::normalize;
 
@@ -25,10 +28,11 @@ const HASHES: usize = 64;
 const BANDS: usize = 16;
 const ROWS: usize = HASHES / BANDS;
 
-/// What the index's own (estimated) similarity must reach for a candidate
-/// to be compared exactly: well below any threshold used, so that the
-/// estimate's noise does not lose true matches.
-const CANDIDATE: f64 = 0.2;
+/// How far below the threshold the index's own (estimated) similarity may
+/// be for a candidate to be compared exactly: the estimate's noise (about
+/// ±0.06 at 64 values) does not lose true matches, and unlike texts that
+/// share a band are dropped before the exact comparison.
+const SLACK: f64 = 0.15;
 
 /// A text as matching sees it: its normalised form's hash, its number of
 /// words, its shingles (sorted, distinct) and their signature (none for a
@@ -75,18 +79,21 @@ fn signature(shingles: &[u64]) -> Signature {
         let bin = (h >> 58) as usize;
         bins[bin] = bins[bin].min((h as u32).min(EMPTY - 1));
     }
-    // Walk left from the last filled bin, wrapping round: each empty bin
-    // takes the nearest filled value to its right.
-    let last = (0..HASHES).rev().find(|&i| bins[i] != EMPTY).unwrap_or(0);
-    let (mut next, mut distance) = (bins[last], 0u32);
-    for k in 0..HASHES {
-        let i = (last + HASHES - k) % HASHES;
-        if bins[i] == EMPTY {
-            distance += 1;
-            bins[i] = next.wrapping_add(distance.wrapping_mul(0x9E37_79B9));
-        } else {
-            (next, distance) = (bins[i], 0);
+    // Each empty bin takes the value of the first filled bin its own
+    // sequence of draws lands on (the same sequence for every text), so
+    // that bins stay independent: two unlike texts agree on a band rarely.
+    let filled = bins;
+    for (i, bin) in bins.iter_mut().enumerate() {
+        if *bin != EMPTY {
+            continue;
         }
+        // Bounded: at least one bin is filled; past 4,096 draws (odds
+        // below 2^-90 with one filled bin) the first filled bin.
+        *bin = (0..4096u64)
+            .map(|draw| filled[(mix((i as u64) << 16 | draw) >> 58) as usize])
+            .find(|v| *v != EMPTY)
+            .or_else(|| filled.iter().copied().find(|v| *v != EMPTY))
+            .unwrap_or(EMPTY);
     }
     bins.to_vec()
 }
@@ -112,16 +119,16 @@ pub fn jaccard(a: &[u64], b: &[u64]) -> f64 {
     both as f64 / union as f64
 }
 
-/// An LSH index of signatures by id, proposing candidates (see
-/// [`CANDIDATE`]); compare them with [`jaccard`].
-pub fn index<Id: std::hash::Hash + Eq + Clone + Send + Sync>() -> MinHashIndex<u32, Id> {
-    MinHashIndex::new(BANDS, ROWS, CANDIDATE)
+/// An LSH index of signatures by id, proposing candidates for a
+/// similarity `threshold` (see [`SLACK`]); [`best_match`] compares them.
+pub fn index<Id: std::hash::Hash + Eq + Clone + Send + Sync>(threshold: f64) -> Index<Id> {
+    Index::new_index(BANDS, ROWS, (threshold - SLACK).max(0.0))
 }
 
 /// The candidate most similar to `print` at `threshold` or above, by the
 /// exact similarity of their shingles (`shingles_of` a candidate's).
 pub fn best_match<'a, Id, S>(
-    index: &MinHashIndex<u32, Id>,
+    index: &Index<Id>,
     print: &Fingerprint,
     threshold: f64,
     shingles_of: impl Fn(&Id) -> Option<&'a S>,
@@ -171,7 +178,7 @@ mod tests {
 
     #[test]
     fn the_index_finds_a_near_duplicate_and_not_a_stranger() {
-        let mut index = index::<u32>();
+        let mut index = index::<u32>(0.6);
         let a = print("win a free phone today click the link in my profile now");
         index.insert(1, a.signature.clone().unwrap());
         let near = print("WIN a free phone today!! click the link in my profile now ok");

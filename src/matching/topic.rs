@@ -61,7 +61,7 @@ fn read(
     updates: &mpsc::Sender<Update>,
     stop: &CancellationToken,
 ) {
-    let prints = Fingerprinter::default();
+    let prints = Fingerprinter;
     while !stop.is_cancelled() {
         if let Err(e) = assign_all(consumer, topic) {
             tracing::warn!(topic, error = %e, "cannot read the list topic yet; trying again");

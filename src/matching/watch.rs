@@ -50,13 +50,7 @@ impl ListWatch {
             let f = file.clone();
             let similarity = self.similarity;
             let loaded = tokio::task::spawn_blocking(move || {
-                List::load(
-                    &f.name,
-                    &f.file,
-                    f.mode,
-                    similarity,
-                    &Fingerprinter::default(),
-                )
+                List::load(&f.name, &f.file, f.mode, similarity, &Fingerprinter)
             })
             .await;
             let outcome = match loaded {

@@ -20,7 +20,6 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use gaoya::minhash::MinHashIndex;
 use tokio::time::Instant;
 
 use super::similar::{self, Fingerprint};
@@ -47,7 +46,7 @@ struct Member {
 
 pub struct Waves {
     settings: MatchingSettings,
-    index: MinHashIndex<u32, Member>,
+    index: similar::Index<Member>,
     /// The shingles of each kept post (compared exactly with candidates).
     kept: HashMap<Member, Vec<u64>>,
     clusters: HashMap<ClusterId, Cluster>,
@@ -104,7 +103,7 @@ impl Waves {
     pub fn new(settings: &MatchingSettings) -> Waves {
         Waves {
             settings: settings.clone(),
-            index: similar::index(),
+            index: similar::index(settings.wave_similarity),
             kept: HashMap::new(),
             clusters: HashMap::new(),
             by_last: BTreeSet::new(),
@@ -209,6 +208,12 @@ impl Waves {
         {
             c.scores = Some(scores.into());
         }
+    }
+
+    /// The scores kept for a wave's reuse (`matching.reuse`).
+    pub fn kept(&self, cluster: ClusterId) -> Option<Arc<[ModelScores]>> {
+        let c = self.clusters.get(&cluster)?;
+        c.scores.clone().filter(|_| c.wave && self.settings.reuse)
     }
 
     /// A model changed (hot reload): scores kept so far are of its old

@@ -31,7 +31,15 @@ pub const VERDICT_SCHEMA: &str = r#"{
         {"name": "id", "type": "string"}, {"name": "name", "type": "string"},
         {"name": "scores", "type": {"type": "map", "values": "double"}},
         {"name": "version", "type": "string"}]}}},
-      {"name": "policy", "type": "string"}, {"name": "rule", "type": "string"}]},
+      {"name": "policy", "type": "string"}, {"name": "rule", "type": "string"},
+      {"name": "match", "type": ["null", {"type": "record", "name": "ListMatch", "fields": [
+        {"name": "distance", "type": "double"}, {"name": "id", "type": "string"},
+        {"name": "label", "type": "string"}, {"name": "list", "type": "string"},
+        {"name": "verdict", "type": "string"}]}], "default": null},
+      {"name": "reused", "type": "boolean", "default": false},
+      {"name": "wave", "type": ["null", {"type": "record", "name": "Wave", "fields": [
+        {"name": "first_seen", "type": "string"}, {"name": "id", "type": "string"},
+        {"name": "size", "type": "int"}, {"name": "users", "type": "int"}]}], "default": null}]},
      "default": {"human_review": false, "models": [], "policy": "", "rule": ""}},
     {"name": "review_priority", "type": ["null", "string"], "default": null},
     {"name": "tenant", "type": ["null", "string"], "default": null},
@@ -114,6 +122,12 @@ mod tests {
                 "reason": {"human_review": false, "policy": "v1", "rule": "kids", "models": [
                     {"id": "p", "name": "m", "version": "1", "scores": {"offensive": 0.9, "clean": 0.1}, "deferred": false,
                      "crossed": [{"label": "offensive", "score": 0.9, "threshold": 0.6, "verdict": "block"}]}]}}),
+            serde_json::json!({"event_id": "e3", "verdict": "block", "scores": {},
+                "model": {"name": "", "version": ""}, "source": {"topic": "t", "partition": 0, "offset": 1},
+                "latency_ms": 3, "processed_at": "2026-12-01T00:00:00.000Z",
+                "reason": {"human_review": false, "policy": "v1", "rule": "kids", "models": [], "reused": true,
+                    "match": {"distance": 0.25, "id": "s1", "label": "spam", "list": "spam", "verdict": "block"},
+                    "wave": {"first_seen": "2026-12-01T00:00:00.000Z", "id": "e0", "size": 21, "users": 6}}}),
             serde_json::json!({"event_id": "e2", "verdict": "allow", "scores": {"offensive": 0.0},
                 "model": {"name": "m", "version": "1"}, "source": {"topic": "t", "partition": 0, "offset": 0},
                 "latency_ms": null, "processed_at": "2026-12-01T00:00:00.000Z"}),
@@ -134,9 +148,18 @@ mod tests {
                 verdict.get("tenant").cloned().unwrap_or(Value::Null)
             );
             // The reason as written, or (a verdict without one) its default.
-            let reason = verdict.get("reason").cloned().unwrap_or_else(
+            let mut reason = verdict.get("reason").cloned().unwrap_or_else(
                 || serde_json::json!({"human_review": false, "models": [], "policy": "", "rule": ""}),
             );
+            // Matching's fields, as written or their defaults.
+            let fields = reason.as_object_mut().unwrap();
+            for (k, v) in [
+                ("match", Value::Null),
+                ("reused", false.into()),
+                ("wave", Value::Null),
+            ] {
+                fields.entry(k).or_insert(v);
+            }
             assert_eq!(back["reason"], reason);
         }
     }

@@ -110,7 +110,11 @@ pub fn variant(t: usize, v: usize) -> String {
             .map(|w| w.replacen('a', "а", 1).replacen('o', "о", 1))
             .collect::<Vec<_>>()
             .join(" "),
-        2 => words.join(if v % 2 == 0 { " 🔥 " } else { " 💰" }),
+        2 => words.join(if v.is_multiple_of(2) {
+            " 🔥 "
+        } else {
+            " 💰"
+        }),
         3 => format!("{}!!!", words.join(" ").to_uppercase()),
         4 => words
             .iter()

@@ -190,11 +190,15 @@ pub struct Report {
 /// One near-duplicate share of matching's sweep: the same campaign stream
 /// (`tools::campaign`) on the default cell at saturation with matching
 /// off, with a known-bad list of 1,000 items only, and with the list,
-/// waves and reuse; and the matcher's own time per event, measured alone
-/// on the same texts (one thread).
+/// waves and reuse (the median of `runs` runs each, taking turns); and the
+/// matcher's own time per event, measured alone on the same texts (one
+/// thread).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MatchRow {
     pub near_duplicate_share: f64,
+    /// Runs of each contender; the figures are their medians.
+    #[serde(default)]
+    pub runs: usize,
     pub off_per_s: f64,
     pub lists_per_s: f64,
     pub reuse_per_s: f64,

@@ -216,3 +216,42 @@ async fn a_waves_later_posts_reuse_its_first_scored_posts_scores() {
     h.acks(5).await;
     assert_eq!(h.hub.in_flight, 0);
 }
+
+/// A backlog read at once: the wave's later posts arrived before its first
+/// post was scored, and take its scores at their model's turn instead.
+#[tokio::test(start_paused = true)]
+async fn a_backlogs_wave_posts_take_the_kept_scores_at_their_models_turn() {
+    let (mut h, _dir) = matching_hub("decide", None);
+    let text = "join the best crypto group in town today message me for the link now";
+    for i in 0..6 {
+        h.push(post(i, text, if i % 2 == 0 { "u1" } else { "u2" }));
+    }
+    // The lane runs two at a time: posts 0 and 1; 2 to 5 wait in its queue.
+    let first = h.jobs.try_recv().unwrap();
+    let second = h.jobs.try_recv().unwrap();
+    assert!(h.jobs.try_recv().is_err());
+    let mut result = scored(&first);
+    result.scores = vec![Ok(vec![0.6])];
+    h.result(result);
+    h.result(scored(&second));
+    assert!(
+        h.jobs.try_recv().is_err(),
+        "posts 2 to 5 took post 0's scores"
+    );
+    let v = verdicts(&h);
+    assert_eq!(v.len(), 6);
+    for v in &v[2..] {
+        assert_eq!(
+            (v["verdict"].as_str(), v["reason"]["reused"].as_bool()),
+            (Some("review"), Some(true)),
+            "{v}"
+        );
+    }
+    assert_eq!(
+        v[1]["verdict"], "allow",
+        "post 1 ran before any scores were kept"
+    );
+    h.acks(6).await;
+    assert_eq!(h.hub.in_flight, 0);
+    assert_eq!(h.stored().concat().last(), Some(&at(0, 6)));
+}

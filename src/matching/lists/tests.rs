@@ -1,7 +1,7 @@
 use super::*;
 
 fn item(json: &str) -> Item {
-    Item::parse(json.as_bytes(), None, &Fingerprinter::default()).unwrap()
+    Item::parse(json.as_bytes(), None, &Fingerprinter).unwrap()
 }
 
 fn list_of(items: &[&str]) -> List {
@@ -13,7 +13,7 @@ fn list_of(items: &[&str]) -> List {
 }
 
 fn find(list: &List, text: &str) -> Option<Found> {
-    list.find(&Fingerprinter::default().of_normalized(&normalize(text)))
+    list.find(&Fingerprinter.of_normalized(&normalize(text)))
 }
 
 /// Each evasion of a list entry matches it; benign near-misses do not.
@@ -129,7 +129,7 @@ fn a_wrong_line_refuses_the_whole_file_with_its_line() {
         ("not json", "not an item"),
     ] {
         std::fs::write(&path, format!("# a comment\n{good}\n\n{bad}\n")).unwrap();
-        let prints = Fingerprinter::default();
+        let prints = Fingerprinter;
         let e = List::load("l", &path, ListMode::Decide, 0.8, &prints)
             .err()
             .unwrap()
@@ -137,7 +137,7 @@ fn a_wrong_line_refuses_the_whole_file_with_its_line() {
         assert!(e.contains("line 4") && e.contains(says), "{e}");
     }
     std::fs::write(&path, format!("{good}\n")).unwrap();
-    let list = List::load("l", &path, ListMode::Decide, 0.8, &Fingerprinter::default()).unwrap();
+    let list = List::load("l", &path, ListMode::Decide, 0.8, &Fingerprinter).unwrap();
     assert_eq!(list.len(), 1);
 }
 

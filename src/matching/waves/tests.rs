@@ -16,7 +16,7 @@ fn settings() -> MatchingSettings {
 }
 
 fn print(text: &str) -> Fingerprint {
-    Fingerprinter::default().of_normalized(&normalize(text))
+    Fingerprinter.of_normalized(&normalize(text))
 }
 
 /// Variant `v` of a spam text: one word and the case changed.
@@ -195,7 +195,7 @@ fn the_campaigns_waves_are_found_with_their_precision_and_recall() {
     use crate::tools::campaign::{Campaign, generate_campaign};
     let posts = generate_campaign(2000, &Campaign::default(), "c-");
     let mut waves = Waves::new(&settings());
-    let prints = Fingerprinter::default();
+    let prints = Fingerprinter;
     let t0 = Instant::now();
     let (mut marked_spam, mut marked_normal, mut spam) = (0, 0, 0);
     let mut clusters_of =
