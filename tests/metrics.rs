@@ -243,6 +243,19 @@ fn an_idle_instance_exports_every_series_at_zero() {
     let bootstrap = broker.bootstrap_servers().to_string();
     let dir = tempfile::tempdir().unwrap();
     let config = support::write_config(dir.path(), &bootstrap, "g-idle");
+    // A list: its series are labelled by it.
+    let list = dir.path().join("spam.jsonl");
+    std::fs::write(
+        &list,
+        "{\"id\": \"a\", \"verdict\": \"block\", \"label\": \"spam\", \"text\": \"buy now\"}\n",
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}\n[matching]\nlists = [{{ name = \"spam\", file = {list:?} }}]\n"),
+    )
+    .unwrap();
     let port = support::free_port();
     let service = Command::new(env!("CARGO_BIN_EXE_modstream"))
         .args(["run", "--config"])
@@ -286,6 +299,8 @@ fn an_idle_instance_exports_every_series_at_zero() {
         );
     }
     for line in [
+        "modstream_list_items{list=\"spam\"} 1",
+        "modstream_list_matches_total{list=\"spam\",verdict=\"block\"} 0",
         "modstream_verdicts_total{verdict=\"block\"} 0",
         "modstream_dlq_total{reason=\"invalid_json\"} 0",
         "modstream_events_consumed_total{topic=\"posts\"} 0",

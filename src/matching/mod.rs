@@ -64,8 +64,7 @@ pub struct Matcher {
     /// The files' lists in configuration order, then the topic's.
     lists: Vec<List>,
     waves: Option<waves::Waves>,
-    inspected: metrics::Counter,
-    seconds: metrics::Counter,
+    seconds: metrics::Histogram,
 }
 
 impl Matcher {
@@ -89,8 +88,7 @@ impl Matcher {
             prints,
             lists,
             waves: settings.waves.then(|| waves::Waves::new(settings)),
-            inspected: metrics::counter!(metric::MATCHER_EVENTS_TOTAL),
-            seconds: metrics::counter!(metric::MATCHER_NANOSECONDS_TOTAL),
+            seconds: metrics::histogram!(metric::MATCHER_SECONDS),
         })
     }
 
@@ -106,9 +104,7 @@ impl Matcher {
     ) -> Inspection {
         let started = std::time::Instant::now();
         let inspection = self.inspect_text(event_id, text, user, rule_lists, now);
-        self.inspected.increment(1);
-        self.seconds
-            .increment(started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64);
+        self.seconds.record(started.elapsed().as_secs_f64());
         inspection
     }
 

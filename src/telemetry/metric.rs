@@ -140,9 +140,8 @@ metric_table! {
     /// Matching (`[matching]`): known-bad list items matched (labels: list,
     /// of the configuration; verdict), the items each list holds, waves
     /// started, posts marked as in a wave, verdicts judged on reused
-    /// scores, wave clusters kept and forgotten for room, and the events
-    /// inspected with the time it took (nanoseconds ÷ events = time per
-    /// event).
+    /// scores, wave clusters kept and forgotten for room, and matching's
+    /// time per event.
     LIST_MATCHES_TOTAL = "modstream_list_matches_total", Counter, Count, "events that matched a known-bad list item, by list and verdict";
     LIST_ITEMS = "modstream_list_items", Gauge, Count, "items in each known-bad list";
     LIST_RELOADS_TOTAL = "modstream_list_reloads_total", Counter, Count, "reloads of a list file, by list and outcome (loaded, refused)";
@@ -152,8 +151,7 @@ metric_table! {
     VERDICTS_REUSED_TOTAL = "modstream_verdicts_reused_total", Counter, Count, "verdicts judged on the scores of their wave's first scored post, without a model run";
     WAVE_CLUSTERS = "modstream_wave_clusters", Gauge, Count, "near-duplicate clusters kept now";
     WAVE_CLUSTERS_EVICTED_TOTAL = "modstream_wave_clusters_evicted_total", Counter, Count, "clusters forgotten to make room (matching.max_clusters) before their window ended";
-    MATCHER_EVENTS_TOTAL = "modstream_matcher_events_total", Counter, Count, "events inspected by matching";
-    MATCHER_NANOSECONDS_TOTAL = "modstream_matcher_nanoseconds_total", Counter, Nanoseconds, "time spent inspecting events, in nanoseconds (an integer counter)";
+    MATCHER_SECONDS = "modstream_matcher_seconds", Histogram, Seconds, "matching's time on one event (normalise, lists, waves)";
 }
 
 /// Declares an enum of label values with `as_str()` and `ALL` (every value,
