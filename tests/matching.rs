@@ -2,7 +2,8 @@
 //! shipped profanity model: a synthetic campaign's waves found against the
 //! generator's truth, with reused verdicts equal to the model's own; a
 //! list item added on the list topic under paced load, matching on every
-//! partition within seconds and no more once removed; instances joining
+//! partition within seconds and no more once removed; a list file read
+//! again while running (a wrong one refused); instances joining
 //! and leaving mid-wave without a verdict lost or an offset left behind.
 
 mod support;
@@ -396,4 +397,68 @@ async fn instances_joining_and_leaving_mid_wave_lose_nothing() {
         verification.duplicates
     );
     assert!(in_waves > 0, "waves found across the moves");
+}
+
+/// A list file changed while running is read again (a wrong one is
+/// refused whole and the list in force stays).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_file_changed_while_running_is_read_again_and_a_wrong_one_refused() {
+    support::init_logs();
+    let broker = broker(2);
+    let bootstrap = broker.bootstrap_servers().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("spam.jsonl");
+    let item = |id: &str, text: &str| {
+        format!(
+            "{{\"id\": \"{id}\", \"verdict\": \"block\", \"label\": \"spam\", \"text\": \"{text}\"}}\n"
+        )
+    };
+    std::fs::write(&list, item("old", "something else entirely here")).unwrap();
+    let matching = format!("lists = [{{ name = \"spam\", file = {list:?} }}]");
+    let mut settings = settings(dir.path(), &bootstrap, "g-list-file", &matching);
+    settings.inference.reload_interval = Duration::from_millis(200);
+    let shutdown = Shutdown::new();
+    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
+    let target = "cheap watches for sale at example dot com";
+    // Post `n` of the target text; the id its verdict matched (if any).
+    let post = |n: usize| {
+        let b = bootstrap.clone();
+        async move {
+            let id = format!("f-{n}");
+            let payload = serde_json::json!({"event_id": id, "text": target})
+                .to_string()
+                .into_bytes();
+            let to = b.clone();
+            tokio::task::spawn_blocking(move || {
+                support::produce(&to, &[(id, format!("k{n}"), payload)])
+            })
+            .await
+            .unwrap();
+            let verdicts = by_id(&support::read_records(&b, VERDICTS, 2, n + 1).await);
+            verdicts[&format!("f-{n}")]["reason"]["match"]["id"]
+                .as_str()
+                .map(str::to_string)
+        }
+    };
+    assert_eq!(post(0).await, None);
+    std::fs::write(
+        &list,
+        item("w1", "Cheap WATCHES for sale at example dot com!"),
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        post(1).await.as_deref(),
+        Some("w1"),
+        "the new file in force"
+    );
+    std::fs::write(&list, format!("{}not an item\n", item("w2", "anything"))).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        post(2).await.as_deref(),
+        Some("w1"),
+        "the wrong file refused, the list kept"
+    );
+    shutdown.stop.cancel();
+    pipeline.await.unwrap().unwrap();
 }
