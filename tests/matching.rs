@@ -267,8 +267,10 @@ async fn a_list_item_on_the_list_topic_matches_within_seconds_and_stops_when_rem
                 added = Some(before);
             }
             if removed.is_none() && started.elapsed() >= remove_at {
-                list_record(&b, None);
+                // Before the tombstone is written: a post judged earlier
+                // sees the item.
                 removed = Some(chrono::Utc::now());
+                list_record(&b, None);
             }
             let text = if i % 5 == 0 {
                 target.to_string()
@@ -313,8 +315,10 @@ async fn a_list_item_on_the_list_topic_matches_within_seconds_and_stops_when_rem
         if judged < added || judged > removed + settle {
             assert!(!matched, "sent at {at:?}, outside the item's time: {v}");
         }
-        if *at >= add_at + settle && *at < remove_at {
-            assert!(matched, "at {at:?}, the item in force: {v}");
+        // Sent well after the item was written and judged before its
+        // removal (a post's intake may lag its send under load).
+        if *at >= add_at + settle && judged < removed {
+            assert!(matched, "sent at {at:?}, the item in force: {v}");
             assert_eq!(v["verdict"], "block");
             matched_partitions.insert(v["source"]["partition"].as_i64().unwrap());
         }
