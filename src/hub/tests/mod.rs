@@ -126,21 +126,7 @@ fn harness_with(kafka: &str) -> Harness {
         "#
     ))
     .unwrap();
-    let manifest: Manifest = serde_json::from_value(serde_json::json!({
-        "name": "m", "version": "1", "input_kind": "text", "inputs": ["text"],
-        "output": "p", "labels": ["offensive"], "score_label": "offensive",
-    }))
-    .unwrap();
-    let (jobs_tx, jobs) = async_channel::bounded(2);
-    let lane = ModelLane {
-        scorer: Scorer::named("default", &manifest),
-        jobs: jobs_tx,
-        workers: 1,
-        max_batch: 2,
-    };
-    let labels = [crate::policy::ModelLabels::of("default", &manifest)];
-    let rules = Ruleset::from_config(&settings.policy, &labels).unwrap();
-    harness_of(settings, vec![lane], rules, jobs)
+    harness_of_settings(settings)
 }
 
 /// The harness's one model under these settings, judged by `[policy]`.
