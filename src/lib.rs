@@ -30,6 +30,7 @@ pub mod producer;
 pub mod rebalance;
 pub mod record;
 pub mod reload;
+pub mod sampling;
 pub mod schema;
 pub mod score_cache;
 pub mod scores;

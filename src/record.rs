@@ -25,14 +25,17 @@ pub enum RecordKind {
     Decision,
     /// A wave record for `output.waves_topic`.
     Wave,
+    /// A risk-weighted sample for `output.samples_topic`.
+    Sample,
 }
 
 impl RecordKind {
-    pub const ALL: [RecordKind; 4] = [
+    pub const ALL: [RecordKind; 5] = [
         RecordKind::Verdict,
         RecordKind::Dlq,
         RecordKind::Decision,
         RecordKind::Wave,
+        RecordKind::Sample,
     ];
 
     /// The metric label value and log field.
@@ -42,6 +45,7 @@ impl RecordKind {
             RecordKind::Dlq => "dlq",
             RecordKind::Decision => "decision",
             RecordKind::Wave => "wave",
+            RecordKind::Sample => "sample",
         }
     }
 }

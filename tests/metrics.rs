@@ -253,7 +253,9 @@ fn an_idle_instance_exports_every_series_at_zero() {
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(
         &config,
-        format!("{text}\n[matching]\nlists = [{{ name = \"spam\", file = {list:?} }}]\n"),
+        format!("{text}\n[matching]\nlists = [{{ name = \"spam\", file = {list:?} }}]\n")
+            // Sampling: its series are per tenant, `_none` from the start.
+            .replace("[output]\n", "[output]\nsamples_topic = \"samples\"\n"),
     )
     .unwrap();
     let port = support::free_port();
@@ -301,6 +303,7 @@ fn an_idle_instance_exports_every_series_at_zero() {
     for line in [
         "modstream_list_items{list=\"spam\"} 1",
         "modstream_list_matches_total{list=\"spam\",verdict=\"block\"} 0",
+        "modstream_samples_total{tenant=\"_none\"} 0",
         "modstream_verdicts_total{verdict=\"block\"} 0",
         "modstream_dlq_total{reason=\"invalid_json\"} 0",
         "modstream_events_consumed_total{topic=\"posts\"} 0",

@@ -17,6 +17,7 @@ mod matching;
 mod models;
 mod properties;
 mod registry;
+mod sampling;
 #[cfg(test)]
 mod tests;
 mod validate;
@@ -27,6 +28,7 @@ pub use matching::{ListFile, ListMode, MatchingSettings};
 pub use models::{ModelSettings, ModelSpec, SINGLE_MODEL};
 pub use properties::{Properties, REDACTED, is_secret};
 pub use registry::{CloudEventsOutput, InputFormat, OutputFormat, SchemaRegistrySettings};
+pub use sampling::SamplingSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -91,6 +93,8 @@ pub struct Settings {
     pub policy: Policy,
     #[serde(default)]
     pub matching: MatchingSettings,
+    #[serde(default)]
+    pub sampling: SamplingSettings,
     #[serde(default)]
     pub telemetry: TelemetrySettings,
     #[serde(default)]
@@ -165,6 +169,8 @@ pub struct OutputSettings {
     pub decisions_topic: Option<String>,
     /// Wave records (`[matching] waves`): when a wave starts and as it grows.
     pub waves_topic: Option<String>,
+    /// Risk-weighted samples for human labels (`[sampling]`); unset: none.
+    pub samples_topic: Option<String>,
 }
 
 impl Default for OutputSettings {
@@ -177,6 +183,7 @@ impl Default for OutputSettings {
             cloudevents: CloudEventsOutput::default(),
             decisions_topic: None,
             waves_topic: None,
+            samples_topic: None,
         }
     }
 }
@@ -546,6 +553,16 @@ impl Settings {
         validate::inference(&self.inference)?;
         models::validate(self)?;
         validate::policy(&self.policy)?;
-        matching::validate(&self.matching)
+        matching::validate(&self.matching)?;
+        sampling::validate(&self.sampling)?;
+        if let Some(model) = &self.sampling.model
+            && !self.models().iter().any(|m| &m.name == model)
+        {
+            return Err(invalid(
+                "sampling.model",
+                format!("{model:?} is not a model of [inference]"),
+            ));
+        }
+        Ok(())
     }
 }

@@ -65,7 +65,7 @@ impl<D: Deliver> Hub<D> {
 
     /// The records of a scored event (its verdict, the copies its rule
     /// routes, its decision record), or its dead-letter record.
-    pub(super) fn outcome(&self, mut pending: Pending) -> (Outgoing, Outcome) {
+    pub(super) fn outcome(&mut self, mut pending: Pending) -> (Outgoing, Outcome) {
         if let Some(failure) = pending.failed.take() {
             metrics::counter!(metric::INFERENCE_FAILURES_TOTAL).increment(1);
             let rejection = event::Rejection {
@@ -83,7 +83,6 @@ impl<D: Deliver> Hub<D> {
             Some(item) => rule.decided_by(item.verdict),
             None => rule.judge(|m| pending.scores_of(m)),
         };
-        self.offer_shadow(&mut pending);
         let judged = Judged {
             rules: &pending.rules,
             rule: pending.rule,
@@ -128,7 +127,9 @@ impl<D: Deliver> Hub<D> {
         if let Some(topic) = &self.settings.output.decisions_topic {
             also.push(verdict::decision_record(topic, &answer, &judged));
         }
-        also.extend(pending.matching.wave_record.take().map(|w| *w));
+        also.extend(self.sample(&pending, &answer, &judged));
+        let wave = pending.matching.wave_record.take();
+        also.extend(wave.map(|w| *w));
         let decided = Decided {
             verdict: decision.verdict,
             event_time_ms: event::event_time_ms(pending.original.timestamp_ms, &pending.event),
@@ -139,6 +140,8 @@ impl<D: Deliver> Hub<D> {
                 .map(|m| m.model)
                 .collect(),
         };
+        // Last: the shadow takes the event's text.
+        self.offer_shadow(&mut pending);
         (Outgoing { main, also }, Outcome::Verdict(decided))
     }
 

@@ -53,6 +53,7 @@ mod meters;
 mod positions;
 mod queue;
 mod revoke;
+mod sampling;
 mod transaction;
 mod watchdog;
 
@@ -269,6 +270,8 @@ pub struct Hub<D: Deliver> {
     meters: meters::Meters,
     /// With `[matching]`: the known-bad lists and the wave clusters.
     matcher: Option<crate::matching::Matcher>,
+    /// With `output.samples_topic`: risk-weighted samples of the verdicts.
+    sampling: Option<sampling::Sampling>,
 }
 
 impl<D: Deliver> Hub<D> {
@@ -304,7 +307,6 @@ impl<D: Deliver> Hub<D> {
         let meters = meters::Meters::new(&rules);
         policy_loaded_at();
         Hub {
-            settings,
             lanes: Lanes::new(lanes),
             rules,
             shadow: None,
@@ -330,6 +332,8 @@ impl<D: Deliver> Hub<D> {
             verdict_encoder: None,
             meters,
             matcher: None,
+            sampling: sampling::Sampling::new(&settings),
+            settings,
         }
     }
 

@@ -66,6 +66,16 @@ pub fn register_zeroes(settings: &crate::config::Settings) {
     }
     register_model_zeroes(settings);
     register_matching_zeroes(settings);
+    if settings.output.samples_topic.is_some() {
+        // Tenants come with their events; events without one are `_none`.
+        for name in [
+            metric::SAMPLING_EVENTS_TOTAL,
+            metric::SAMPLES_TOTAL,
+            metric::SAMPLES_DROPPED_TOTAL,
+        ] {
+            counter!(name, "tenant" => crate::sampling::NO_TENANT).absolute(0);
+        }
+    }
     for m in metric::TABLE {
         // Those without labels; the labelled ones are above.
         let labelled = [
@@ -88,6 +98,10 @@ pub fn register_zeroes(settings: &crate::config::Settings) {
             metric::LIST_MATCHES_TOTAL,
             metric::LIST_ITEMS,
             metric::LIST_RELOADS_TOTAL,
+            // Per tenant, with sampling (below).
+            metric::SAMPLING_EVENTS_TOTAL,
+            metric::SAMPLES_TOTAL,
+            metric::SAMPLES_DROPPED_TOTAL,
             metric::SHADOW_AGREEMENT_TOTAL,
             metric::SHADOW_FAILURES_TOTAL,
             metric::ERRORS_TOTAL,

@@ -171,7 +171,7 @@ pub struct Sink {
 
 /// One counter per [`RecordKind`] (a labelled `counter!` looks its series
 /// up in the registry on every call).
-struct Produced([metrics::Counter; 4]);
+struct Produced([metrics::Counter; 5]);
 
 impl Produced {
     fn new() -> Produced {
@@ -187,6 +187,7 @@ impl Produced {
             RecordKind::Dlq => 1,
             RecordKind::Decision => 2,
             RecordKind::Wave => 3,
+            RecordKind::Sample => 4,
         };
         &self.0[i]
     }

@@ -152,6 +152,14 @@ metric_table! {
     WAVE_CLUSTERS = "modstream_wave_clusters", Gauge, Count, "near-duplicate clusters kept now";
     WAVE_CLUSTERS_EVICTED_TOTAL = "modstream_wave_clusters_evicted_total", Counter, Count, "clusters forgotten to make room (matching.max_clusters) before their window ended";
     MATCHER_SECONDS = "modstream_matcher_seconds", Histogram, Seconds, "matching's time on one event (normalise, lists, waves)";
+    /// Verdicts the sampler drew for (`[sampling]`); with
+    /// [`SAMPLES_TOTAL`] it gives the share sampled. Labels: tenant (the
+    /// first 100 by name, then `_other`; `_none` without one).
+    SAMPLING_EVENTS_TOTAL = "modstream_sampling_events_total", Counter, Count, "verdicts the sampler drew for, by tenant (the share sampled: samples / these)";
+    /// Samples written with their verdict. Labels: tenant.
+    SAMPLES_TOTAL = "modstream_samples_total", Counter, Count, "risk-weighted samples written for human labels, by tenant";
+    /// Samples drawn but dropped by `sampling.max_per_second`. Labels: tenant.
+    SAMPLES_DROPPED_TOTAL = "modstream_samples_dropped_total", Counter, Count, "samples drawn but dropped by the rate bound (sampling.max_per_second), by tenant";
 }
 
 /// Declares an enum of label values with `as_str()` and `ALL` (every value,

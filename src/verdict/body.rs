@@ -27,6 +27,43 @@ pub(super) struct VerdictBody<'a> {
     pub warnings: Vec<String>,
 }
 
+/// A risk-weighted sample for `output.samples_topic` (see
+/// `crate::sampling::records`).
+#[derive(serde::Serialize)]
+pub(super) struct SampleBody<'a> {
+    pub event: EventRef<'a>,
+    pub event_id: &'a str,
+    pub reason: Reason<'a>,
+    pub sample: DrawnRef<'a>,
+    pub sampled_at: &'a str,
+    pub source: SourceRef<'a>,
+    pub tenant: Option<&'a str>,
+    pub verdict: Verdict,
+}
+
+/// The event as sampled, for the people who label it.
+#[derive(serde::Serialize)]
+pub(super) struct EventRef<'a> {
+    pub created_at_ms: Option<i64>,
+    pub event_id: &'a str,
+    pub lang: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<&'a serde_json::Map<String, serde_json::Value>>,
+    pub tenant: Option<&'a str>,
+    pub text: &'a str,
+    pub user_id: Option<&'a str>,
+}
+
+#[derive(serde::Serialize)]
+pub(super) struct DrawnRef<'a> {
+    pub dropped_before: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<&'a str>,
+    pub model: &'a str,
+    pub probability: f64,
+    pub score: f64,
+}
+
 /// One event's audit record for `output.decisions_topic`.
 #[derive(serde::Serialize)]
 pub(super) struct DecisionBody<'a> {

@@ -29,7 +29,9 @@ use crate::tp::Tp;
 mod body;
 mod marks;
 
-use body::{DecisionBody, ModelRef, Scores, SourceRef, VerdictBody};
+use body::{
+    DecisionBody, DrawnRef, EventRef, ModelRef, SampleBody, Scores, SourceRef, VerdictBody,
+};
 
 pub use crate::policy::{Verdict, decide};
 pub use marks::{ClusterId, ListMatch, Marks, WaveNote, rfc3339};
@@ -298,6 +300,52 @@ pub fn decision_record(topic: &str, answer: &Answer<'_>, judged: &Judged<'_>) ->
     };
     let key = Some(answer.event.event_id.clone().into_bytes());
     record(topic, key, &body, RecordKind::Decision)
+}
+
+/// How a sampled event was drawn, for its sample record.
+pub struct Drawn<'a> {
+    pub sample: crate::sampling::Sample,
+    /// The model (configuration name) and label whose score drew it.
+    pub model: &'a str,
+    pub label: Option<&'a str>,
+}
+
+/// The sample record for `output.samples_topic`, keyed by event id: the
+/// event, its verdict and reason, and how it was drawn.
+pub fn sample_record(
+    topic: &str,
+    answer: &Answer<'_>,
+    judged: &Judged<'_>,
+    drawn: &Drawn<'_>,
+) -> OutRecord {
+    let sampled_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let e = answer.event;
+    let body = SampleBody {
+        event: EventRef {
+            created_at_ms: e.created_at_ms,
+            event_id: &e.event_id,
+            lang: e.lang.as_deref(),
+            metadata: e.metadata.as_ref(),
+            tenant: e.tenant.as_deref(),
+            text: &e.text,
+            user_id: e.user_id.as_deref(),
+        },
+        event_id: &e.event_id,
+        reason: judged.reason(),
+        sample: DrawnRef {
+            dropped_before: drawn.sample.dropped_before,
+            label: drawn.label,
+            model: drawn.model,
+            probability: drawn.sample.probability,
+            score: drawn.sample.score,
+        },
+        sampled_at: &sampled_at,
+        source: source_ref(answer),
+        tenant: e.tenant.as_deref(),
+        verdict: judged.decision.verdict,
+    };
+    let key = Some(e.event_id.clone().into_bytes());
+    record(topic, key, &body, RecordKind::Sample)
 }
 
 fn source_ref<'a>(answer: &Answer<'a>) -> SourceRef<'a> {

@@ -476,6 +476,7 @@ mod delivery;
 mod exactly_once;
 mod matching;
 mod policy;
+mod sampling;
 
 #[tokio::test(start_paused = true)]
 async fn reading_a_backlog_with_urgent_posts_no_scored_verdict_waits_for_newer_batches() {

@@ -1,0 +1,104 @@
+//! The hub's side of sampling ([`crate::sampling`]): each verdict's risk
+//! score (its sampling model's score of the sampling label, or the highest
+//! of the labels its rule judges by that model; 0 when that model did not
+//! score it), the draw, and the sample record written with the verdict.
+
+use super::{Deliver, Hub};
+use crate::config::Settings;
+use crate::partition::{ModelScores, Pending};
+use crate::policy::{ModelId, Rule};
+use crate::record::OutRecord;
+use crate::sampling::{Candidate, Draw, Sampler};
+use crate::verdict::{self, Answer, Drawn, Judged};
+use tokio::time::Instant;
+
+/// The sampler and what it draws by.
+pub(super) struct Sampling {
+    sampler: Sampler,
+    topic: String,
+    model: ModelId,
+    model_name: String,
+    label: Option<String>,
+}
+
+impl Sampling {
+    /// With `output.samples_topic` set.
+    pub(super) fn new(settings: &Settings) -> Option<Sampling> {
+        let topic = settings.output.samples_topic.clone()?;
+        let s = &settings.sampling;
+        let models = settings.models();
+        // Validated: a named model is one of them.
+        let index = s
+            .model
+            .as_ref()
+            .and_then(|name| models.iter().position(|m| &m.name == name))
+            .unwrap_or(0);
+        Some(Sampling {
+            sampler: Sampler::new(s),
+            topic,
+            model: ModelId(index),
+            model_name: models
+                .get(index)
+                .map_or_else(String::new, |m| m.name.clone()),
+            label: s.label.clone(),
+        })
+    }
+
+    /// The risk score of an event judged by `rule` with these scores.
+    fn score(&self, rule: &Rule, scores: &[ModelScores]) -> f64 {
+        let Some(m) = scores.iter().find(|s| s.model == self.model) else {
+            return 0.0;
+        };
+        let labels = m.scorer.labels();
+        let of = |label: &str| {
+            labels
+                .iter()
+                .position(|l| l == label)
+                .and_then(|i| m.probabilities.get(i))
+                .map(|&p| f64::from(p))
+        };
+        match &self.label {
+            Some(label) => of(label).unwrap_or(0.0),
+            None => rule
+                .judges
+                .iter()
+                .filter(|j| j.model == self.model)
+                .flat_map(|j| &j.labels)
+                .filter_map(|(label, _)| of(label))
+                .fold(0.0, f64::max),
+        }
+    }
+}
+
+impl<D: Deliver> Hub<D> {
+    /// The sample record of a judged event, if it is drawn.
+    pub(super) fn sample(
+        &mut self,
+        pending: &Pending,
+        answer: &Answer<'_>,
+        judged: &Judged<'_>,
+    ) -> Option<OutRecord> {
+        let sampling = self.sampling.as_mut()?;
+        let rule = pending.rules.rule(pending.rule)?;
+        let candidate = Candidate {
+            event_id: &pending.event.event_id,
+            tenant: pending.event.tenant.as_deref(),
+            rule: &rule.id,
+            score: sampling.score(rule, &pending.scores),
+        };
+        let Draw::Sampled(sample) = sampling.sampler.draw(&candidate, Instant::now()) else {
+            return None;
+        };
+        let drawn = Drawn {
+            sample,
+            model: &sampling.model_name,
+            label: sampling.label.as_deref(),
+        };
+        Some(verdict::sample_record(
+            &sampling.topic,
+            answer,
+            judged,
+            &drawn,
+        ))
+    }
+}
