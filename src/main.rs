@@ -100,6 +100,13 @@ enum Command {
         #[command(flatten)]
         options: modstream::tools::explain::ExplainOptions,
     },
+    /// How much of the stream violates each label (95 % intervals), and
+    /// the policy's precision and recall, from the samples
+    /// (`output.samples_topic`) and the labels people gave them.
+    Prevalence {
+        #[command(flatten)]
+        options: modstream::tools::prevalence::PrevalenceOptions,
+    },
     /// A text's normal form, as known-bad lists and waves match it, and its
     /// hash (a list item's `hash`).
     Normalize {
@@ -184,6 +191,7 @@ fn main() -> ExitCode {
         Command::Plan { options } => modstream::tools::plan::run(&options),
         Command::Rescore { options } => rescore(options),
         Command::Explain { options } => explain(&options),
+        Command::Prevalence { options } => prevalence(&options),
         Command::Normalize { text } => {
             let normal = modstream::matching::normalize::normalize(&text);
             let hash = modstream::matching::normalize::text_hash(&normal);
@@ -389,6 +397,15 @@ fn rescore(opts: modstream::tools::rescore::RescoreOptions) -> anyhow::Result<()
     } else {
         report.print();
     }
+    Ok(())
+}
+
+fn prevalence(opts: &modstream::tools::prevalence::PrevalenceOptions) -> anyhow::Result<()> {
+    modstream::telemetry::init_logging(&TelemetrySettings {
+        log_level: "warn".into(),
+        ..Default::default()
+    });
+    print!("{}", modstream::tools::prevalence::run(opts)?);
     Ok(())
 }
 

@@ -10,6 +10,7 @@ pub mod embedded;
 pub mod explain;
 pub mod generator;
 pub mod plan;
+pub mod prevalence;
 pub mod range;
 pub mod read;
 pub mod report;
