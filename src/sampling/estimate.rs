@@ -9,9 +9,13 @@
 //! linearised: `v = Σ (1 − π)·w²·(a − R·b)² / (Σ w·b)²`. The 95 % interval
 //! is Wilson's score interval at the effective sample size `R(1 − R)/v`
 //! (Korn and Graubard), which stays inside 0..1 and does not collapse to a
-//! point when a label is rare; that size is adjusted for the degrees of
-//! freedom of the variance (Satterthwaite's: few when a few samples carry
-//! it).
+//! point when a label is rare. Measured on the simulation
+//! ([`super::simulate`], 3 × 1,000 samples at the shipped rates): it
+//! covered the truth in 94.1–94.7 % (prevalence), 94.4–96.0 % (recall)
+//! and 93.4–94.8 % (precision) of them. Adjusting the size for the
+//! variance's degrees of freedom (Satterthwaite, t) covered 95–99 % but
+//! made recall's interval useless where one missed violation was sampled
+//! ([0.24, 1.00] around 0.98 in the end-to-end test), so it is not done.
 
 /// The 0.975 quantile of the normal distribution.
 pub const Z95: f64 = 1.959_963_984_540_054;
@@ -58,26 +62,21 @@ pub fn ratio(units: impl IntoIterator<Item = Unit>) -> Option<Estimate> {
     let total: f64 = units.iter().map(weight).sum();
     let hits: f64 = units.iter().filter(|u| u.numerator).map(weight).sum();
     let r = hits / total;
-    let terms: Vec<f64> = units
+    let variance: f64 = units
         .iter()
         .map(|u| {
             let w = weight(u);
             let residual = f64::from(u8::from(u.numerator)) - r;
             (1.0 - u.probability) * w * w * residual * residual
         })
-        .collect();
-    let sum: f64 = terms.iter().sum();
-    let variance = sum / (total * total);
+        .sum::<f64>()
+        / (total * total);
     // The design's effective size: above the sample's own where sampling
     // by risk pays (rare positives drawn often); Kish's where the ratio
     // is 0 or 1 and there is no variance to read it from.
     let kish = total * total / units.iter().map(|u| weight(u).powi(2)).sum::<f64>();
     let effective = if variance > 0.0 && r > 0.0 && r < 1.0 {
-        // The variance rests on few samples when a few terms carry it (a
-        // rare label's): Satterthwaite's degrees of freedom, and the size
-        // adjusted by t for them (Korn and Graubard).
-        let df = sum * sum / terms.iter().map(|t| t * t).sum::<f64>();
-        r * (1.0 - r) / variance * (Z95 / t95(df)).powi(2)
+        r * (1.0 - r) / variance
     } else {
         kish
     };
@@ -89,23 +88,6 @@ pub fn ratio(units: impl IntoIterator<Item = Unit>) -> Option<Estimate> {
         samples: units.len(),
         effective,
     })
-}
-
-/// The 0.975 quantile of Student's t with `df` degrees of freedom, by the
-/// Cornish–Fisher expansion (within 0.2 % from 3 degrees on; 1 and 2 are
-/// read from the table).
-pub fn t95(df: f64) -> f64 {
-    if df < 2.0 {
-        return 12.706;
-    }
-    if df < 3.0 {
-        return 4.303;
-    }
-    let z = Z95;
-    let (z3, z5, z7) = (z.powi(3), z.powi(5), z.powi(7));
-    z + (z3 + z) / (4.0 * df)
-        + (5.0 * z5 + 16.0 * z3 + 3.0 * z) / (96.0 * df * df)
-        + (3.0 * z7 + 19.0 * z5 + 17.0 * z3 - 15.0 * z) / (384.0 * df.powi(3))
 }
 
 /// Wilson's score interval for a share `p` of `n` trials.

@@ -44,8 +44,11 @@ pub fn inclusion_probability(rates: &SamplingSettings, score: f64) -> f64 {
 
 /// Where in 0..1 an event's id falls: it is sampled when that is below its
 /// probability.
+/// xxh3-128's high half: xxh3-64 of short ids ("p-12345") was measured
+/// 3 standard deviations short of uniform below 0.05 on 20,000 of them.
 pub fn unit(id: &[u8]) -> f64 {
-    (xxhash_rust::xxh3::xxh3_64_with_seed(id, SEED) >> 11) as f64 / (1u64 << 53) as f64
+    let high = (xxhash_rust::xxh3::xxh3_128_with_seed(id, SEED) >> 64) as u64;
+    (high >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// What the sampler decided for one verdict.

@@ -95,8 +95,9 @@ fn the_rate_bound_drops_and_the_next_sample_says_how_many() {
 /// noisy model of [`simulate`]; 200 independent samples at the shipped
 /// rates. Each 95 % interval (prevalence, recall, precision) covers the
 /// truth in at least 93 % of them, and the mean estimate is within 5 % of
-/// the truth (relative): the Hájek estimator's bias at these sizes is far
-/// below that, the mean's own noise over 200 samples about 1.5 %.
+/// the truth (relative; measured: +1 % prevalence, +2.9 % recall, +0.8 %
+/// precision, the Hájek ratio's small-sample bias where few violations are
+/// sampled, about 14 per sample here).
 #[test]
 fn intervals_cover_the_truth_and_the_estimates_are_unbiased() {
     let population = Population::new(100_000, 0.01, 7);
@@ -147,19 +148,19 @@ fn intervals_cover_the_truth_and_the_estimates_are_unbiased() {
     }
 }
 
+/// Ids like the ones streams carry fall evenly: a biased draw biases every
+/// estimate (xxh3-64 of `p-0` … `p-19999` fell 3.4 standard deviations
+/// short below 0.05).
 #[test]
-fn the_t_quantile_matches_its_table() {
-    for (df, t) in [
-        (3.0, 3.182),
-        (5.0, 2.571),
-        (10.0, 2.228),
-        (30.0, 2.042),
-        (1000.0, 1.962),
-    ] {
-        assert!(
-            (estimate::t95(df) - t).abs() < 0.01 * t,
-            "df {df}: {}",
-            estimate::t95(df)
-        );
+fn short_ids_are_drawn_evenly() {
+    for prefix in ["p-", "e-", "evt-000"] {
+        for q in [0.01, 0.03, 0.05, 0.1] {
+            let n = (0..20_000)
+                .filter(|i| unit(format!("{prefix}{i}").as_bytes()) < q)
+                .count() as f64;
+            let sd = (20_000.0 * q * (1.0 - q)).sqrt();
+            let z = (n - 20_000.0 * q) / sd;
+            assert!(z.abs() < 3.0, "{prefix}: {n} below {q}: {z:+.1} sd");
+        }
     }
 }
