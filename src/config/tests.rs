@@ -45,6 +45,20 @@ fn the_shipped_config_file_is_valid() {
     assert_eq!(s.input.topics, vec!["moderation.events".to_string()]);
     // Its [matching] section shows every default.
     assert_eq!(s.matching, super::MatchingSettings::default());
+    assert_eq!(s.sampling, super::SamplingSettings::default());
+}
+
+#[test]
+fn sampling_settings_are_checked() {
+    for (section, key) in [
+        ("[sampling]\nmin_rate = 0.0", "sampling.min_rate"),
+        ("[sampling]\nmin_rate = 0.1\nmax_rate = 0.05", "sampling.max_rate"),
+        ("[sampling]\nmax_per_second = 0.0", "sampling.max_per_second"),
+        ("[sampling]\nmodel = \"nope\"", "sampling.model"),
+    ] {
+        assert_eq!(invalid_key(with(section)), key, "{section}");
+    }
+    assert!(with("[sampling]\nmodel = \"default\"").is_ok());
 }
 
 #[test]

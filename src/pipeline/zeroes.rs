@@ -28,6 +28,39 @@ fn register_model_zeroes(settings: &crate::config::Settings) {
     }
 }
 
+/// The metrics with labels, registered by their known label values.
+const LABELLED: &[&str] = &[
+    metric::CONSUMED_TOTAL,
+    metric::VERDICTS_TOTAL,
+    metric::DLQ_TOTAL,
+    metric::FIELD_WARNINGS_TOTAL,
+    metric::PRODUCED_TOTAL,
+    metric::DELIVERY_FAILURES_TOTAL,
+    metric::UNDELIVERABLE_TOTAL,
+    metric::COMMITS_TOTAL,
+    metric::REBALANCES_TOTAL,
+    metric::TRANSACTIONS_TOTAL,
+    metric::MODEL_RELOADS_TOTAL,
+    metric::POLICY_RELOADS_TOTAL,
+    // Per rule (the hub, from the policy) and per model (above).
+    metric::POLICY_VERDICTS_TOTAL,
+    metric::MODEL_EVENTS_TOTAL,
+    // Per list (below).
+    metric::LIST_MATCHES_TOTAL,
+    metric::LIST_ITEMS,
+    metric::LIST_RELOADS_TOTAL,
+    // Per tenant, with sampling (below).
+    metric::SAMPLING_EVENTS_TOTAL,
+    metric::SAMPLES_TOTAL,
+    metric::SAMPLES_DROPPED_TOTAL,
+    metric::SHADOW_AGREEMENT_TOTAL,
+    metric::SHADOW_FAILURES_TOTAL,
+    metric::ERRORS_TOTAL,
+    // Per partition: they appear with their partitions.
+    metric::OLDEST_PENDING_SECONDS,
+    metric::CONSUMER_LAG,
+];
+
 /// Every counter and gauge at 0 from the start, with its labels where they
 /// are known before any event (input topics, verdict kinds, DLQ reasons,
 /// record kinds, outcomes), so that alerts and dashboards find their series
@@ -66,50 +99,10 @@ pub fn register_zeroes(settings: &crate::config::Settings) {
     }
     register_model_zeroes(settings);
     register_matching_zeroes(settings);
-    if settings.output.samples_topic.is_some() {
-        // Tenants come with their events; events without one are `_none`.
-        for name in [
-            metric::SAMPLING_EVENTS_TOTAL,
-            metric::SAMPLES_TOTAL,
-            metric::SAMPLES_DROPPED_TOTAL,
-        ] {
-            counter!(name, "tenant" => crate::sampling::NO_TENANT).absolute(0);
-        }
-    }
+    register_sampling_zeroes(settings);
     for m in metric::TABLE {
         // Those without labels; the labelled ones are above.
-        let labelled = [
-            metric::CONSUMED_TOTAL,
-            metric::VERDICTS_TOTAL,
-            metric::DLQ_TOTAL,
-            metric::FIELD_WARNINGS_TOTAL,
-            metric::PRODUCED_TOTAL,
-            metric::DELIVERY_FAILURES_TOTAL,
-            metric::UNDELIVERABLE_TOTAL,
-            metric::COMMITS_TOTAL,
-            metric::REBALANCES_TOTAL,
-            metric::TRANSACTIONS_TOTAL,
-            metric::MODEL_RELOADS_TOTAL,
-            metric::POLICY_RELOADS_TOTAL,
-            // Per rule (the hub, from the policy) and per model (above).
-            metric::POLICY_VERDICTS_TOTAL,
-            metric::MODEL_EVENTS_TOTAL,
-            // Per list (below).
-            metric::LIST_MATCHES_TOTAL,
-            metric::LIST_ITEMS,
-            metric::LIST_RELOADS_TOTAL,
-            // Per tenant, with sampling (below).
-            metric::SAMPLING_EVENTS_TOTAL,
-            metric::SAMPLES_TOTAL,
-            metric::SAMPLES_DROPPED_TOTAL,
-            metric::SHADOW_AGREEMENT_TOTAL,
-            metric::SHADOW_FAILURES_TOTAL,
-            metric::ERRORS_TOTAL,
-            // Per partition: they appear with their partitions.
-            metric::OLDEST_PENDING_SECONDS,
-            metric::CONSUMER_LAG,
-        ];
-        if labelled.contains(&m.name) {
+        if LABELLED.contains(&m.name) {
             continue;
         }
         match m.kind {
@@ -121,6 +114,21 @@ pub fn register_zeroes(settings: &crate::config::Settings) {
     let b = &settings.batching;
     gauge!(metric::BATCH_TARGET_SIZE).set(b.max_batch_size as f64);
     gauge!(metric::BATCH_TARGET_DELAY_SECONDS).set(b.max_batch_delay.as_secs_f64());
+}
+
+/// With sampling: its series per tenant. Tenants come with their events;
+/// events without one are `_none`, from the start.
+fn register_sampling_zeroes(settings: &crate::config::Settings) {
+    if settings.output.samples_topic.is_none() {
+        return;
+    }
+    for name in [
+        metric::SAMPLING_EVENTS_TOTAL,
+        metric::SAMPLES_TOTAL,
+        metric::SAMPLES_DROPPED_TOTAL,
+    ] {
+        metrics::counter!(name, "tenant" => crate::sampling::NO_TENANT).absolute(0);
+    }
 }
 
 /// The series of each configured list (matches by verdict, items, reloads).

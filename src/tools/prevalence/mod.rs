@@ -66,7 +66,13 @@ pub struct PrevalenceOptions {
 pub fn run(opts: &PrevalenceOptions) -> anyhow::Result<String> {
     if let Some(dir) = &opts.widths {
         let rows = widths::simulate(&widths::Plan::default());
-        return widths::write(&rows, dir);
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(
+            dir.join("widths.json"),
+            serde_json::to_string_pretty(&rows)?,
+        )?;
+        chart::widths(&rows, &dir.join("widths.svg"))?;
+        return Ok(widths::render(&rows));
     }
     let settings = Settings::load(opts.config.as_deref())?;
     let mut inputs = Inputs::default();

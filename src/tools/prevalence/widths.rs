@@ -5,8 +5,6 @@
 //! the prevalence, recall and precision intervals over independent samples,
 //! and how often they covered the truth.
 
-use std::path::Path;
-
 use crate::config::SamplingSettings;
 use crate::sampling::simulate::Population;
 
@@ -98,14 +96,6 @@ pub fn simulate(plan: &Plan) -> Vec<WidthRow> {
             }
         })
         .collect()
-}
-
-/// widths.json and widths.svg in `dir`; the table as printed.
-pub fn write(rows: &[WidthRow], dir: &Path) -> anyhow::Result<String> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("widths.json"), serde_json::to_string_pretty(rows)?)?;
-    super::chart::widths(rows, &dir.join("widths.svg"))?;
-    Ok(render(rows))
 }
 
 /// The table: one line per step.
