@@ -15,12 +15,17 @@ pub(super) const PARTITIONS: i32 = 4;
 /// Where one run happens: a fresh embedded cluster, or (`--bootstrap`) fresh
 /// topics and a fresh group on the given cluster, so that runs never see
 /// each other's records.
+/// The samples topic of the embedded cluster.
+const DEMO_SAMPLES: &str = "moderation.samples";
+
 pub(super) struct Cell {
     _embedded: Option<EmbeddedBroker>,
     pub bootstrap: String,
     pub input: String,
     pub verdicts: String,
     pub dlq: String,
+    /// Sampling's records (`--sampling-runs`).
+    pub samples: String,
     pub group: String,
 }
 
@@ -33,6 +38,7 @@ impl Cell {
                 (DEMO_DLQ, 1),
                 // The shadow model's comparison records (`--shadow-model`).
                 ("moderation.shadow", 1),
+                (DEMO_SAMPLES, 1),
             ])?;
             return Ok(Cell {
                 bootstrap: broker.bootstrap_servers().to_string(),
@@ -40,6 +46,7 @@ impl Cell {
                 input: DEMO_INPUT.to_string(),
                 verdicts: DEMO_VERDICTS.to_string(),
                 dlq: DEMO_DLQ.to_string(),
+                samples: DEMO_SAMPLES.to_string(),
                 group: "bench".to_string(),
             });
         };
@@ -56,6 +63,7 @@ impl Cell {
             input: format!("{prefix}-events"),
             verdicts: format!("{prefix}-verdicts"),
             dlq: format!("{prefix}-dlq"),
+            samples: format!("{prefix}-samples"),
             group: prefix,
         };
         use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -67,6 +75,7 @@ impl Cell {
             (&cell.input, PARTITIONS),
             (&cell.verdicts, PARTITIONS),
             (&cell.dlq, 1),
+            (&cell.samples, 1),
         ] {
             // The cluster's default replication first; 1 where that is refused.
             let mut created = Err(String::new());

@@ -27,6 +27,7 @@ mod print;
 mod process;
 mod raw;
 mod rows;
+mod sampling;
 mod session;
 
 use std::path::{Path, PathBuf};
@@ -42,8 +43,8 @@ use measure::Clock;
 pub use measure::{Batching, raw_model_throughput};
 pub use modstream::tools::report::{
     BaselineRow, CascadeRow, ChoicePoint, CostRow, DeliveryRow, FloorRow, LatencyRow, MatchRow,
-    OverloadRow, OwnProcess, RepeatRow, Report, SaturationRow, SessionRow, ShadowRow, StepBin,
-    StepTrace,
+    OverloadRow, OwnProcess, RepeatRow, Report, SamplingRow, SaturationRow, SessionRow, ShadowRow,
+    StepBin, StepTrace,
 };
 pub use options::BenchOptions;
 use print::Print;
@@ -84,6 +85,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let models = models::rows(&opts).await?;
     let cascade = cascade::rows(&opts).await?;
     let matching = matching::rows(&opts).await?;
+    let sampling = sampling::row(&opts).await?;
     let cost = cost::rows(&opts).await?;
     let session = session::rows(&opts).await?;
     let tokenization = session::tokenization(&opts)?;
@@ -122,6 +124,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         models,
         cascade,
         matching,
+        sampling,
         cost,
         session,
         tokenization,

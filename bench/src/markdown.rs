@@ -11,6 +11,7 @@ use modstream::tools::report::{BaselineRow, Report, SaturationRow, StepTrace};
 
 mod matching;
 mod repeats;
+mod sampling;
 
 /// Opens a generated block: `<!-- bench-tables: PATH -->`, PATH relative
 /// to the repository root (several paths: those runs side by side, see
@@ -311,6 +312,7 @@ fn baseline(out: &mut String, b: &BaselineRow) {
 
 fn extras(out: &mut String, report: &Report) {
     matching::render(out, report);
+    sampling::render(out, report);
     if !report.repeats.is_empty() {
         let _ = writeln!(
             out,

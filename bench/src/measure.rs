@@ -83,6 +83,9 @@ fn settings(
     if let Some(m) = &opts.variant.matching {
         s.matching = m.clone();
     }
+    if opts.variant.sampling {
+        s.output.samples_topic = Some(cell.samples.clone());
+    }
     Ok(s)
 }
 

@@ -128,6 +128,10 @@ pub struct BenchOptions {
     /// Runs of each contender at each share (the row: their medians).
     #[arg(long, default_value_t = 1)]
     pub match_runs: usize,
+    /// Sampling's cost: the default cell with sampling off and on at the
+    /// shipped rates, this many runs each taking turns (0: skip).
+    #[arg(long, default_value_t = 0)]
+    pub sampling_runs: usize,
     /// The session-options sweep: `modstream run` at its default and with
     /// one session option changed at a time (workers × intra-op threads,
     /// spinning, graph optimization, memory arena).
@@ -152,6 +156,8 @@ pub struct Variant {
     pub commit_interval_ms: Option<u64>,
     /// Matching's sweep: `[matching]` for its runs.
     pub matching: Option<modstream::config::MatchingSettings>,
+    /// Sampling's runs: `output.samples_topic` set, `[sampling]` as shipped.
+    pub sampling: bool,
 }
 
 impl BenchOptions {

@@ -3,7 +3,7 @@
 
 use modstream::tools::report::{
     BaselineRow, CascadeRow, CostRow, DeliveryRow, FloorRow, FormatRow, LatencyRow, MatchRow,
-    ModelRow, OverloadRow, RepeatRow, SaturationRow, SessionRow, ShadowRow, StepTrace,
+    ModelRow, OverloadRow, RepeatRow, SamplingRow, SaturationRow, SessionRow, ShadowRow, StepTrace,
 };
 
 /// A row printed as one line (or a few) of the bench's running table.
@@ -262,6 +262,19 @@ impl Print for SessionRow {
             self.peak_rss_bytes >> 20,
             self.load_ms,
             self.light_load_cores
+        );
+    }
+}
+
+impl Print for SamplingRow {
+    fn print(&self) {
+        eprintln!(
+            "sampling: off {:>7.0}/s, on {:>7.0}/s ({:.3}×), {:.2} % of verdicts sampled; sampler {:.0} ns/verdict",
+            self.off_per_s,
+            self.on_per_s,
+            self.on_per_s / self.off_per_s,
+            self.sampled_share * 100.0,
+            self.draw_ns
         );
     }
 }

@@ -52,8 +52,14 @@ fn the_shipped_config_file_is_valid() {
 fn sampling_settings_are_checked() {
     for (section, key) in [
         ("[sampling]\nmin_rate = 0.0", "sampling.min_rate"),
-        ("[sampling]\nmin_rate = 0.1\nmax_rate = 0.05", "sampling.max_rate"),
-        ("[sampling]\nmax_per_second = 0.0", "sampling.max_per_second"),
+        (
+            "[sampling]\nmin_rate = 0.1\nmax_rate = 0.05",
+            "sampling.max_rate",
+        ),
+        (
+            "[sampling]\nmax_per_second = 0.0",
+            "sampling.max_per_second",
+        ),
         ("[sampling]\nmodel = \"nope\"", "sampling.model"),
     ] {
         assert_eq!(invalid_key(with(section)), key, "{section}");

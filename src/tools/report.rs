@@ -185,6 +185,23 @@ pub struct Report {
     /// Matching's sweep (`--match-shares`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub matching: Vec<MatchRow>,
+    /// Sampling's cost (`--sampling-runs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<SamplingRow>,
+}
+
+/// Sampling's cost: the default cell at saturation on the generated
+/// stream with sampling off and on at the shipped rates (the median of
+/// `runs` runs each, taking turns); the share of verdicts the draw picks
+/// (by the sampler's rule on the verdicts' scores); and the sampler's own
+/// time per verdict, measured alone.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SamplingRow {
+    pub runs: usize,
+    pub off_per_s: f64,
+    pub on_per_s: f64,
+    pub sampled_share: f64,
+    pub draw_ns: f64,
 }
 
 /// One near-duplicate share of matching's sweep: the same campaign stream

@@ -129,6 +129,7 @@ pub fn widths(rows: &[WidthRow], path: &Path) -> anyhow::Result<()> {
         .flat_map(|r| [r.recall_width, r.precision_width])
         .fold(0.0, f64::max)
         * 1.1;
+    let prevalence_top = rows.iter().map(|r| r.prevalence_width).fold(0.0, f64::max) * 1.1;
     let mut chart = ChartBuilder::on(&area)
         .caption(
             "95 % interval width against labels (100,000 events, 1 % violating, simulated)",
@@ -140,7 +141,7 @@ pub fn widths(rows: &[WidthRow], path: &Path) -> anyhow::Result<()> {
         .right_y_label_area_size(64)
         .build_cartesian_2d((least..most).log_scale(), 0.0f64..top.max(0.01))
         .map_err(|e| failed(e, path))?
-        .set_secondary_coord((least..most).log_scale(), 0.0f64..0.012);
+        .set_secondary_coord((least..most).log_scale(), 0.0f64..prevalence_top.max(0.001));
     chart
         .configure_mesh()
         .x_desc("labelled samples")
