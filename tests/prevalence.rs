@@ -24,7 +24,7 @@ const EVENTS: usize = 20_000;
 /// Event `i` violates for 1 in 12 (the generator's truth: an abusive
 /// sample post), its tenant one of two.
 fn violates(i: usize) -> bool {
-    spread(i as u64 ^ 0x7E57) % 12 == 0
+    spread(i as u64 ^ 0x7E57).is_multiple_of(12)
 }
 
 fn events() -> Vec<(String, String, Vec<u8>)> {

@@ -537,6 +537,27 @@ async fn the_matching_sweep_measures_off_lists_and_reuse_on_one_stream() {
     assert!(modstream_bench::markdown(&report).contains("**Matching before the models**"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sampling_runs_measure_both_sides_and_the_share_sampled() {
+    let report = tiny_bench(BenchOptions {
+        events: 2000,
+        loads: vec![],
+        sampling_runs: 1,
+        ..tiny_options()
+    })
+    .await;
+    let row = report.sampling.as_ref().expect("a sampling row");
+    assert_eq!(row.runs, 1);
+    assert!(row.off_per_s > 0.0 && row.on_per_s > 0.0, "{row:?}");
+    // The shipped rates: between 0.1 % and 2 % of the verdicts.
+    assert!(
+        row.sampled_share > 0.0 && row.sampled_share < 0.02,
+        "{row:?}"
+    );
+    assert!(row.draw_ns > 0.0);
+    assert!(modstream_bench::markdown(&report).contains("**Sampling for prevalence**"));
+}
+
 /// One batch size, one delay, one latency point of 1 s, no overload run.
 fn tiny_options() -> BenchOptions {
     BenchOptions {
@@ -573,6 +594,7 @@ fn tiny_options() -> BenchOptions {
         session_sweep: false,
         match_shares: vec![],
         match_runs: 1,
+        sampling_runs: 0,
         out_dir: PathBuf::new(),
     }
 }

@@ -36,6 +36,9 @@ fn register_font() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Which width of a row a line draws.
+type Width = fn(&WidthRow) -> f64;
+
 fn failed(e: impl std::fmt::Display, path: &Path) -> anyhow::Error {
     anyhow::anyhow!("drawing {}: {e}", path.display())
 }
@@ -153,7 +156,7 @@ pub fn widths(rows: &[WidthRow], path: &Path) -> anyhow::Result<()> {
         .y_desc("prevalence interval width")
         .draw()
         .map_err(|e| failed(e, path))?;
-    let series: [(&str, fn(&WidthRow) -> f64, RGBColor); 2] = [
+    let series: [(&str, Width, RGBColor); 2] = [
         ("recall", |r| r.recall_width, COLORS[1]),
         ("precision", |r| r.precision_width, COLORS[2]),
     ];

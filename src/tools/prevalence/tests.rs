@@ -179,3 +179,23 @@ fn the_threshold_chart_is_drawn() {
         "the legend names each line"
     );
 }
+
+#[test]
+fn more_labels_narrow_the_intervals_and_the_widths_chart_is_drawn() {
+    use super::widths::{Plan, render, simulate};
+    let rows = simulate(&Plan {
+        events: 50_000,
+        share: 0.02,
+        replicates: 20,
+        scales: vec![1.0, 8.0],
+    });
+    assert!(rows[1].labels > 6.0 * rows[0].labels, "{rows:?}");
+    assert!(
+        rows[1].prevalence_width < rows[0].prevalence_width / 2.0,
+        "{rows:?}"
+    );
+    assert!(rows[1].recall_width < rows[0].recall_width, "{rows:?}");
+    let dir = tempfile::tempdir().unwrap();
+    super::chart::widths(&rows, &dir.path().join("w.svg")).unwrap();
+    assert!(render(&rows).lines().count() == 4);
+}

@@ -33,6 +33,10 @@ impl Default for Plan {
 /// One step's figures.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct WidthRow {
+    /// The simulated stream: events, the violating share, samples drawn.
+    pub events: usize,
+    pub share: f64,
+    pub replicates: u64,
     pub min_rate: f64,
     pub max_rate: f64,
     /// Mean labels (samples) per day of 100,000 events.
@@ -84,6 +88,9 @@ pub fn simulate(plan: &Plan) -> Vec<WidthRow> {
             let mean = |i: usize| width[i] / counted[i].max(1) as f64;
             let cover = |i: usize| covered[i] as f64 / counted[i].max(1) as f64;
             WidthRow {
+                events: plan.events,
+                share: plan.share,
+                replicates: plan.replicates,
                 min_rate: rates.min_rate,
                 max_rate: rates.max_rate,
                 labels: labels as f64 / plan.replicates as f64,
