@@ -374,3 +374,26 @@ fn normalize_prints_the_form_and_hash_lists_match_and_a_wrong_list_stops_the_sta
         "{stderr}"
     );
 }
+
+#[test]
+fn a_sampling_label_the_model_lacks_fails_at_start_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("modstream.toml");
+    std::fs::write(
+        &path,
+        "[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n[input]\ntopics = [\"posts\"]\n[output]\nsamples_topic = \"samples\"\n[sampling]\nlabel = \"toxic\"\n",
+    )
+    .unwrap();
+    let out = modstream()
+        .args(["run", "--config"])
+        .arg(&path)
+        .env("MODSTREAM__TELEMETRY__LISTEN", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("sampling.label") && stderr.contains("\"toxic\""),
+        "{stderr}"
+    );
+}

@@ -120,6 +120,20 @@ pub fn load(settings: &Settings) -> Result<Loaded, PipelineError> {
         )
         .into());
     }
+    if let Some(label) = &settings.sampling.label {
+        let index = (settings.sampling.model.as_ref())
+            .and_then(|name| models.specs.iter().position(|m| &m.name == name))
+            .unwrap_or(0);
+        let labels = &models.pools[index].manifest.labels;
+        if !labels.contains(label) {
+            let model = &models.specs[index].name;
+            return Err(PolicyError::new(
+                "sampling.label",
+                format!("model {model:?} has no label {label:?} (its labels are {labels:?})"),
+            )
+            .into());
+        }
+    }
     let matcher = (settings.matching.enabled())
         .then(|| Matcher::new(&settings.matching))
         .transpose()?;
