@@ -7,4 +7,5 @@ cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "demo: cargo not found; install a Rust toolchain (1.95+)" >&2; exit 1; }
 ORT_DYLIB_PATH=$(scripts/fetch-onnxruntime.sh | tail -n 1)
 export ORT_DYLIB_PATH
-cargo run --release --locked --quiet -- demo "$@"
+# -p: the workspace also holds the bench's binary.
+cargo run --release --locked --quiet -p modstream --bin modstream -- demo "$@"

@@ -397,3 +397,23 @@ fn a_sampling_label_the_model_lacks_fails_at_start_naming_it() {
         "{stderr}"
     );
 }
+
+/// `modstream demo` piped to a file or a CI log (stderr not a terminal)
+/// prints whole lines: no carriage return rewrites a line there. (400
+/// events, 4 of them malformed: 396 verdicts.)
+#[test]
+fn the_demo_piped_prints_whole_lines() {
+    let out = modstream()
+        .args(["demo", "--events", "400", "--max-seconds", "120"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains('\r'), "a carriage return in: {stderr:?}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("verdicts ") && l.contains("/396")),
+        "{stderr}"
+    );
+}

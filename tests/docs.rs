@@ -287,9 +287,9 @@ fn indented_block<'a>(doc: &'a str, first: &str) -> Vec<&'a str> {
 }
 
 #[test]
-fn the_readmes_plan_examples_are_what_plan_prints_from_their_reports() {
+fn the_operations_pages_plan_examples_are_what_plan_prints_from_their_reports() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
     let examples: [(&[&str], &str); 2] = [
         (
             &[
@@ -340,7 +340,7 @@ fn the_readmes_plan_examples_are_what_plan_prints_from_their_reports() {
         assert_eq!(
             shown,
             want,
-            "README's example of `modstream plan {}`",
+            "docs/operations.md's example of `modstream plan {}`",
             args.join(" ")
         );
     }

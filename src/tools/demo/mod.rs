@@ -153,31 +153,39 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Read `want` verdicts as they come (until `deadline`), with a progress
-/// line on stderr.
+/// Read `want` verdicts as they come (until `deadline`), with progress on
+/// stderr: one line rewritten in place on a terminal; piped to a file or a
+/// CI log, a whole line every 2 s.
 async fn read_with_progress(
     bootstrap: String,
     want: usize,
     started: Instant,
     deadline: Instant,
 ) -> anyhow::Result<Vec<ReadRecord>> {
+    use std::io::IsTerminal;
+    let terminal = std::io::stderr().is_terminal();
+    let (every, start, end) = if terminal {
+        (Duration::from_millis(500), "\r", "")
+    } else {
+        (Duration::from_secs(2), "", "\n")
+    };
     tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<ReadRecord>> {
         let reader = TopicReader::from_beginning(&bootstrap, DEMO_VERDICTS, Some(PARTITIONS))?;
         let mut shown = Instant::now();
         let mut n = 0;
         let verdicts = reader.read(want, deadline - Instant::now(), |_| {
             n += 1;
-            if shown.elapsed() >= Duration::from_millis(500) {
+            if shown.elapsed() >= every {
                 shown = Instant::now();
                 eprint!(
-                    "\rverdicts {n:>6}/{want}  {:.1}s",
+                    "{start}verdicts {n:>6}/{want}  {:.1}s{end}",
                     started.elapsed().as_secs_f64()
                 );
                 let _ = std::io::stderr().flush();
             }
         })?;
         eprintln!(
-            "\rverdicts {:>6}/{want}  {:.1}s",
+            "{start}verdicts {:>6}/{want}  {:.1}s",
             verdicts.len(),
             started.elapsed().as_secs_f64()
         );
