@@ -1,6 +1,6 @@
 //! Every example in README.md and docs/ works as shown: each TOML block
 //! parses and validates (a configuration, or a policy file against the
-//! shipped models), and each `modstream` command names only flags its
+//! shipped models), each YAML block parses (a policy file is checked too), and each `modstream` command names only flags its
 //! `--help` (for `modstream bench`: its options) knows. docs/configuration.md's
 //! key table and config/modstream.toml hold the same keys and defaults.
 
@@ -126,29 +126,52 @@ fn as_config(example: &str) -> String {
     text
 }
 
+/// A policy file against the shipped models.
+fn policy(body: &str, format: config::FileFormat, labels: &[ModelLabels]) -> Result<(), String> {
+    Ruleset::parse(body, format, labels)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// A TOML example: a policy file (it has rules), else a configuration.
+fn toml_example(body: &str, labels: &[ModelLabels]) -> Result<(), String> {
+    if body.contains("[[rules]]") {
+        policy(body, config::FileFormat::Toml, labels)
+    } else {
+        Settings::from_toml(&as_config(body))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A YAML example: a policy file (it has rules), else any YAML document.
+fn yaml_example(body: &str, labels: &[ModelLabels]) -> Result<(), String> {
+    if body.contains("rules:") {
+        policy(body, config::FileFormat::Yaml, labels)
+    } else {
+        config::Config::builder()
+            .add_source(config::File::from_str(body, config::FileFormat::Yaml))
+            .build()
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
 #[test]
-fn every_toml_example_parses_and_validates() {
+fn every_toml_and_yaml_example_parses_and_validates() {
     let labels = model_labels();
     let mut checked = 0;
     let mut failed = Vec::new();
     for (path, text) in pages() {
         for (lang, body, line) in code_of(&text).fenced {
-            if lang != "toml" {
-                continue;
-            }
-            checked += 1;
-            let at = format!("{}:{line}", path.display());
-            let result = if body.contains("[[rules]]") {
-                Ruleset::parse(&body, config::FileFormat::Toml, &labels)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            } else {
-                Settings::from_toml(&as_config(&body))
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
+            let result = match lang.as_str() {
+                "toml" => toml_example(&body, &labels),
+                "yaml" | "yml" => yaml_example(&body, &labels),
+                _ => continue,
             };
+            checked += 1;
             if let Err(e) = result {
-                failed.push(format!("{at}: {e}"));
+                failed.push(format!("{}:{line}: {e}", path.display()));
             }
         }
     }
