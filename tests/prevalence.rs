@@ -53,31 +53,19 @@ fn read_all(bootstrap: &str, topic: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The labeller's records, keyed by event id.
 fn produce_labels(bootstrap: &str, labels: &[(String, &str)]) {
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("acks", "all")
-        .create()
-        .unwrap();
-    for (id, label) in labels {
-        let value = serde_json::json!({
-            "event_id": id, "label": label, "labeller": "test-truth",
-            "labelled_at": "2026-12-03T12:00:00Z",
+    let records: Vec<(String, String, Vec<u8>)> = labels
+        .iter()
+        .map(|(id, label)| {
+            let value = serde_json::json!({
+                "event_id": id, "label": label, "labeller": "test-truth",
+                "labelled_at": "2026-12-03T12:00:00Z",
+            });
+            (id.clone(), id.clone(), value.to_string().into_bytes())
         })
-        .to_string();
-        let mut record = BaseRecord::to(LABELS).key(id.as_str()).payload(&value);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, r)) => {
-                    record = r;
-                    producer.poll(Duration::from_millis(50));
-                }
-            }
-        }
-    }
-    producer.flush(Duration::from_secs(30)).unwrap();
+        .collect();
+    support::produce_to(bootstrap, LABELS, &records);
 }
 
 #[test]

@@ -103,8 +103,18 @@ pub fn events(prefix: &str, range: std::ops::Range<usize>) -> Vec<(String, Strin
         .collect()
 }
 
-/// Produce with acks=all; returns the ids the broker acknowledged.
+/// Produce to the input topic with acks=all; returns the ids the broker
+/// acknowledged.
 pub fn produce(bootstrap: &str, batch: &[(String, String, Vec<u8>)]) -> Vec<String> {
+    produce_to(bootstrap, INPUT, batch)
+}
+
+/// [`produce`] to `topic`.
+pub fn produce_to(
+    bootstrap: &str,
+    topic: &str,
+    batch: &[(String, String, Vec<u8>)],
+) -> Vec<String> {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -113,7 +123,7 @@ pub fn produce(bootstrap: &str, batch: &[(String, String, Vec<u8>)]) -> Vec<Stri
         .create()
         .unwrap();
     for (_, key, payload) in batch {
-        let mut record = BaseRecord::to(INPUT)
+        let mut record = BaseRecord::to(topic)
             .key(key.as_str())
             .payload(payload.as_slice());
         loop {
