@@ -38,6 +38,16 @@ impl RecordKind {
         RecordKind::Sample,
     ];
 
+    /// Records moderation does not depend on (decisions, waves, samples):
+    /// given up, counted, when their topic fails, instead of holding their
+    /// offset (see `crate::producer::analytics`).
+    pub fn is_analytics(self) -> bool {
+        matches!(
+            self,
+            RecordKind::Decision | RecordKind::Wave | RecordKind::Sample
+        )
+    }
+
     /// The metric label value and log field.
     pub fn as_str(self) -> &'static str {
         match self {

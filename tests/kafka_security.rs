@@ -67,7 +67,17 @@ fn config(
 /// broker's certificates, expected to fail at start, at once (well before
 /// its 30 s startup timeout), without consuming: its stderr.
 fn failed_start(group: &str, password: &str, ca: fn(&support::Tls) -> &Path) -> String {
-    let (broker, _) = secured_broker(group, &["Write", "Describe"], 10);
+    failed_start_with(group, password, ca, &["Write", "Describe"])
+}
+
+/// [`failed_start`] with these operations allowed on the verdict topic.
+fn failed_start_with(
+    group: &str,
+    password: &str,
+    ca: fn(&support::Tls) -> &Path,
+    verdict_ops: &[&str],
+) -> String {
+    let (broker, _) = secured_broker(group, verdict_ops, 10);
     let dir = tempfile::tempdir().unwrap();
     let ca = ca(broker.tls.as_ref().unwrap()).to_path_buf();
     let config = config(dir.path(), &broker, group, &client_props(password, &ca));
@@ -138,63 +148,16 @@ fn a_wrong_ca_fails_the_start_naming_certificate_verification() {
     assert!(!stderr.contains("cannot reach Kafka"), "{stderr}");
 }
 
-/// modstream may read its input but not write the verdict topic: deliveries
-/// are refused for the whole service. /readyz says which topic and why,
-/// nothing is committed past an event without a verdict, and after
-/// `kafka.service_failure_timeout` the run stops non-zero with the reason.
+/// modstream may read its input and see the verdict topic but not write
+/// it: the start fails at once, naming the topic, the key that sets it and
+/// the missing ACL, before anything is consumed (runtime refusals are
+/// tests/faults_mock.rs's).
 #[test]
-fn a_denied_write_to_the_verdict_topic_fails_readyz_and_commits_nothing() {
+fn a_denied_write_to_the_verdict_topic_fails_the_start_naming_it() {
     let _serial = serial();
-    let group = "g-denied";
-    let (broker, _) = secured_broker(group, &["Describe"], 200);
-    let dir = tempfile::tempdir().unwrap();
-    let ca = broker.tls.as_ref().unwrap().ca_pem.clone();
-    let config = config(dir.path(), &broker, group, &client_props(PASSWORD, &ca));
-    let port = support::free_port();
-    let text = std::fs::read_to_string(&config)
-        .unwrap()
-        .replace(
-            "listen = \"127.0.0.1:0\"",
-            &format!("listen = \"127.0.0.1:{port}\""),
-        )
-        .replace(
-            "drain_timeout = \"3s\"",
-            "drain_timeout = \"3s\"\nshutdown_timeout = \"3s\"\nservice_failure_timeout = \"20s\"",
-        );
-    std::fs::write(&config, text).unwrap();
-    let mut service = Modstream::start(&config, "denied", dir.path());
-    let started = Instant::now();
-    let mut reason = None;
-    while started.elapsed() < Duration::from_secs(60) && service.is_running() {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            let (status, body) = support::http_get(port, "/readyz");
-            if status == 503 && body.contains(VERDICTS) {
-                reason = Some(body);
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    let reason = reason.expect("/readyz failed naming the verdict topic");
-    println!("/readyz while the write is denied: {}", reason.trim());
-    assert!(reason.contains("uthoriz"), "says why: {reason}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while service.is_running() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    let stderr = failed_start_with("g-denied", PASSWORD, |tls| &tls.ca_pem, &["Describe"]);
     assert!(
-        !service.is_running(),
-        "stopped after kafka.service_failure_timeout"
+        stderr.contains("output.topic") && stderr.contains(VERDICTS) && stderr.contains("Write"),
+        "names the key, the topic and the ACL: {stderr}"
     );
-    let code = service.exit_code();
-    assert!(
-        code.is_some_and(|c| c != 0),
-        "stopped by itself, non-zero: exit code {code:?}"
-    );
-    assert_eq!(
-        support::committed(&broker.bootstrap(), group, 2),
-        [-1, -1],
-        "nothing committed without verdicts"
-    );
-    assert_eq!(support::verdict_count(&broker.bootstrap()), 0);
 }

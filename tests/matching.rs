@@ -13,7 +13,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use modstream::config::Settings;
-use modstream::matching::normalize::normalize;
 use modstream::shutdown::Shutdown;
 use modstream::tools::campaign::{Campaign, CampaignPost, generate_campaign};
 use modstream::tools::embedded::EmbeddedBroker;
@@ -157,9 +156,8 @@ async fn a_campaigns_waves_are_found_and_reuse_the_verdicts_the_model_gives() {
     let precision = marked_spam as f64 / (marked_spam + marked_normal).max(1) as f64;
     let recall = marked_spam as f64 / spam as f64;
 
-    // Reused verdicts against the model's own verdict of each post: of its
-    // text once normalised (its content, the evasions undone), and of its
-    // raw text (which evasions may fool).
+    // Reused verdicts against the model's own verdict of each post's text:
+    // reuse is by identical text, so they agree, evasions included.
     let reused: Vec<&CampaignPost> = posts
         .iter()
         .filter(|p| verdicts[&p.event.event_id]["reason"]["reused"] == true)
@@ -168,31 +166,19 @@ async fn a_campaigns_waves_are_found_and_reuse_the_verdicts_the_model_gives() {
         .iter()
         .map(|p| p.event.text.clone().unwrap())
         .collect();
-    let normalised: Vec<String> = raw.iter().map(|t| normalize(t)).collect();
-    let (own, own_raw) = (
-        model_verdicts(&settings, &normalised),
-        model_verdicts(&settings, &raw),
-    );
+    let own = model_verdicts(&settings, &raw);
     let verdict_of = |p: &CampaignPost| {
         verdicts[&p.event.event_id]["verdict"]
             .as_str()
             .unwrap()
             .to_string()
     };
-    let agreeing = |own: &[Verdict]| {
-        reused
-            .iter()
-            .zip(own)
-            .filter(|(p, v)| verdict_of(p) == v.as_str())
-            .count()
-    };
-    let agreement = agreeing(&own) as f64 / reused.len().max(1) as f64;
-    let agreement_raw = agreeing(&own_raw) as f64 / reused.len().max(1) as f64;
-    let fooled = reused
+    let disagreeing: Vec<(&str, String, Verdict)> = reused
         .iter()
-        .zip(&own_raw)
+        .zip(&own)
         .filter(|(p, v)| verdict_of(p) != v.as_str())
-        .all(|(p, v)| Verdict::parse(&verdict_of(p)).unwrap() > *v);
+        .map(|(p, v)| (p.event.event_id.as_str(), verdict_of(p), *v))
+        .collect();
     let mut own_kinds: Vec<&str> = own.iter().map(|v| v.as_str()).collect();
     own_kinds.sort();
     own_kinds.dedup();
@@ -202,9 +188,10 @@ async fn a_campaigns_waves_are_found_and_reuse_the_verdicts_the_model_gives() {
         .filter(|r| r.json().unwrap()["started"] == true)
         .count();
     eprintln!(
-        "campaign: {spam} campaign posts of {}; in a wave: {marked_spam} campaign, {marked_normal} normal (precision {precision:.3}, recall {recall:.3}); reused {} (agreeing with the model's verdict of the normalised text {agreement:.3}, of the raw text {agreement_raw:.3}; the model's verdicts of them {own_kinds:?}); wave records {} ({started} started)",
+        "campaign: {spam} campaign posts of {}; in a wave: {marked_spam} campaign, {marked_normal} normal (precision {precision:.3}, recall {recall:.3}); reused {} ({} disagreeing with the model's verdict of the text; the model's verdicts of them {own_kinds:?}); wave records {} ({started} started)",
         posts.len(),
         reused.len(),
+        disagreeing.len(),
         waves.len()
     );
     assert!(precision >= 0.99, "precision {precision}");
@@ -214,10 +201,9 @@ async fn a_campaigns_waves_are_found_and_reuse_the_verdicts_the_model_gives() {
         "most posts of a wave reuse: {}",
         reused.len()
     );
-    assert!(agreement >= 0.99, "agreement {agreement}");
     assert!(
-        fooled,
-        "where the raw text's verdict differs, an evasion fooled the model: the reused verdict is the stricter"
+        disagreeing.is_empty(),
+        "reused verdicts unlike the model's: {disagreeing:?}"
     );
     assert!(
         own_kinds.len() >= 2,
@@ -242,12 +228,26 @@ async fn a_list_item_on_the_list_topic_matches_within_seconds_and_stops_when_rem
         &format!("list_topic = \"{LISTS}\""),
     );
     let shutdown = Shutdown::new();
-    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
+    let health = std::sync::Arc::new(modstream::telemetry::Health::default());
+    let pipeline = tokio::spawn(modstream::pipeline::run_with_health(
+        settings,
+        shutdown.clone(),
+        health.clone(),
+    ));
+    // Judging from the first post: the window before the item has posts.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !health
+        .consumer_ready
+        .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        assert!(Instant::now() < deadline, "the pipeline started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let target = "buy cheap watches at example dot com today";
     let (add_at, remove_at, end) = (
         Duration::from_secs(2),
         Duration::from_secs(7),
-        Duration::from_secs(11),
+        Duration::from_secs(14),
     );
     let b = bootstrap.clone();
     let load = std::thread::spawn(move || {
@@ -255,7 +255,7 @@ async fn a_list_item_on_the_list_topic_matches_within_seconds_and_stops_when_rem
         let mut sent = Vec::new();
         let mut i = 0;
         let (mut added, mut removed) = (None, None);
-        while started.elapsed() < end && i < 2000 {
+        while started.elapsed() < end && i < 3000 {
             if added.is_none() && started.elapsed() >= add_at {
                 let before = chrono::Utc::now();
                 list_record(
@@ -298,6 +298,9 @@ async fn a_list_item_on_the_list_topic_matches_within_seconds_and_stops_when_rem
     let settle = Duration::from_secs(3);
     let mut matched_partitions = std::collections::HashSet::new();
     let (mut first_match, mut last_match) = (None, None);
+    // Targets judged before the item and well after its removal: the
+    // windows the assertions below hold in (each must have some).
+    let (mut before, mut after) = (0, 0);
     for (id, at, is_target) in &sent {
         let v = &verdicts[id];
         let matched = v["reason"]["match"]["id"] == "w1";
@@ -314,6 +317,8 @@ async fn a_list_item_on_the_list_topic_matches_within_seconds_and_stops_when_rem
             v["processed_at"].as_str().unwrap().parse().unwrap();
         if judged < added || judged > removed + settle {
             assert!(!matched, "sent at {at:?}, outside the item's time: {v}");
+            before += usize::from(judged < added);
+            after += usize::from(judged > removed + settle);
         }
         // Sent well after the item was written and judged before its
         // removal (a post's intake may lag its send under load).
@@ -324,24 +329,18 @@ async fn a_list_item_on_the_list_topic_matches_within_seconds_and_stops_when_rem
         }
     }
     eprintln!(
-        "list topic: item added at {add_at:?}, first match at {first_match:?}; removed at {remove_at:?}, last match at {last_match:?}"
+        "list topic: item added at {add_at:?}, first match at {first_match:?}; removed at {remove_at:?}, last match at {last_match:?}; targets judged before it {before}, after its removal {after}"
     );
     assert_eq!(matched_partitions.len(), 2, "matched on every partition");
+    assert!(
+        before >= 2 && after >= 2,
+        "both windows judged targets: {before}, {after}"
+    );
 }
 
 /// A list topic record: key "w1", the item (None: a tombstone).
 fn list_record(bootstrap: &str, item: Option<&str>) {
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
-    let mut record = BaseRecord::<str, str>::to(LISTS).key("w1");
-    if let Some(item) = item {
-        record = record.payload(item);
-    }
-    producer.send(record).map_err(|(e, _)| e).unwrap();
-    producer.flush(Duration::from_secs(10)).unwrap();
+    list_records(bootstrap, &[("w1".into(), item.map(str::to_string))]);
 }
 
 /// Instances join and leave while waves are forming: their clusters are
@@ -370,6 +369,7 @@ async fn instances_joining_and_leaving_mid_wave_lose_nothing() {
     stop_a.stop.cancel();
     a.await.unwrap().unwrap();
     let (stop_c, c) = start(&settings);
+    let last_move = chrono::Utc::now();
     let acked = tokio::task::spawn_blocking(move || producing.join().unwrap())
         .await
         .unwrap();
@@ -391,16 +391,40 @@ async fn instances_joining_and_leaving_mid_wave_lose_nothing() {
     );
     assert_eq!(committed, posts.len() as i64, "committed == end");
     let verdicts = support::read_to_end(&bootstrap, VERDICTS).await;
-    let in_waves = verdicts
+    let template: HashMap<&str, Option<usize>> = posts
         .iter()
-        .filter(|r| r.json().unwrap()["reason"].get("wave").is_some())
-        .count();
+        .map(|p| (p.event.event_id.as_str(), p.template))
+        .collect();
+    // After the last move (c joined, a left), each template's wave is found
+    // again by the partitions' new owners; no normal post is in one.
+    let mut found_after = std::collections::BTreeSet::new();
+    let mut normal_in_wave = 0;
+    for r in &verdicts {
+        let v = r.json().unwrap();
+        if v["reason"].get("wave").is_none() {
+            continue;
+        }
+        let judged: chrono::DateTime<chrono::Utc> =
+            v["processed_at"].as_str().unwrap().parse().unwrap();
+        match template[v["event_id"].as_str().unwrap()] {
+            Some(t) if judged > last_move => {
+                found_after.insert(t);
+            }
+            Some(_) => {}
+            None => normal_in_wave += 1,
+        }
+    }
     eprintln!(
-        "mid-wave: {} verdicts, {in_waves} in a wave, {} duplicates",
+        "mid-wave: {} verdicts, templates in a wave after the last move {found_after:?}, {} duplicates",
         verdicts.len(),
         verification.duplicates
     );
-    assert!(in_waves > 0, "waves found across the moves");
+    assert_eq!(normal_in_wave, 0, "no normal post in a wave");
+    assert_eq!(
+        found_after.len(),
+        5,
+        "every template's wave found again after the moves"
+    );
 }
 
 /// A list file changed while running is read again (a wrong one is
@@ -465,4 +489,208 @@ async fn a_list_file_changed_while_running_is_read_again_and_a_wrong_one_refused
     );
     shutdown.stop.cancel();
     pipeline.await.unwrap().unwrap();
+}
+
+/// Items written to the list topic before a start are in force for the
+/// first verdict: the backlog of target posts waiting in the input when
+/// the service starts is matched, every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_topic_items_are_in_force_before_the_first_verdict() {
+    support::init_logs();
+    let broker = broker(2);
+    let bootstrap = broker.bootstrap_servers().to_string();
+    let b = bootstrap.clone();
+    tokio::task::spawn_blocking(move || {
+        // Many items before the one that matters: reading them takes a while.
+        let mut records: Vec<(String, Option<String>)> = (0..3000)
+            .map(|i| {
+                let item = format!(r#"{{"verdict": "review", "label": "spam", "text": "filler item number {i} of the list"}}"#);
+                (format!("f{i}"), Some(item))
+            })
+            .collect();
+        let target = r#"{"verdict": "block", "label": "spam", "text": "buy cheap watches at example dot com today"}"#;
+        records.push(("w1".into(), Some(target.into())));
+        list_records(&b, &records);
+        let events: Vec<(String, String, Vec<u8>)> = (0..40)
+            .map(|i| {
+                let id = format!("t-{i}");
+                let payload = serde_json::json!({"event_id": id, "text": "Buy CHEAP watches at example dot com today!!"});
+                (id, format!("k{i}"), payload.to_string().into_bytes())
+            })
+            .collect();
+        support::produce(&b, &events);
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings(
+        dir.path(),
+        &bootstrap,
+        "g-list-first",
+        &format!("list_topic = \"{LISTS}\""),
+    );
+    let shutdown = Shutdown::new();
+    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
+    let verdicts = by_id(&support::read_records(&bootstrap, VERDICTS, 2, 40).await);
+    shutdown.stop.cancel();
+    pipeline.await.unwrap().unwrap();
+    let unmatched: Vec<&String> = verdicts
+        .iter()
+        .filter(|(_, v)| v["reason"]["match"]["id"] != "w1" || v["verdict"] != "block")
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        unmatched.is_empty(),
+        "judged before the list was in force: {unmatched:?}"
+    );
+}
+
+/// A list topic that does not exist: the start waits `list_topic_wait`
+/// and fails naming it; with `list_topic_late = "start"` it starts and
+/// /readyz says why it is not ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_topic_that_cannot_be_read_fails_the_start_or_readyz() {
+    support::init_logs();
+    let broker = EmbeddedBroker::start(&[(INPUT, 1), (VERDICTS, 1), (DLQ, 1), (WAVES, 1)]).unwrap();
+    let bootstrap = broker.bootstrap_servers().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let matching = "list_topic = \"no-such-lists\"\nlist_topic_wait = \"3s\"";
+    let settings = settings(dir.path(), &bootstrap, "g-list-missing", matching);
+    let started = Instant::now();
+    let result = modstream::pipeline::run(settings.clone(), Shutdown::new()).await;
+    let e = result.expect_err("the start fails").to_string();
+    assert!(
+        e.contains("no-such-lists") && e.contains("list_topic_wait"),
+        "{e}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    let mut late = settings;
+    late.matching.list_topic_late = modstream::config::ListTopicLate::Start;
+    let health = std::sync::Arc::new(modstream::telemetry::Health::default());
+    let shutdown = Shutdown::new();
+    let run = tokio::spawn(modstream::pipeline::run_with_health(
+        late,
+        shutdown.clone(),
+        health.clone(),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !health
+        .consumer_ready
+        .load(std::sync::atomic::Ordering::SeqCst)
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let why = health.list_topic().expect("/readyz says why");
+    assert!(why.contains("no-such-lists") && !health.ready(), "{why}");
+    shutdown.stop.cancel();
+    run.await.unwrap().unwrap();
+}
+
+/// Issue 46's attack with the shipped profanity model: eight accounts post
+/// 40 variants of a benign text until it is a wave (reuse on), then 60
+/// variants with one or two words swapped for insults, and posts whose
+/// look-alike letters fool the model followed by the plain text. Every
+/// verdict is the model's own verdict of that post's text: no post takes
+/// a less strict verdict from the wave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spammer_cannot_make_insults_reuse_a_benign_waves_scores() {
+    support::init_logs();
+    let broker = broker(2);
+    let bootstrap = broker.bootstrap_servers().to_string();
+    let benign = [
+        "hey neighbor you did a great job on the garden this spring it looks lovely now",
+        "hey neighbor you did a great job on the garden this spring it looks lovely today",
+        "hey neighbor you did a great job on the garden this spring it looks really lovely",
+        "hey neighbor you did a wonderful job on the garden this spring it looks lovely",
+    ];
+    let insults = ["fucking", "shitty", "crappy", "stupid", "damn"];
+    let mut texts: Vec<String> = (0..40)
+        .map(|i| benign[i % benign.len()].to_string())
+        .collect();
+    for i in 0..60 {
+        let mut words: Vec<&str> = benign[i % benign.len()].split(' ').collect();
+        words[5] = insults[i % insults.len()];
+        if i % 3 == 0 {
+            words[1] = "idiot";
+        }
+        texts.push(words.join(" "));
+    }
+    // A look-alike evasion first (Cyrillic і, о), then the plain text.
+    for _ in 0..10 {
+        texts.push(
+            "hey neighbоr you did a fuсking jоb on the garden this spring it looks lovely".into(),
+        );
+        texts.push(
+            "hey neighbor you did a fucking job on the garden this spring it looks lovely".into(),
+        );
+    }
+    let events: Vec<(String, String, Vec<u8>)> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let id = format!("a-{i}");
+            let user = format!("acct-{}", i % 8);
+            let payload = serde_json::json!({"event_id": id, "text": text, "user_id": user});
+            (id, user, payload.to_string().into_bytes())
+        })
+        .collect();
+    let b = bootstrap.clone();
+    tokio::task::spawn_blocking(move || support::produce(&b, &events))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let matching = "waves = true\nreuse = true\nwave_posts = 20\nwave_users = 5";
+    let settings = settings(dir.path(), &bootstrap, "g-attack", matching);
+    let shutdown = Shutdown::new();
+    let pipeline = tokio::spawn(modstream::pipeline::run(settings.clone(), shutdown.clone()));
+    let verdicts = by_id(&support::read_records(&bootstrap, VERDICTS, 2, texts.len()).await);
+    shutdown.stop.cancel();
+    pipeline.await.unwrap().unwrap();
+    let own = model_verdicts(&settings, &texts);
+    let mut served_less_strict = Vec::new();
+    let (mut reused, mut in_wave, mut flagged) = (0, 0, 0);
+    for (i, want) in own.iter().enumerate() {
+        let v = &verdicts[&format!("a-{i}")];
+        let got = Verdict::parse(v["verdict"].as_str().unwrap()).unwrap();
+        if got < *want {
+            served_less_strict.push((i, texts[i].clone(), got, *want));
+        }
+        reused += usize::from(v["reason"]["reused"] == true);
+        in_wave += usize::from(i >= 40 && v["reason"].get("wave").is_some());
+        flagged += usize::from(i >= 40 && *want > Verdict::Allow);
+    }
+    eprintln!(
+        "attack: {} posts, {reused} reused, {in_wave} of the 80 later posts in the wave, {flagged} of them flagged by the model",
+        texts.len()
+    );
+    assert!(
+        served_less_strict.is_empty(),
+        "bypasses: {served_less_strict:?}"
+    );
+    assert!(in_wave >= 30, "the insults joined the wave: {in_wave}");
+    assert!(flagged > 40, "the model flags the insults: {flagged}");
+    assert!(reused > 20, "the benign repeats still reuse: {reused}");
+}
+
+/// List topic records, in order: (key, the item; None: a tombstone).
+fn list_records(bootstrap: &str, records: &[(String, Option<String>)]) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    for (key, item) in records {
+        let mut record = BaseRecord::<str, str>::to(LISTS).key(key);
+        if let Some(item) = item {
+            record = record.payload(item);
+        }
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+        producer.poll(Duration::ZERO);
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
 }

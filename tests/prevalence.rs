@@ -1,10 +1,12 @@
 //! Prevalence end to end on Apache Kafka 4.4: 20,000 events from a
-//! generator that knows which violate, moderated with sampling on and a
-//! kill -9 halfway; a labeller labels every sample from that truth; then
-//! `modstream prevalence` prints an interval that holds the true share.
-//! Every event's draw is checked against its verdict's score: the events
-//! judged twice (the crash) were sampled the same way both times, and no
-//! event was sampled with two probabilities.
+//! generator that knows which violate, moderated with sampling on (its
+//! rate bound dropping some) and a kill -9 halfway; a labeller labels
+//! every sample from that truth; then `modstream prevalence` prints an
+//! interval that holds the true share. Each run's draws are checked on
+//! their own against its verdicts' scores: every event a run drew has a
+//! sample or a drop record of that run and no other event has one, the
+//! events judged twice (the crash) were drawn the same way both times, and
+//! no event was drawn with two probabilities.
 
 mod support;
 
@@ -83,10 +85,12 @@ fn prevalence_holds_the_true_share_and_a_crash_samples_the_same_way() {
     let bootstrap = broker.bootstrap();
     let dir = tempfile::tempdir().unwrap();
     let config = support::write_config(dir.path(), &bootstrap, "g-prevalence");
+    // About 60 drawn per second per tenant at the paced rate, more in the
+    // restarted run's backlog: the bound drops some.
     let rates = SamplingSettings {
         min_rate: 0.02,
         max_rate: 0.3,
-        max_per_second: 100_000.0,
+        max_per_second: 40.0,
         ..SamplingSettings::default()
     };
     let mut text = std::fs::read_to_string(&config).unwrap().replace(
@@ -106,6 +110,7 @@ fn prevalence_holds_the_true_share_and_a_crash_samples_the_same_way() {
         "verdicts before the crash"
     );
     service.kill9();
+    let killed_at = chrono::Utc::now();
     let mut service = Modstream::start(&config, "prevalence-restarted", dir.path());
     let acked = load.join().unwrap();
     assert_eq!(acked.len(), EVENTS);
@@ -118,59 +123,108 @@ fn prevalence_holds_the_true_share_and_a_crash_samples_the_same_way() {
         "exits 0 on SIGTERM"
     );
 
-    // Each verdict's draw, from its score: what the samples must be.
-    let mut expected: HashMap<String, f64> = HashMap::new();
-    let mut verdicts_per_event: HashMap<String, usize> = HashMap::new();
+    // Which run wrote a record: the first run's all predate the kill.
+    let run_of = |at: &serde_json::Value| {
+        let at: chrono::DateTime<chrono::Utc> = at.as_str().unwrap().parse().unwrap();
+        usize::from(at > killed_at)
+    };
+    // Each run's draws, from its verdicts' scores: what its samples and
+    // drops must be.
+    let mut judged: [HashMap<String, f64>; 2] = Default::default();
+    let mut drawn: [HashSet<String>; 2] = Default::default();
+    let mut probability: HashMap<String, f64> = HashMap::new();
     for v in read_all(&bootstrap, VERDICTS) {
         let id = v["event_id"].as_str().unwrap().to_string();
         let score = v["reason"]["models"][0]["scores"]["offensive"]
             .as_f64()
             .unwrap();
         let p = inclusion_probability(&rates, score);
-        *verdicts_per_event.entry(id.clone()).or_default() += 1;
-        if unit(id.as_bytes()) < p
-            && let Some(before) = expected.insert(id.clone(), p)
-        {
-            assert_eq!(
-                before, p,
-                "{id}: judged twice, drawn with two probabilities"
-            );
+        let run = run_of(&v["processed_at"]);
+        judged[run].insert(id.clone(), p);
+        if let Some(before) = probability.insert(id.clone(), p) {
+            assert_eq!(before, p, "{id}: judged twice, with two probabilities");
+        }
+        if unit(id.as_bytes()) < p {
+            drawn[run].insert(id);
         }
     }
-    assert_eq!(verdicts_per_event.len(), EVENTS, "a verdict per event");
-    let judged_twice = verdicts_per_event.values().filter(|&&n| n > 1).count();
+    let all_judged: HashSet<&String> = judged.iter().flat_map(|j| j.keys()).collect();
+    assert_eq!(all_judged.len(), EVENTS, "a verdict per event");
+    let twice: HashSet<&String> = judged[0]
+        .keys()
+        .filter(|id| judged[1].contains_key(*id))
+        .collect();
     assert!(
-        judged_twice > 0,
+        !twice.is_empty(),
         "the crash left events judged twice: else this proves nothing"
     );
 
-    let mut sampled: HashMap<String, Vec<f64>> = HashMap::new();
+    let mut sampled: [HashSet<String>; 2] = Default::default();
+    let mut dropped: [HashSet<String>; 2] = Default::default();
     for s in read_all(&bootstrap, SAMPLES) {
         let id = s["event_id"].as_str().unwrap().to_string();
-        sampled
-            .entry(id)
-            .or_default()
-            .push(s["sample"]["probability"].as_f64().unwrap());
-    }
-    let sampled_twice = sampled.values().filter(|p| p.len() > 1).count();
-    for (id, ps) in &sampled {
-        assert!(ps.iter().all(|p| *p == ps[0]), "{id} sampled with {ps:?}");
+        let run = run_of(&s["sampled_at"]);
+        let p = s["sample"]["probability"].as_f64().unwrap();
         // The service's rates went through its configuration file: the
         // last bit may differ.
-        let want = expected.get(id).copied();
+        let want = probability.get(&id).copied();
         assert!(
-            want.is_some_and(|p| (p - ps[0]).abs() < 1e-12),
-            "{id}: sampled with {}, its verdict says {want:?}",
-            ps[0]
+            want.is_some_and(|w| (w - p).abs() < 1e-12),
+            "{id}: drawn with {p}, its verdict says {want:?}"
+        );
+        let into = if s["dropped"] == true {
+            &mut dropped[run]
+        } else {
+            &mut sampled[run]
+        };
+        assert!(into.insert(id.clone()), "{id}: two records in one run");
+    }
+    for run in 0..2 {
+        let mut written: HashSet<&String> = sampled[run].iter().collect();
+        written.extend(dropped[run].iter());
+        assert!(
+            sampled[run].is_disjoint(&dropped[run]),
+            "run {run}: an event both sampled and dropped"
+        );
+        let want: HashSet<&String> = drawn[run].iter().collect();
+        // The first run's records of the events it judged again after the
+        // crash may be lost with it (killed before their acknowledgement);
+        // every other drawn event of a run has its record, and no other.
+        let missing: Vec<&&String> = want
+            .difference(&written)
+            .filter(|id| run == 1 || !twice.contains(**id))
+            .collect();
+        // And its record of an event whose verdict was lost with it: that
+        // event was judged again, and drawn the same way.
+        let extra: Vec<&&String> = written
+            .difference(&want)
+            .filter(|id| run == 1 || !drawn[1].contains(**id))
+            .collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "run {run}: drawn without a record {:?}, a record without a draw {:?}",
+            &missing[..missing.len().min(5)],
+            &extra[..extra.len().min(5)]
         );
     }
-    let got: HashSet<&String> = sampled.keys().collect();
-    let want: HashSet<&String> = expected.keys().collect();
-    assert_eq!(got, want, "exactly the events their draw picks");
-    println!(
-        "{} samples of {EVENTS} events; {judged_twice} events judged twice, {sampled_twice} of their samples written twice",
-        sampled.len()
+    let drops = dropped[0].len() + dropped[1].len();
+    assert!(
+        drops > 0,
+        "the rate bound dropped some: else it is not tested"
     );
+    let sampled_ever: HashSet<String> = sampled[0].union(&sampled[1]).cloned().collect();
+    let never_sampled_drops = dropped[0]
+        .union(&dropped[1])
+        .filter(|id| !sampled_ever.contains(*id))
+        .count();
+    println!(
+        "{} samples of {EVENTS} events; {} events judged twice; drops {} then {} ({never_sampled_drops} events dropped and never sampled)",
+        sampled_ever.len(),
+        twice.len(),
+        dropped[0].len(),
+        dropped[1].len()
+    );
+    let sampled: HashMap<String, ()> = sampled_ever.iter().map(|id| (id.clone(), ())).collect();
 
     // The labeller: every sample labelled from the generator's truth.
     let labels: Vec<(String, &str)> = sampled
@@ -220,6 +274,12 @@ fn prevalence_holds_the_true_share_and_a_crash_samples_the_same_way() {
         "the interval holds the true share {truth}"
     );
     assert!(printed.contains(&format!("labelled: {}; unlabelled: 0", sampled.len())));
+    assert!(
+        printed.contains(&format!(
+            "rate bound (sampling.max_per_second): {never_sampled_drops}"
+        )),
+        "the report counts each dropped event once"
+    );
     assert!(printed.contains("(0 of them with another probability)"));
     assert!(
         printed.lines().any(|l| l.starts_with("t0 "))

@@ -429,9 +429,11 @@ fn a_record_too_large_for_the_dead_letter_topic_does_not_pin_its_partition() {
     );
 }
 
-/// Deliveries fail (the verdict topic does not exist yet), the in-flight
-/// bound is reached and the partitions pause; a second member joins and
-/// leaves (two rebalances); then the topic is created. Every partition is
+/// Deliveries fail (the verdict topic is deleted once the service has
+/// started: a start checks it exists), the in-flight bound is reached and
+/// the partitions pause; a second member of the group (a plain consumer,
+/// which commits nothing) joins and leaves (two rebalances); then the
+/// topic is created again. Every partition is
 /// fetched again and committed to its end: librdkafka keeps a pause across
 /// unassign/assign, which used to leave them paused for good.
 #[test]
@@ -459,13 +461,27 @@ fn a_rebalance_while_paused_leaves_no_partition_unfetched() {
         format!("{text}\n[limits]\nmax_in_flight = 64\nstall_after = \"3s\"\n"),
     )
     .unwrap();
-    let acked = support::produce(&broker.bootstrap(), &support::events("p-", 0..3000));
+    broker.create_topic(VERDICTS, 4);
     let _first = Modstream::start(&config, "first", dir.path());
-    std::thread::sleep(Duration::from_secs(6));
-    let mut second = Modstream::start(&config, "second", dir.path());
-    std::thread::sleep(Duration::from_secs(8));
-    // It cannot deliver either: it gives up after its shutdown timeout.
-    second.terminate(Duration::from_secs(15));
+    std::thread::sleep(Duration::from_secs(4));
+    broker.delete_topic(VERDICTS);
+    let acked = support::produce(&broker.bootstrap(), &support::events("p-", 0..3000));
+    std::thread::sleep(Duration::from_secs(4));
+    {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let second: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", broker.bootstrap())
+            .set("group.id", "g-paused")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        second.subscribe(&[INPUT]).unwrap();
+        let joined = Instant::now();
+        while joined.elapsed() < Duration::from_secs(8) {
+            let _ = second.poll(Duration::from_millis(100));
+        }
+        // Dropped: it leaves the group.
+    }
     std::thread::sleep(Duration::from_secs(4));
     broker.create_topic(VERDICTS, 4);
 
@@ -591,4 +607,114 @@ fn a_flood_of_one_megabyte_records_stays_within_the_byte_budget() {
             peak >> 20
         );
     }
+}
+
+/// An analytics topic (here the samples topic, every verdict sampled): a
+/// start fails at once naming it while it does not exist; deleted while
+/// the service runs, moderation goes on: every event gets its verdict and
+/// every offset is committed, the samples given up are counted, and
+/// /readyz names the topic while staying ready.
+#[test]
+fn a_failing_samples_topic_never_holds_moderation() {
+    let _serial = serial();
+    let broker = Broker::start();
+    topics(&broker, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-analytics");
+    let port = support::free_port();
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:{port}\""),
+        )
+        .replace(
+            "[output]\n",
+            "[output]\nsamples_topic = \"samples\"\nanalytics_timeout = \"2s\"\n",
+        )
+        .replace(
+            "\"linger.ms\" = 2",
+            "\"linger.ms\" = 2\n\"allow.auto.create.topics\" = false",
+        );
+    std::fs::write(
+        &config,
+        format!("{text}\n[sampling]\nmin_rate = 1.0\nmax_rate = 1.0\nmax_per_second = 100000.0\n"),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = std::process::Command::new(support::modstream_binary())
+        .args(["run", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a missing samples topic fails the start"
+    );
+    assert!(
+        stderr.contains("output.samples_topic") && stderr.contains("samples"),
+        "names the key and the topic: {stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "at once: {:?}",
+        started.elapsed()
+    );
+
+    broker.create_topic("samples", 1);
+    let mut service = Modstream::start(&config, "analytics", dir.path());
+    let first = support::produce(&broker.bootstrap(), &support::events("a-", 0..300));
+    assert!(support::wait_for_progress(
+        &broker.bootstrap(),
+        300,
+        Duration::from_secs(90)
+    ));
+    broker.delete_topic("samples");
+    let deleted = Instant::now();
+    let rest = support::produce(&broker.bootstrap(), &support::events("b-", 0..1500));
+    let (mut failing, mut ready_meanwhile) = (None, true);
+    while !support::wait_for_committed_end(
+        &broker.bootstrap(),
+        "g-analytics",
+        2,
+        Duration::from_secs(1),
+    ) && deleted.elapsed() < Duration::from_secs(120)
+    {
+        let (status, body) = support::http_get(port, "/readyz");
+        if body.contains("\"analytics_failing\":\"samples") {
+            failing.get_or_insert(body);
+            ready_meanwhile &= status == 200;
+        }
+    }
+    let took = deleted.elapsed();
+    assert!(
+        support::wait_for_committed_end(
+            &broker.bootstrap(),
+            "g-analytics",
+            2,
+            Duration::from_secs(5)
+        ),
+        "every offset committed with the samples topic gone"
+    );
+    let mut acked = first;
+    acked.extend(rest);
+    let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(60));
+    v.report("samples topic deleted while running");
+    assert!(v.lost.is_empty(), "lost {}", v.lost.len());
+    let (_, metrics) = support::http_get(port, "/metrics");
+    let given_up: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("modstream_analytics_given_up_total{kind=\"sample\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    println!(
+        "1,500 events after the samples topic was deleted: committed to the end after {took:?}; {given_up} samples given up; /readyz said {failing:?}"
+    );
+    assert!(given_up > 0.0, "the samples given up are counted");
+    assert!(
+        failing.is_some() && ready_meanwhile,
+        "/readyz names the topic and stays ready"
+    );
+    assert!(service.terminate(Duration::from_secs(30)));
 }

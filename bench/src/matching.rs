@@ -112,9 +112,19 @@ fn matcher_us(settings: &MatchingSettings, events: &[GeneratedEvent]) -> anyhow:
     let mut matcher = Matcher::new(settings)?;
     let now = tokio::time::Instant::now();
     let started = Instant::now();
-    for e in events {
-        let text = e.text.as_deref().unwrap_or_default();
-        std::hint::black_box(matcher.inspect(&e.event_id, text, Some(&e.key), None, now));
+    for (offset, e) in events.iter().enumerate() {
+        let source = modstream::tp::Source {
+            tp: modstream::tp::Tp::new("m", 0),
+            offset: offset as i64,
+        };
+        let post = modstream::matching::Post {
+            event_id: &e.event_id,
+            text: e.text.as_deref().unwrap_or_default(),
+            user: Some(&e.key),
+            source: &source,
+            rule_lists: None,
+        };
+        std::hint::black_box(matcher.inspect(&post, now));
     }
     Ok(started.elapsed().as_secs_f64() * 1e6 / events.len().max(1) as f64)
 }

@@ -76,12 +76,17 @@ fn draw_ns(
     let mut sampler = Sampler::new(rates);
     let now = tokio::time::Instant::now();
     let started = Instant::now();
-    for e in events {
+    for (offset, e) in events.iter().enumerate() {
+        let source = modstream::tp::Source {
+            tp: modstream::tp::Tp::new("posts", 0),
+            offset: offset as i64,
+        };
         let c = Candidate {
             event_id: &e.event_id,
             tenant: None,
             rule: "default",
             score: 0.1,
+            source: &source,
         };
         std::hint::black_box(sampler.draw(&c, now));
     }

@@ -20,6 +20,13 @@ pub struct MatchingSettings {
     pub list_topic: Option<String>,
     /// What a match of the topic's list does.
     pub list_topic_mode: ListMode,
+    /// At start the list topic is read to the end offsets it had then,
+    /// before the consumer joins its group, for at most this long.
+    #[serde(with = "humantime_serde")]
+    pub list_topic_wait: Duration,
+    /// Past `list_topic_wait`: the start fails (`fail`), or goes on with
+    /// /readyz saying the list topic is not read yet (`start`).
+    pub list_topic_late: ListTopicLate,
     /// A text matches a list item when the estimated Jaccard similarity of
     /// their word shingles is at least this (1 = exact matches only).
     pub list_similarity: f64,
@@ -46,6 +53,21 @@ pub struct MatchingSettings {
     /// At most one wave record per wave this often as it grows.
     #[serde(with = "humantime_serde")]
     pub wave_report_interval: Duration,
+    /// Bytes matching's state may hold: the lists' items, then the wave
+    /// clusters in what is left (the least recently joined go first).
+    pub max_bytes: usize,
+}
+
+/// What a start does when the list topic is not read to its end within
+/// `matching.list_topic_wait`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ListTopicLate {
+    /// The start fails, naming the topic and what it could not read.
+    #[default]
+    Fail,
+    /// The service starts; /readyz fails until the topic is read.
+    Start,
 }
 
 /// One list file.
@@ -76,6 +98,8 @@ impl Default for MatchingSettings {
             lists: Vec::new(),
             list_topic: None,
             list_topic_mode: ListMode::Decide,
+            list_topic_wait: Duration::from_secs(30),
+            list_topic_late: ListTopicLate::Fail,
             list_similarity: 0.7,
             waves: false,
             wave_window: Duration::from_secs(600),
@@ -86,6 +110,7 @@ impl Default for MatchingSettings {
             max_clusters: 20_000,
             reuse: true,
             wave_report_interval: Duration::from_secs(10),
+            max_bytes: 128 * 1024 * 1024,
         }
     }
 }
@@ -134,6 +159,12 @@ pub(super) fn validate(m: &MatchingSettings) -> Result<(), ConfigError> {
         if !(s > 0.0 && s <= 1.0) {
             return Err(invalid(key, "a similarity above 0, at most 1"));
         }
+    }
+    if m.max_bytes < 1024 * 1024 {
+        return Err(invalid("matching.max_bytes", "at least 1 MiB (1048576)"));
+    }
+    if m.list_topic.is_some() && m.list_topic_wait.is_zero() {
+        return Err(invalid("matching.list_topic_wait", "must be above 0"));
     }
     if m.waves {
         if m.wave_window.is_zero() {

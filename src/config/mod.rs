@@ -24,7 +24,7 @@ mod validate;
 
 pub use delivery::DeliveryMode;
 pub use input::{FieldSource, InputSettings, Mapping, TimeUnit};
-pub use matching::{ListFile, ListMode, MatchingSettings};
+pub use matching::{ListFile, ListMode, ListTopicLate, MatchingSettings};
 pub use models::{ModelSettings, ModelSpec, SINGLE_MODEL};
 pub use properties::{Properties, REDACTED, is_secret};
 pub use registry::{CloudEventsOutput, InputFormat, OutputFormat, SchemaRegistrySettings};
@@ -171,6 +171,26 @@ pub struct OutputSettings {
     pub waves_topic: Option<String>,
     /// Risk-weighted samples for human labels (`[sampling]`); unset: none.
     pub samples_topic: Option<String>,
+    /// How long an offset waits for a decision, wave or sample record
+    /// before giving it up (counted); while its topic keeps failing, its
+    /// records are given up at once but for one try per this interval.
+    #[serde(with = "humantime_serde")]
+    pub analytics_timeout: Duration,
+}
+
+impl OutputSettings {
+    /// The analytics topics configured, by key: records there are given up
+    /// (counted) when the topic fails, instead of holding moderation.
+    pub fn analytics_topics(&self) -> Vec<(&'static str, &String)> {
+        [
+            ("output.decisions_topic", &self.decisions_topic),
+            ("output.waves_topic", &self.waves_topic),
+            ("output.samples_topic", &self.samples_topic),
+        ]
+        .into_iter()
+        .filter_map(|(key, topic)| Some((key, topic.as_ref()?)))
+        .collect()
+    }
 }
 
 impl Default for OutputSettings {
@@ -182,6 +202,7 @@ impl Default for OutputSettings {
             format: OutputFormat::default(),
             cloudevents: CloudEventsOutput::default(),
             decisions_topic: None,
+            analytics_timeout: Duration::from_secs(10),
             waves_topic: None,
             samples_topic: None,
         }

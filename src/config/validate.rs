@@ -222,6 +222,26 @@ pub(super) fn topics(input: &InputSettings, output: &OutputSettings) -> Result<(
     if output.topic == output.dlq_topic {
         return Err(invalid("output.dlq_topic", "must differ from output.topic"));
     }
+    // Analytics records (decisions, waves, samples) are given up when their
+    // topic fails; in the verdicts' or an input's topic they would mix
+    // with what moderation depends on, or feed the service itself.
+    for (key, topic) in output.analytics_topics() {
+        if topic.trim().is_empty() {
+            return Err(invalid(key, "must not be empty (leave it out for none)"));
+        }
+        if input.topics.iter().any(|t| t == topic) {
+            return Err(invalid(
+                key,
+                "must differ from every input topic (it would feed itself)",
+            ));
+        }
+        if *topic == output.topic || *topic == output.dlq_topic {
+            return Err(invalid(
+                key,
+                "must differ from output.topic and output.dlq_topic (its records are given up when it fails; the verdicts' are not)",
+            ));
+        }
+    }
     Ok(())
 }
 

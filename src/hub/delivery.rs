@@ -113,8 +113,12 @@ impl<D: Deliver> Hub<D> {
                 reason: RejectReason::Undecodable,
                 message: format!("the verdict could not be written as output.format: {e}"),
             };
-            let out = self.dead_letter(pending, &rejection);
-            return (out.into(), Outcome::Dlq(RejectReason::Undecodable));
+            // Its wave record goes with the dead letter, as with a model's
+            // failure: the wave grew by this post either way.
+            let wave = pending.matching.wave_record.take();
+            let mut out: Outgoing = self.dead_letter(pending, &rejection).into();
+            out.also.extend(wave.map(|w| *w));
+            return (out, Outcome::Dlq(RejectReason::Undecodable));
         }
         let mut also = Vec::new();
         for route in rule.routes_for(decision.verdict) {
@@ -400,10 +404,11 @@ struct Delivered {
     refused_copies: Vec<Refused>,
 }
 
-/// The verdict's (or dead letter's) own failure decides; then a copy's
-/// failure that is not a refusal for good (abandoned, fatal, in a
-/// transaction), since the copy is sent again with the offset. Copies
-/// refused for good are only reported: they never hold the offset back.
+/// A failure that is not a refusal for good (abandoned, fatal, in a
+/// transaction) decides, the verdict's (or dead letter's) own first, since
+/// the offset is then read again and every record sent again with it; then
+/// the verdict's refusal for good (committed past). Copies refused for good
+/// are only reported: they never hold the offset back.
 fn combine(
     main: Result<(), ProducerError>,
     copies: Vec<(CopyOf, Result<(), ProducerError>)>,
@@ -412,7 +417,8 @@ fn combine(
     let mut copy_failure = None;
     for (copy, acked) in copies {
         match acked {
-            Ok(()) => {}
+            // Counted where it was given up; never holds the offset.
+            Ok(()) | Err(ProducerError::GivenUp(_)) => {}
             Err(ProducerError::Rejected(error)) => refused_copies.push(Refused {
                 kind: copy.kind,
                 topic: copy.topic,
@@ -424,6 +430,9 @@ fn combine(
         }
     }
     let outcome = match (main, copy_failure) {
+        // A copy abandoned beside a verdict refused for good: committing
+        // past the refusal would lose the copy, which a rerun sends again.
+        (Err(ProducerError::Rejected(_)), Some(e)) => Err(e),
         (Err(e), _) => Err(e),
         (Ok(()), Some(e)) => Err(e),
         (Ok(()), None) => Ok(()),

@@ -1,23 +1,25 @@
 //! The hub's side of matching ([`crate::matching`]): each valid event is
 //! inspected as it arrives; what the matcher found rides with the event
 //! (its marks, its cluster, reused scores, a wave record to write with its
-//! verdict), and the scores it was judged by are kept for its wave. A
-//! wave's post takes its first scored post's scores as it arrives if they
+//! verdict), and the scores it was judged by are kept for its wave's later
+//! posts of the same text. Such a post takes them as it arrives if they
 //! are kept by then, else at its model's turn ([`take_kept`]): a backlog
 //! read at once reuses too.
 
 use super::{Deliver, Hub};
-use crate::matching::{Matcher, Update};
+use crate::matching::{Matcher, Post, Update};
 use crate::partition::{ModelScores, Pending, ReadyBatch};
 use crate::policy::Rule;
 use crate::telemetry::metric;
+use crate::tp::Source;
 use crate::verdict::Marks;
 use tokio::time::Instant;
 
 impl<D: Deliver> Hub<D> {
     /// Matches an arriving event against the lists its rule names and its
     /// wave. A deciding list item settles it (no model runs); in a wave
-    /// with kept scores, it takes those of its rule's models (`reused`).
+    /// with scores kept for its text, it takes those of its rule's models
+    /// (`reused`).
     pub(super) fn inspect(&mut self, pending: &mut Pending) {
         let Some(matcher) = &mut self.matcher else {
             return;
@@ -25,13 +27,18 @@ impl<D: Deliver> Hub<D> {
         let Some(rule) = pending.rules.rule(pending.rule) else {
             return;
         };
-        let found = matcher.inspect(
-            &pending.event.event_id,
-            &pending.event.text,
-            pending.event.user_id.as_deref(),
-            rule.lists.as_deref(),
-            Instant::now(),
-        );
+        let source = Source {
+            tp: pending.tp.clone(),
+            offset: pending.offset,
+        };
+        let post = Post {
+            event_id: &pending.event.event_id,
+            text: &pending.event.text,
+            user: pending.event.user_id.as_deref(),
+            source: &source,
+            rule_lists: rule.lists.as_deref(),
+        };
+        let found = matcher.inspect(&post, Instant::now());
         pending.matching.cluster = found.cluster;
         let mut marks = found.marks;
         if let (Some(reuse), Some(m)) = (found.reuse, marks.as_mut()) {
@@ -44,7 +51,7 @@ impl<D: Deliver> Hub<D> {
     }
 
     /// The scores a post of a cluster was judged by, from its models' runs,
-    /// kept for the wave's later posts (the first such post's only).
+    /// kept for its wave's later posts of the same text.
     pub(super) fn remember_scores(&mut self, pending: &Pending) {
         let (Some(matcher), Some(cluster)) = (&mut self.matcher, pending.matching.cluster) else {
             return;
@@ -52,7 +59,7 @@ impl<D: Deliver> Hub<D> {
         if pending.scores.iter().any(|s| s.reused) {
             metrics::counter!(metric::VERDICTS_REUSED_TOTAL).increment(1);
         } else if pending.failed.is_none() {
-            matcher.scored(cluster, &pending.scores);
+            matcher.scored(cluster, &pending.event.text, &pending.scores);
         }
     }
 
@@ -64,8 +71,8 @@ impl<D: Deliver> Hub<D> {
 }
 
 /// A batch at its model's turn: each event of a wave, not scored yet, whose
-/// wave's first post has been scored since it arrived takes those scores
-/// (with `matching.reuse`).
+/// text an earlier post of its wave was scored on since it arrived takes
+/// those scores (with `matching.reuse`).
 pub(super) fn take_kept(matcher: Option<&Matcher>, batch: &mut ReadyBatch) {
     let Some(matcher) = matcher else {
         return;
@@ -77,7 +84,8 @@ pub(super) fn take_kept(matcher: Option<&Matcher>, batch: &mut ReadyBatch) {
         if marks.wave.is_none() || !p.scores.is_empty() || p.failed.is_some() {
             continue;
         }
-        let (Some(kept), Some(rule)) = (matcher.kept(cluster), p.rules.rule(p.rule)) else {
+        let kept = matcher.kept(cluster, &p.event.text);
+        let (Some(kept), Some(rule)) = (kept, p.rules.rule(p.rule)) else {
             continue;
         };
         reuse_scores(&mut p.scores, marks, &kept, rule);

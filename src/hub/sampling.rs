@@ -9,6 +9,7 @@ use crate::partition::{ModelScores, Pending};
 use crate::policy::{ModelId, Rule};
 use crate::record::OutRecord;
 use crate::sampling::{Candidate, Draw, Sampler};
+use crate::tp::Source;
 use crate::verdict::{self, Answer, Drawn, Judged};
 use tokio::time::Instant;
 
@@ -71,7 +72,8 @@ impl Sampling {
 }
 
 impl<D: Deliver> Hub<D> {
-    /// The sample record of a judged event, if it is drawn.
+    /// The sample record of a judged event if it is drawn, or its drop
+    /// record if the rate bound dropped it.
     pub(super) fn sample(
         &mut self,
         pending: &Pending,
@@ -80,25 +82,27 @@ impl<D: Deliver> Hub<D> {
     ) -> Option<OutRecord> {
         let sampling = self.sampling.as_mut()?;
         let rule = pending.rules.rule(pending.rule)?;
+        let source = Source {
+            tp: pending.tp.clone(),
+            offset: pending.offset,
+        };
         let candidate = Candidate {
             event_id: &pending.event.event_id,
             tenant: pending.event.tenant.as_deref(),
             rule: &rule.id,
             score: sampling.score(rule, &pending.scores),
+            source: &source,
         };
-        let Draw::Sampled(sample) = sampling.sampler.draw(&candidate, Instant::now()) else {
-            return None;
-        };
-        let drawn = Drawn {
+        let drawn = |sample| Drawn {
             sample,
             model: &sampling.model_name,
             label: sampling.label.as_deref(),
         };
-        Some(verdict::sample_record(
-            &sampling.topic,
-            answer,
-            judged,
-            &drawn,
-        ))
+        let topic = &sampling.topic;
+        match sampling.sampler.draw(&candidate, Instant::now()) {
+            Draw::NotSampled => None,
+            Draw::Sampled(s) => Some(verdict::sample_record(topic, answer, judged, &drawn(s))),
+            Draw::Dropped(s) => Some(verdict::drop_record(topic, answer, judged, &drawn(s))),
+        }
     }
 }

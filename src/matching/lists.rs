@@ -14,6 +14,11 @@
 //! normalised text's xxh3-64 (`modstream normalize TEXT` prints both), for
 //! an item whose text is not to be stored (matched exactly only). A file
 //! with any wrong line is refused whole (the list in force stays).
+//!
+//! A text may match several items (the same normal form, or near several
+//! items): it takes the strictest verdict among them, and the nearest item
+//! of that verdict. Items of one normal form are kept apart by id, so
+//! that removing one leaves the others in force.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -40,6 +45,14 @@ pub enum ListError {
         path: String,
         line: usize,
         problem: ItemError,
+    },
+    #[error(
+        "the lists hold {bytes} bytes with list {list:?}, more than matching.max_bytes ({max_bytes}): raise it or shorten the list"
+    )]
+    Budget {
+        list: String,
+        bytes: usize,
+        max_bytes: usize,
     },
 }
 
@@ -151,14 +164,30 @@ pub struct Found {
     pub distance: f32,
 }
 
+/// Bytes charged per item beyond its id, label and near-match data (the
+/// struct and its map entries).
+const ITEM_BYTES: usize = 160;
+
+impl Item {
+    /// Bytes it holds in a list (see [`List::bytes`]).
+    pub fn bytes(&self) -> usize {
+        let near = self.near.as_ref().map_or(0, |n| {
+            n.shingles.len() * 8 + similar::Index::<Arc<str>>::bytes_per_id()
+        });
+        ITEM_BYTES + self.id.len() + self.label.len() + near
+    }
+}
+
 /// One list: its items, by id, by hash, and by signature.
 pub struct List {
     pub name: Arc<str>,
     pub mode: ListMode,
     items: HashMap<Arc<str>, Arc<Item>>,
-    exact: HashMap<u64, Arc<str>>,
+    /// Items by the hash of their normal form (several may share one).
+    exact: HashMap<u64, Vec<Arc<str>>>,
     near: similar::Index<Arc<str>>,
     similarity: f64,
+    bytes: usize,
 }
 
 impl List {
@@ -168,8 +197,9 @@ impl List {
             mode,
             items: HashMap::new(),
             exact: HashMap::new(),
-            near: similar::index(similarity),
+            near: similar::Index::new(similarity),
             similarity,
+            bytes: 0,
         }
     }
 
@@ -198,7 +228,7 @@ impl List {
                 problem,
             };
             let item = Item::parse(line.as_bytes(), None, prints).map_err(refused)?;
-            if let Some(other) = list.exact.get(&item.hash) {
+            if let Some(other) = list.exact.get(&item.hash).and_then(|ids| ids.first()) {
                 return Err(refused(ItemError::Duplicate(other.to_string())));
             }
             list.insert(item);
@@ -214,14 +244,26 @@ impl List {
         self.items.is_empty()
     }
 
+    /// Bytes its items hold (counted against `matching.max_bytes`).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Bytes it would hold with `item` in place of the one of its id.
+    pub fn bytes_with(&self, item: &Item) -> usize {
+        let replaced = self.items.get(&item.id).map_or(0, |i| i.bytes());
+        self.bytes - replaced + item.bytes()
+    }
+
     /// Adds an item, or replaces the one of the same id.
     pub fn insert(&mut self, item: Item) {
         self.remove(&item.id);
         let id = item.id.clone();
-        self.exact.insert(item.hash, id.clone());
+        self.exact.entry(item.hash).or_default().push(id.clone());
         if let Some(near) = &item.near {
             self.near.insert(id.clone(), near.signature.clone());
         }
+        self.bytes += item.bytes();
         self.items.insert(id, Arc::new(item));
     }
 
@@ -229,38 +271,51 @@ impl List {
         let Some(item) = self.items.remove(id) else {
             return false;
         };
-        if self.exact.get(&item.hash) == Some(&item.id) {
-            self.exact.remove(&item.hash);
+        if let Some(ids) = self.exact.get_mut(&item.hash) {
+            ids.retain(|i| *i != item.id);
+            if ids.is_empty() {
+                self.exact.remove(&item.hash);
+            }
         }
         if item.near.is_some() {
             self.near.remove(&item.id);
         }
+        self.bytes -= item.bytes();
         true
     }
 
-    /// The item a text matches: the same normalised text first, else the
-    /// most similar item at or above the list's similarity.
+    /// The item a text matches: of the items of the same normalised text
+    /// and those at or above the list's similarity, the strictest verdict,
+    /// and of those the nearest.
     pub fn find(&self, print: &Fingerprint) -> Option<Found> {
-        if let Some(item) = self
-            .exact
-            .get(&print.hash)
-            .and_then(|id| self.items.get(id))
-        {
-            return Some(Found {
+        let exact = (self.exact.get(&print.hash).into_iter().flatten())
+            .filter_map(|id| self.items.get(id))
+            .map(|item| Found {
                 item: item.clone(),
                 distance: 0.0,
             });
-        }
-        if print.words < NEAR_MIN_WORDS || self.near.size() == 0 {
-            return None;
-        }
         let shingles_of = |id: &Arc<str>| Some(&self.items.get(id)?.near.as_ref()?.shingles);
-        let (id, similarity) =
-            similar::best_match(&self.near, print, self.similarity, shingles_of)?;
-        Some(Found {
-            item: self.items.get(&id)?.clone(),
-            distance: (1.0 - similarity) as f32,
+        let near = if print.words >= NEAR_MIN_WORDS && !self.near.is_empty() {
+            self.near.query(print, self.similarity, shingles_of).matches
+        } else {
+            Vec::new()
+        };
+        let near = near.into_iter().filter_map(|(id, similarity)| {
+            Some(Found {
+                item: self.items.get(&id)?.clone(),
+                distance: (1.0 - similarity) as f32,
+            })
+        });
+        exact.chain(near).min_by(|a, b| {
+            (b.item.verdict.cmp(&a.item.verdict))
+                .then(a.distance.total_cmp(&b.distance))
+                .then(a.item.id.cmp(&b.item.id))
         })
+    }
+
+    /// Candidates its index left out since last asked (see [`similar`]).
+    pub fn take_cut(&self) -> u64 {
+        self.near.take_cut()
     }
 }
 

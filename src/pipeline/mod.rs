@@ -56,6 +56,8 @@ pub enum PipelineError {
     List(#[from] crate::matching::ListError),
     #[error(transparent)]
     ListTopic(#[from] crate::matching::topic::TopicError),
+    #[error("an output topic cannot take the service's records: {0}")]
+    OutputTopic(#[from] crate::producer::topics::TopicCheckError),
     #[error(
         "{0} events were not delivered before kafka.shutdown_timeout; they stay uncommitted and are reprocessed after a restart"
     )]
@@ -75,7 +77,7 @@ impl Deliver for Sink {
         source: Source,
         cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<(), ProducerError>> {
-        Box::pin(Sink::deliver(self, record, source, cancel))
+        Sink::deliver(self, record, source, cancel)
     }
 
     fn service_failure(&self) -> Option<crate::producer::ServiceFailure> {
@@ -147,7 +149,10 @@ pub async fn run_loaded(
     shutdown: Shutdown,
     health: Arc<Health>,
 ) -> Result<RunSummary, PipelineError> {
-    let Loaded { models, matcher } = loaded;
+    let Loaded {
+        models,
+        mut matcher,
+    } = loaded;
     health.model_loaded.store(true, Ordering::SeqCst);
 
     let schemas = crate::schema::SchemaStore::from_settings(&settings)?;
@@ -155,9 +160,12 @@ pub async fn run_loaded(
     let sink = Sink::new(
         &settings.kafka,
         settings.limits.max_payload_bytes,
+        settings.output.analytics_timeout,
         health.clone(),
     )?;
+    check_output_topics(&settings, &models.rules, &sink).await?;
     let exactly_once = start_transactions(&settings, &sink, &health, &shutdown).await?;
+    let lists = lists_in_force(&settings, matcher.as_mut(), &health).await?;
     let consumer_done = CancellationToken::new();
     let (consumer, channels) = consumer::start(
         &settings,
@@ -174,7 +182,7 @@ pub async fn run_loaded(
     // Hot reload: a new model (or, on SIGHUP, policy, lists) while
     // running, and the list topic's reader; started last so that an early
     // return leaves no task behind.
-    let reloading = spawn_reloader(&settings, &models, &shutdown)?;
+    let reloading = spawn_reloader(&settings, &models, lists, &shutdown);
     let watchdog = shutdown_watchdog(&shutdown, settings.kafka.shutdown_timeout);
     let shadow = crate::shadow::Shadow::start(&settings);
     let records = schema_stage(
@@ -399,17 +407,106 @@ struct Reloading {
     _list_topic: tokio_util::sync::DropGuard,
 }
 
+/// Every output topic the configuration and the policy name, by key:
+/// each must exist and take this service's writes before it consumes
+/// anything (see [`crate::producer::topics`]).
+async fn check_output_topics(
+    settings: &Settings,
+    rules: &Ruleset,
+    sink: &Sink,
+) -> Result<(), PipelineError> {
+    let output = &settings.output;
+    let mut topics: Vec<(String, String)> = vec![
+        ("output.topic".into(), output.topic.clone()),
+        ("output.dlq_topic".into(), output.dlq_topic.clone()),
+    ];
+    topics.extend(
+        (output.analytics_topics().into_iter())
+            .map(|(key, topic)| (key.to_string(), topic.clone())),
+    );
+    if settings.inference.shadow.model_dir.is_some() {
+        topics.push(("output.shadow_topic".into(), output.shadow_topic.clone()));
+    }
+    for rule in &rules.rules {
+        for route in &rule.routes {
+            topics.push((format!("rules.{}.routes", rule.id), route.topic.clone()));
+        }
+    }
+    topics.dedup_by(|a, b| a.1 == b.1);
+    let (sink, timeout) = (sink.clone(), settings.kafka.startup_timeout);
+    tokio::task::spawn_blocking(move || sink.check_topics(&topics, timeout))
+        .await
+        .map_err(|_| PipelineError::Producer(ProducerError::Abandoned))??;
+    Ok(())
+}
+
+/// List changes on their way to the matcher (the list topic's items, the
+/// list files read again), and the list topic's reader's stop.
+struct Lists {
+    tx: mpsc::Sender<crate::matching::Update>,
+    rx: mpsc::Receiver<crate::matching::Update>,
+    list_topic: tokio_util::sync::DropGuard,
+}
+
+/// With a list topic: its reader started, and its items read up to the end
+/// offsets it had at start and applied to the matcher before the consumer
+/// joins (at most `matching.list_topic_wait`; past it the start fails, or
+/// with `list_topic_late = "start"` goes on and /readyz says so).
+async fn lists_in_force(
+    settings: &Settings,
+    matcher: Option<&mut Matcher>,
+    health: &Arc<Health>,
+) -> Result<Lists, PipelineError> {
+    let (tx, rx) = mpsc::channel(256);
+    let stop = CancellationToken::new();
+    // Dropped on an early return: the reader stops.
+    let mut lists = Lists {
+        tx,
+        rx,
+        list_topic: stop.clone().drop_guard(),
+    };
+    let (Some(topic), Some(matcher)) = (&settings.matching.list_topic, matcher) else {
+        return Ok(lists);
+    };
+    crate::matching::topic::spawn(settings, topic, lists.tx.clone(), health.clone(), stop)?;
+    let wait = settings.matching.list_topic_wait;
+    let started = std::time::Instant::now();
+    match crate::matching::topic::catch_up(matcher, &mut lists.rx, wait, health).await {
+        Ok(items) => {
+            let took_ms = started.elapsed().as_millis() as u64;
+            tracing::info!(
+                topic,
+                items,
+                took_ms,
+                "list topic in force before joining the group"
+            );
+        }
+        Err(why) if settings.matching.list_topic_late == crate::config::ListTopicLate::Start => {
+            tracing::warn!(topic, why = %why, "starting before the list topic is read to its end (matching.list_topic_late = \"start\"); /readyz says so until it is");
+        }
+        Err(why) => {
+            return Err(crate::matching::topic::TopicError::Late {
+                topic: topic.clone(),
+                waited_s: wait.as_secs(),
+                why,
+            }
+            .into());
+        }
+    }
+    Ok(lists)
+}
+
 fn spawn_reloader(
     settings: &Settings,
     models: &Models,
+    lists: Lists,
     shutdown: &Shutdown,
-) -> Result<Reloading, PipelineError> {
-    // List changes: the list topic's items and the list files read again.
-    let (lists_tx, lists) = mpsc::channel(256);
-    let list_topic = CancellationToken::new();
-    if let Some(topic) = &settings.matching.list_topic {
-        crate::matching::topic::spawn(settings, topic, lists_tx.clone(), list_topic.clone())?;
-    }
+) -> Reloading {
+    let Lists {
+        tx: lists_tx,
+        rx: lists,
+        list_topic,
+    } = lists;
     // Reloads are rare and the hub takes each at once (first in its loop).
     let (scorers_tx, scorers) = mpsc::channel(4);
     let (policies_tx, policies) = mpsc::channel(4);
@@ -438,13 +535,13 @@ fn spawn_reloader(
         (!settings.matching.lists.is_empty())
             .then(|| crate::matching::ListWatch::new(&settings.matching, lists_tx)),
     );
-    Ok(Reloading {
+    Reloading {
         task: tokio::spawn(reloader.run(shutdown.stop.clone())),
         scorers,
         policies,
         lists,
-        _list_topic: list_topic.drop_guard(),
-    })
+        _list_topic: list_topic,
+    }
 }
 
 /// The consumer reached the cluster; check the producer does too (same

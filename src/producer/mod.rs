@@ -19,7 +19,9 @@
 //! input headers; past that, and for a verdict, the delivery ends with
 //! [`ProducerError::Rejected`] so that its partition is not pinned. A fatal
 //! client error (idempotence broken) is not retried: it ends the delivery
-//! with [`ProducerError::Fatal`] and the pipeline stops.
+//! with [`ProducerError::Fatal`] and the pipeline stops. Analytics records
+//! (decisions, waves, samples) are bounded in time and given up when their
+//! topic fails ([`analytics`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -38,8 +40,11 @@ use crate::record::{OutRecord, RecordKind};
 use crate::telemetry::{Health, metric};
 use crate::tp::Source;
 
+mod analytics;
 mod resends;
+pub mod topics;
 
+use analytics::{Gate, Pass};
 use resends::{Place, Resends};
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +65,11 @@ pub enum ProducerError {
     /// transaction will be aborted and its input read again.
     #[error("delivery failed inside a transaction: {0}")]
     InTransaction(String),
+    /// An analytics record (decision, wave, sample) given up: its topic
+    /// failed, or it was not acknowledged within `output.analytics_timeout`.
+    /// Counted; its offset goes on.
+    #[error("analytics record given up: {0}")]
+    GivenUp(String),
     /// Deliveries to a topic failed for the whole service (not authorized,
     /// topic missing) for `kafka.service_failure_timeout`.
     #[error(
@@ -167,6 +177,10 @@ pub struct Sink {
     health: Arc<Health>,
     /// `modstream_records_produced_total` by kind, resolved once.
     produced: Arc<Produced>,
+    /// Analytics topics that fail, and how long an analytics record is
+    /// waited for (`output.analytics_timeout`).
+    gate: Arc<Gate>,
+    analytics_timeout: Duration,
 }
 
 /// One counter per [`RecordKind`] (a labelled `counter!` looks its series
@@ -202,9 +216,11 @@ const HEADROOM_BYTES: usize = 64 * 1024;
 impl Sink {
     /// `dlq_value_budget`: at most this many bytes of a refused dead-letter
     /// value are sent again (less if `message.max.bytes` requires).
+    /// `analytics_timeout`: see [`analytics`].
     pub fn new(
         kafka: &KafkaSettings,
         dlq_value_budget: usize,
+        analytics_timeout: Duration,
         health: Arc<Health>,
     ) -> Result<Sink, ProducerError> {
         let message_max = kafka
@@ -226,6 +242,8 @@ impl Sink {
             exactly_once: kafka.exactly_once(),
             health,
             produced: Arc::new(Produced::new()),
+            gate: Arc::default(),
+            analytics_timeout,
         })
     }
 
@@ -240,6 +258,19 @@ impl Sink {
     /// broker acknowledged the record. `source` is the input partition and
     /// offset it answers: re-sends go out in that order.
     pub fn deliver(
+        &self,
+        record: OutRecord,
+        source: Source,
+        cancel: CancellationToken,
+    ) -> futures::future::BoxFuture<'static, Result<(), ProducerError>> {
+        if record.kind.is_analytics() {
+            return Box::pin(self.clone().deliver_analytics(record, source, cancel));
+        }
+        Box::pin(self.deliver_in_order(record, source, cancel))
+    }
+
+    /// A verdict, dead letter or routed copy: in its partition's order.
+    fn deliver_in_order(
         &self,
         record: OutRecord,
         source: Source,
@@ -262,10 +293,69 @@ impl Sink {
             sink: self.clone(),
             source,
             place,
+            ordered: true,
             failed: false,
             backoff: FIRST_BACKOFF,
         };
         delivery.run(record, attempt, cancel)
+    }
+
+    /// An analytics record: not in its partition's order, waited for at
+    /// most `output.analytics_timeout` (with exactly-once, until its
+    /// transaction ends), given up at once while its topic is closed.
+    async fn deliver_analytics(
+        self,
+        record: OutRecord,
+        source: Source,
+        cancel: CancellationToken,
+    ) -> Result<(), ProducerError> {
+        let (kind, topic) = (record.kind, record.topic.clone());
+        let interval = self.analytics_timeout;
+        if let Pass::GiveUp(error) = self.gate.pass(&topic, interval) {
+            analytics::given_up(kind);
+            return Err(ProducerError::GivenUp(error));
+        }
+        let attempt = Some(self.enqueue(&record));
+        let delivery = Delivery {
+            sink: self.clone(),
+            source,
+            place: None,
+            ordered: false,
+            failed: false,
+            backoff: FIRST_BACKOFF,
+        };
+        let run = delivery.run(record, attempt, cancel);
+        let outcome = if self.exactly_once {
+            run.await
+        } else {
+            match tokio::time::timeout(interval, run).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(ProducerError::GivenUp(format!(
+                    "not acknowledged within output.analytics_timeout ({interval:?})"
+                ))),
+            }
+        };
+        match outcome {
+            Ok(()) => {
+                self.gate.delivered(&topic, &self.health);
+                Ok(())
+            }
+            Err(e @ (ProducerError::Abandoned | ProducerError::Fatal(_))) => Err(e),
+            Err(e @ ProducerError::InTransaction(_)) => {
+                self.gate
+                    .failed(&topic, &e.to_string(), interval, &self.health);
+                Err(e)
+            }
+            Err(e) => {
+                let error = match e {
+                    ProducerError::GivenUp(why) => why,
+                    other => other.to_string(),
+                };
+                self.gate.failed(&topic, &error, interval, &self.health);
+                analytics::given_up(kind);
+                Err(ProducerError::GivenUp(error))
+            }
+        }
     }
 
     /// Fail every record queued in librdkafka (not those sent to a broker)
@@ -299,6 +389,16 @@ impl Sink {
         self.service_failures.oldest()
     }
 
+    /// Each `(key, topic)` exists and this producer may write it
+    /// (blocking; see [`topics`]).
+    pub fn check_topics(
+        &self,
+        topics: &[(String, String)],
+        timeout: Duration,
+    ) -> Result<(), topics::TopicCheckError> {
+        topics::check(self.producer.client(), topics, timeout)
+    }
+
     /// Whether the cluster answers this producer's metadata request (blocking).
     pub fn reachable(&self, timeout: Duration) -> bool {
         self.producer.client().fetch_metadata(None, timeout).is_ok()
@@ -323,6 +423,9 @@ struct Delivery {
     sink: Sink,
     source: Source,
     place: Option<Place>,
+    /// In its partition's order with the other re-sends (all but analytics
+    /// records).
+    ordered: bool,
     /// An attempt failed: from then on the place is kept until the end.
     failed: bool,
     backoff: Duration,
@@ -443,6 +546,12 @@ impl Delivery {
                 None => Next::Stop(ProducerError::Rejected(error.to_string())),
             };
         }
+        if !self.ordered {
+            // Not in line with anything, and no stop of the service for
+            // its topic (see [`analytics`]): a plain retry.
+            tracing::debug!(topic = %record.topic, kind, error = %error, "analytics record failed; retrying");
+            return Next::Retry { purge: None };
+        }
         if is_service_level(error) {
             self.sink.service_failures.failed(&record.topic, error);
         }
@@ -488,7 +597,7 @@ mod tests {
         ))
         .unwrap()
         .kafka;
-        let sink = Sink::new(&kafka, 1024, Arc::default()).unwrap();
+        let sink = Sink::new(&kafka, 1024, Duration::from_secs(10), Arc::default()).unwrap();
         let record = OutRecord {
             topic: "out".into(),
             key: None,

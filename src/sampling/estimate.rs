@@ -9,7 +9,8 @@
 //! linearised: `v = Σ (1 − π)·w²·(a − R·b)² / (Σ w·b)²`. The 95 % interval
 //! is Wilson's score interval at the effective sample size `R(1 − R)/v`
 //! (Korn and Graubard), which stays inside 0..1 and does not collapse to a
-//! point when a label is rare. Measured on the simulation
+//! point when a label is rare; the effective size is never taken above the
+//! number of samples. Measured on the simulation
 //! ([`super::simulate`], 3 × 1,000 samples at the shipped rates): it
 //! covered the truth in 94.1–94.7 % (prevalence), 94.4–96.0 % (recall)
 //! and 93.4–94.8 % (precision) of them. Adjusting the size for the
@@ -71,15 +72,17 @@ pub fn ratio(units: impl IntoIterator<Item = Unit>) -> Option<Estimate> {
         })
         .sum::<f64>()
         / (total * total);
-    // The design's effective size: above the sample's own where sampling
-    // by risk pays (rare positives drawn often); Kish's where the ratio
-    // is 0 or 1 and there is no variance to read it from.
+    // The design's effective size; Kish's where the ratio is 0 or 1 and
+    // there is no variance to read it from. Never above the samples
+    // themselves (4 samples cannot weigh as 47), though sampling by risk
+    // can make the design's larger where rare positives are drawn often.
     let kish = total * total / units.iter().map(|u| weight(u).powi(2)).sum::<f64>();
     let effective = if variance > 0.0 && r > 0.0 && r < 1.0 {
         r * (1.0 - r) / variance
     } else {
         kish
-    };
+    }
+    .min(units.len() as f64);
     let (low, high) = wilson(r, effective, Z95);
     Some(Estimate {
         value: r,

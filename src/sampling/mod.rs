@@ -6,10 +6,17 @@
 //! a policy, and how well the model finds it.
 //!
 //! The draw is a hash of the event id, not a random number: an event
-//! judged again after a crash is sampled the same way, with the same
-//! probability (its score is rounded to 1/1000 first, so that a rerun's
-//! last-digit differences do not change it). The hub owns the [`Sampler`]
-//! and asks it about each verdict ([`Sampler::draw`]); the sample record
+//! judged again with the same scores (after a crash, a rebalance, an
+//! aborted transaction) is drawn the same way, with the same probability
+//! (its score is rounded to 1/1000 first, so that a rerun's last-digit
+//! differences do not change it). The rate bound is not a function of the
+//! event: a drawn event it drops in one run may be written in another. So
+//! that the report can count what the bound gave up, each drop is a record
+//! of its own ([`Draw::Dropped`]), keyed by the event id like its sample;
+//! an event read again by the same instance (an aborted transaction, a
+//! revoke whose drain gave up) gets the answer it got the first time,
+//! without spending the bound again. The hub owns the [`Sampler`] and asks
+//! it about each verdict ([`Sampler::draw`]); the sample (or drop) record
 //! goes out with the verdict (same acknowledgement, same transaction).
 
 use std::collections::HashMap;
@@ -18,6 +25,7 @@ use tokio::time::Instant;
 
 use crate::config::SamplingSettings;
 use crate::telemetry::metric;
+use crate::tp::Source;
 
 pub mod estimate;
 pub mod records;
@@ -29,9 +37,12 @@ pub const MAX_TENANT_LABELS: usize = 100;
 pub const OTHER_TENANTS: &str = "_other";
 /// The tenant label of events without a tenant.
 pub const NO_TENANT: &str = "_none";
-/// Rate-bound buckets kept at most (a full bucket with nothing to report
-/// is the same as none, and is forgotten first).
+/// Rate-bound buckets kept at most (a full bucket is the same as none,
+/// and is forgotten first).
 const MAX_BUCKETS: usize = 4096;
+/// Answers remembered by input position, for an event read again (the
+/// last this many drawn events).
+const REMEMBERED: usize = 65_536;
 const SEED: u64 = 0x5a3d_1e77_c0de_f00d;
 
 /// The probability of sampling an event of this risk score: `min_rate +
@@ -56,19 +67,17 @@ pub fn unit(id: &[u8]) -> f64 {
 pub enum Draw {
     NotSampled,
     Sampled(Sample),
-    /// Drawn, but over `sampling.max_per_second` for its tenant and rule.
-    Dropped,
+    /// Drawn, but over `sampling.max_per_second` for its tenant and rule:
+    /// written as a drop record.
+    Dropped(Sample),
 }
 
-/// A drawn event's sample: what the record says of its draw.
+/// A drawn event's sample: what its record says of its draw.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sample {
     pub probability: f64,
     /// The risk score it was drawn by.
     pub score: f64,
-    /// Samples of its tenant and rule dropped by the rate bound since the
-    /// last one written.
-    pub dropped_before: u64,
 }
 
 /// One event as the sampler sees it.
@@ -77,13 +86,14 @@ pub struct Candidate<'a> {
     pub tenant: Option<&'a str>,
     pub rule: &'a str,
     pub score: f64,
+    /// Its input partition and offset: read again, the same answer.
+    pub source: &'a Source,
 }
 
 /// The rate bound's state of one tenant and rule: a token bucket.
 struct Bucket {
     tokens: f64,
     at: Instant,
-    dropped: u64,
 }
 
 /// Per-tenant counters, by label value.
@@ -98,6 +108,10 @@ pub struct Sampler {
     settings: SamplingSettings,
     buckets: HashMap<(String, String), Bucket>,
     tenants: HashMap<String, TenantCounters>,
+    /// The answers of the last [`REMEMBERED`] drawn events by position,
+    /// oldest first.
+    answered: HashMap<Source, Draw>,
+    order: std::collections::VecDeque<Source>,
 }
 
 impl Sampler {
@@ -106,6 +120,8 @@ impl Sampler {
             settings: settings.clone(),
             buckets: HashMap::new(),
             tenants: HashMap::new(),
+            answered: HashMap::new(),
+            order: std::collections::VecDeque::new(),
         }
     }
 
@@ -122,29 +138,47 @@ impl Sampler {
             return Draw::NotSampled;
         }
         let (sampled, dropped) = (counters.sampled.clone(), counters.dropped.clone());
+        let sample = Sample {
+            probability,
+            score: c.score,
+        };
+        // Read again (same draw, same probability): the first answer.
+        if let Some(&first) = self.answered.get(c.source)
+            && matches!(first, Draw::Sampled(s) | Draw::Dropped(s) if s == sample)
+        {
+            return first;
+        }
         let key = (c.tenant.unwrap_or("").to_string(), c.rule.to_string());
         self.forget_idle(now);
         let rate = self.settings.max_per_second;
         let bucket = self.buckets.entry(key).or_insert(Bucket {
             tokens: rate,
             at: now,
-            dropped: 0,
         });
         let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
         bucket.tokens = (bucket.tokens + elapsed * rate).min(rate.max(1.0));
         bucket.at = now;
-        if bucket.tokens < 1.0 {
-            bucket.dropped += 1;
+        let draw = if bucket.tokens < 1.0 {
             dropped.increment(1);
-            return Draw::Dropped;
+            Draw::Dropped(sample)
+        } else {
+            bucket.tokens -= 1.0;
+            sampled.increment(1);
+            Draw::Sampled(sample)
+        };
+        self.remember(c.source, draw);
+        draw
+    }
+
+    fn remember(&mut self, source: &Source, draw: Draw) {
+        if self.answered.insert(source.clone(), draw).is_none() {
+            self.order.push_back(source.clone());
         }
-        bucket.tokens -= 1.0;
-        sampled.increment(1);
-        Draw::Sampled(Sample {
-            probability,
-            score: c.score,
-            dropped_before: std::mem::take(&mut bucket.dropped),
-        })
+        while self.order.len() > REMEMBERED {
+            if let Some(old) = self.order.pop_front() {
+                self.answered.remove(&old);
+            }
+        }
     }
 
     fn counters(&mut self, tenant: Option<&str>) -> &TenantCounters {
@@ -165,9 +199,7 @@ impl Sampler {
         &self.tenants[name]
     }
 
-    /// Bounds the buckets: those full again with no drop to report go
-    /// first; past the bound, any (their drops then go unreported in
-    /// records, still counted in the metric).
+    /// Bounds the buckets: those full again go first; past the bound, any.
     fn forget_idle(&mut self, now: Instant) {
         if self.buckets.len() < MAX_BUCKETS {
             return;
@@ -175,7 +207,7 @@ impl Sampler {
         let rate = self.settings.max_per_second;
         self.buckets.retain(|_, b| {
             let refilled = b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * rate;
-            b.dropped > 0 || refilled < rate.max(1.0)
+            refilled < rate.max(1.0)
         });
         if self.buckets.len() >= MAX_BUCKETS {
             self.buckets.clear();

@@ -6,16 +6,20 @@
 //! itself (`event`: id, text, user, language, tenant, metadata),
 //! `sampled_at`, and `sample`: `probability` (its inclusion probability),
 //! `score` (the risk score it was drawn by), `model`, `label` (which
-//! score; absent: the highest of its rule's labels for that model) and
-//! `dropped_before` (samples of its tenant and rule the rate bound dropped
-//! since the previous one).
+//! score; absent: the highest of its rule's labels for that model).
 //!
-//! A label (written by reviewers' tools, JSON, any key):
+//! A drop (written by the service when the rate bound drops a drawn event,
+//! keyed by event id, same topic): `{"dropped": true, "event_id",
+//! "tenant", "rule", "sampled_at", "source", "sample"}`, without the event
+//! or its reason. Labelling tools skip these.
+//!
+//! A label (written by reviewers' tools, JSON, keyed by event id):
 //! `{"event_id": "e-17", "label": "offensive", "labeller": "alice",
 //! "labelled_at": "2026-12-03T10:00:00Z"}`. `label` is what the content
 //! is: a label of the policy (`offensive`), or any other word for content
 //! that violates nothing (`none`). An event labelled twice counts once, by
-//! its latest `labelled_at`.
+//! its latest `labelled_at`; a null value keyed by the event id retracts
+//! its labels written before it.
 
 use std::collections::BTreeMap;
 
@@ -69,8 +73,35 @@ pub struct SampledMatch {
 pub struct Drawn {
     pub probability: f64,
     pub score: f64,
+}
+
+/// A drawn event the rate bound dropped.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DropRecord {
+    /// Always true.
+    pub dropped: bool,
+    pub event_id: String,
+    pub sampled_at: String,
     #[serde(default)]
-    pub dropped_before: u64,
+    pub tenant: Option<String>,
+    pub rule: String,
+    pub sample: Drawn,
+}
+
+/// A record of the samples topic: a sample, or a drop.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum SamplesRecord {
+    Sample(SampleRecord),
+    Dropped(DropRecord),
+}
+
+/// A record of the labels topic, in its order: a label, or (a null value
+/// keyed by the event id) the retraction of the labels before it.
+#[derive(Debug, Clone)]
+pub enum LabelEntry {
+    Label(LabelRecord),
+    Retracted(String),
 }
 
 /// One label from the labels topic.

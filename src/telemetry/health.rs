@@ -39,6 +39,14 @@ pub struct Health {
     /// for a schema the next record needs, since when and why (cleared once
     /// it answers). Records wait, in order, meanwhile.
     registry_unreachable: std::sync::Mutex<Option<String>>,
+    /// With `matching.list_topic`: why its items may not all be in force
+    /// (still read to its end at start, or it cannot be read); written by
+    /// its reader, cleared once it reads up to date.
+    list_topic: std::sync::Mutex<Option<String>>,
+    /// Analytics topics (decisions, waves, samples) whose records are given
+    /// up now, and why: reported, not failing readiness (moderation goes
+    /// on without them).
+    analytics_failing: std::sync::Mutex<Option<String>>,
     /// This run's faults (its metrics count those of the whole process).
     pub faults: super::FaultTally,
 }
@@ -66,6 +74,27 @@ impl Health {
             && self.delivery_failing().is_none()
             && self.transaction_failing().is_none()
             && self.registry_unreachable().is_none()
+            && self.list_topic().is_none()
+    }
+
+    pub fn analytics_failing(&self) -> Option<String> {
+        self.analytics_failing.lock().ok().and_then(|d| d.clone())
+    }
+
+    pub fn set_analytics_failing(&self, why: Option<String>) {
+        if let Ok(mut d) = self.analytics_failing.lock() {
+            *d = why;
+        }
+    }
+
+    pub fn list_topic(&self) -> Option<String> {
+        self.list_topic.lock().ok().and_then(|d| d.clone())
+    }
+
+    pub fn set_list_topic(&self, why: Option<String>) {
+        if let Ok(mut d) = self.list_topic.lock() {
+            *d = why;
+        }
     }
 
     pub fn registry_unreachable(&self) -> Option<String> {
@@ -136,6 +165,8 @@ impl Health {
             "delivery_failing": self.delivery_failing(),
             "transaction_failing": self.transaction_failing(),
             "registry_unreachable": self.registry_unreachable(),
+            "list_topic": self.list_topic(),
+            "analytics_failing": self.analytics_failing(),
             "stalled": self.stalled(),
             "unfetched": self.unfetched(),
         })

@@ -50,6 +50,10 @@ metric_table! {
     FIELD_WARNINGS_TOTAL = "modstream_field_warnings_total", Counter, Count, "optional event fields left out (another type or out of range), by field; the event is moderated without them";
     /// Records acknowledged by the broker. Labels: kind (verdict, dlq).
     PRODUCED_TOTAL = "modstream_records_produced_total", Counter, Count, "records acknowledged by the broker";
+    /// Analytics records (decision, wave, sample) given up: their topic
+    /// failed or they were not acknowledged within
+    /// `output.analytics_timeout`; their offsets went on. Labels: kind.
+    ANALYTICS_GIVEN_UP_TOTAL = "modstream_analytics_given_up_total", Counter, Count, "decision, wave and sample records given up (their topic failed, or output.analytics_timeout passed); moderation went on";
     /// Failed delivery attempts (each is retried). Labels: kind.
     DELIVERY_FAILURES_TOTAL = "modstream_delivery_failures_total", Counter, Count, "failed delivery attempts, each retried";
     /// Records the broker refused for good (also cut down): their offsets
@@ -148,9 +152,21 @@ metric_table! {
     LIST_TOPIC_REFUSED_TOTAL = "modstream_list_topic_refused_total", Counter, Count, "list topic records refused (not an item; logged with their key)";
     WAVES_STARTED_TOTAL = "modstream_waves_started_total", Counter, Count, "near-duplicate clusters that became waves";
     WAVE_POSTS_TOTAL = "modstream_wave_posts_total", Counter, Count, "posts marked as in a wave";
-    VERDICTS_REUSED_TOTAL = "modstream_verdicts_reused_total", Counter, Count, "verdicts judged on the scores of their wave's first scored post, without a model run";
+    VERDICTS_REUSED_TOTAL = "modstream_verdicts_reused_total", Counter, Count, "verdicts judged on the scores an earlier post of their wave with the same text was given, without a model run";
     WAVE_CLUSTERS = "modstream_wave_clusters", Gauge, Count, "near-duplicate clusters kept now";
-    WAVE_CLUSTERS_EVICTED_TOTAL = "modstream_wave_clusters_evicted_total", Counter, Count, "clusters forgotten to make room (matching.max_clusters) before their window ended";
+    WAVE_CLUSTERS_EVICTED_TOTAL = "modstream_wave_clusters_evicted_total", Counter, Count, "clusters forgotten to make room (matching.max_clusters, matching.max_bytes) before their window ended";
+    /// Bytes matching's state holds, against `matching.max_bytes`.
+    /// Labels: part (lists, waves).
+    MATCHING_BYTES = "modstream_matching_bytes", Gauge, Bytes, "bytes matching's state holds (lists, waves), against matching.max_bytes";
+    /// Near-duplicate candidates left out by the bounds (a full bucket's
+    /// oldest, and candidates past those a query compares). Labels: part.
+    MATCHING_CANDIDATES_CUT_TOTAL = "modstream_matching_candidates_cut_total", Counter, Count, "near-duplicate candidates left out by the index's bounds (full buckets, comparisons per query)";
+    /// List items refused because the lists would pass `matching.max_bytes`
+    /// (a file: refused whole). Labels: list.
+    LIST_ITEMS_OVER_BUDGET_TOTAL = "modstream_list_items_over_budget_total", Counter, Count, "list items refused because the lists would pass matching.max_bytes";
+    /// 1 while the list topic is read to the end offsets it had at start
+    /// and being read; 0 while it cannot be read or is still catching up.
+    LIST_TOPIC_READY = "modstream_list_topic_ready", Gauge, Count, "1 while the list topic is read up to date (0: catching up at start, or it cannot be read)";
     MATCHER_SECONDS = "modstream_matcher_seconds", Histogram, Seconds, "matching's time on one event (normalise, lists, waves)";
     /// Verdicts the sampler drew for (`[sampling]`); with
     /// [`SAMPLES_TOTAL`] it gives the share sampled. Labels: tenant (the

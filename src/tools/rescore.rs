@@ -142,6 +142,7 @@ pub async fn run(opts: RescoreOptions) -> anyhow::Result<RescoreReport> {
     let sink = Sink::new(
         &settings.kafka,
         settings.limits.max_payload_bytes,
+        settings.output.analytics_timeout,
         Default::default(),
     )?;
     let mut report = RescoreReport {

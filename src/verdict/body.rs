@@ -41,6 +41,20 @@ pub(super) struct SampleBody<'a> {
     pub verdict: Verdict,
 }
 
+/// A drawn event the rate bound dropped, for `output.samples_topic` (so
+/// that `modstream prevalence` counts each once): no event, no reason.
+#[derive(serde::Serialize)]
+pub(super) struct DropBody<'a> {
+    /// Always true: what tells a drop from a sample.
+    pub dropped: bool,
+    pub event_id: &'a str,
+    pub rule: &'a str,
+    pub sample: DrawnRef<'a>,
+    pub sampled_at: &'a str,
+    pub source: SourceRef<'a>,
+    pub tenant: Option<&'a str>,
+}
+
 /// The event as sampled, for the people who label it.
 #[derive(serde::Serialize)]
 pub(super) struct EventRef<'a> {
@@ -56,7 +70,6 @@ pub(super) struct EventRef<'a> {
 
 #[derive(serde::Serialize)]
 pub(super) struct DrawnRef<'a> {
-    pub dropped_before: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub label: Option<&'a str>,
     pub model: &'a str,

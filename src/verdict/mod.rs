@@ -30,7 +30,8 @@ mod body;
 mod marks;
 
 use body::{
-    DecisionBody, DrawnRef, EventRef, ModelRef, SampleBody, Scores, SourceRef, VerdictBody,
+    DecisionBody, DrawnRef, DropBody, EventRef, ModelRef, SampleBody, Scores, SourceRef,
+    VerdictBody,
 };
 
 pub use crate::policy::{Verdict, decide};
@@ -310,6 +311,21 @@ pub struct Drawn<'a> {
     pub label: Option<&'a str>,
 }
 
+impl Drawn<'_> {
+    fn as_ref(&self) -> DrawnRef<'_> {
+        DrawnRef {
+            label: self.label,
+            model: self.model,
+            probability: self.sample.probability,
+            score: self.sample.score,
+        }
+    }
+}
+
+fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
 /// The sample record for `output.samples_topic`, keyed by event id: the
 /// event, its verdict and reason, and how it was drawn.
 pub fn sample_record(
@@ -318,7 +334,7 @@ pub fn sample_record(
     judged: &Judged<'_>,
     drawn: &Drawn<'_>,
 ) -> OutRecord {
-    let sampled_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let sampled_at = now_rfc3339();
     let e = answer.event;
     let body = SampleBody {
         event: EventRef {
@@ -332,17 +348,34 @@ pub fn sample_record(
         },
         event_id: &e.event_id,
         reason: judged.reason(),
-        sample: DrawnRef {
-            dropped_before: drawn.sample.dropped_before,
-            label: drawn.label,
-            model: drawn.model,
-            probability: drawn.sample.probability,
-            score: drawn.sample.score,
-        },
+        sample: drawn.as_ref(),
         sampled_at: &sampled_at,
         source: source_ref(answer),
         tenant: e.tenant.as_deref(),
         verdict: judged.decision.verdict,
+    };
+    let key = Some(e.event_id.clone().into_bytes());
+    record(topic, key, &body, RecordKind::Sample)
+}
+
+/// The drop record for `output.samples_topic`, keyed by event id: a drawn
+/// event the rate bound dropped (`"dropped": true`; no event, no reason).
+pub fn drop_record(
+    topic: &str,
+    answer: &Answer<'_>,
+    judged: &Judged<'_>,
+    drawn: &Drawn<'_>,
+) -> OutRecord {
+    let sampled_at = now_rfc3339();
+    let e = answer.event;
+    let body = DropBody {
+        dropped: true,
+        event_id: &e.event_id,
+        rule: judged.rule_id(),
+        sample: drawn.as_ref(),
+        sampled_at: &sampled_at,
+        source: source_ref(answer),
+        tenant: e.tenant.as_deref(),
     };
     let key = Some(e.event_id.clone().into_bytes());
     record(topic, key, &body, RecordKind::Sample)

@@ -405,6 +405,32 @@ impl Broker {
         }
     }
 
+    /// Deletes a topic and waits until the cluster no longer lists it.
+    pub fn delete_topic(&self, name: &str) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let results = rt
+            .block_on(admin.delete_topics(
+                &[name],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
+            ))
+            .expect("DeleteTopics answered");
+        for r in results {
+            r.unwrap_or_else(|(t, e)| panic!("delete topic {t}: {e}"));
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.leader(name, 0) >= 0 {
+            assert!(Instant::now() < deadline, "topic {name} still listed");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// `kafka-acls --add` through the PLAINTEXT (super user) listener: allow
     /// `principal` the `operations` on a resource (`--topic T`, `--group G`,
     /// `--cluster`, ...).

@@ -170,7 +170,7 @@ async fn a_rule_skips_lists_or_is_decided_by_them_alone() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_waves_later_posts_reuse_its_first_scored_posts_scores() {
+async fn a_waves_later_posts_of_the_same_text_reuse_its_scores() {
     let (mut h, _dir) = matching_hub("decide", None);
     let text = |i: i64| {
         format!(
@@ -183,23 +183,33 @@ async fn a_waves_later_posts_reuse_its_first_scored_posts_scores() {
     let mut first = scored(&job);
     first.scores = vec![Ok(vec![0.6])];
     h.result(first);
-    // Posts 1 and 2 make it a wave (3 posts, 2 users); 2 and later reuse.
-    for i in 1..5 {
+    // Posts 1 and 2 make it a wave (3 posts, 2 users) and run; each later
+    // post has the text of one of the first three and reuses its scores.
+    for i in 1..6 {
         h.push(post(i, &text(i), if i % 2 == 0 { "u1" } else { "u2" }));
+        while let Ok(job) = h.jobs.try_recv() {
+            h.result(scored(&job));
+        }
     }
-    let job = h.jobs.try_recv().expect("post 1: not yet a wave, scored");
-    h.result(scored(&job));
-    assert!(h.jobs.try_recv().is_err(), "posts 2 to 4 reuse the scores");
     let v = verdicts(&h);
-    assert_eq!(v.len(), 5);
-    for (i, v) in v.iter().enumerate().skip(2) {
-        assert_eq!(v["verdict"], "review", "post {i}: the first post's 0.6");
-        assert_eq!(v["reason"]["reused"], true);
-        assert_eq!(v["reason"]["wave"]["id"], "e0");
-        assert_eq!(v["scores"]["offensive"], 0.6000000238418579);
+    assert_eq!(v.len(), 6);
+    assert_eq!(v[3]["verdict"], "review", "post 0's 0.6");
+    assert_eq!(v[3]["reason"]["reused"], true);
+    assert_eq!(v[3]["reason"]["wave"]["id"], "e0");
+    assert_eq!(v[3]["scores"]["offensive"], 0.6000000238418579);
+    for i in [1, 2] {
+        assert_eq!(v[i]["verdict"], "allow", "post {i}: its own run's 0.1");
+        assert!(
+            v[i]["reason"].get("reused").is_none_or(|r| r == false),
+            "{}",
+            v[i]
+        );
     }
-    assert_eq!(v[1]["verdict"], "allow");
-    assert!(v[1]["reason"].get("wave").is_none());
+    for i in [4, 5] {
+        assert_eq!(v[i]["verdict"], "allow", "post {i}: post {}'s 0.1", i - 3);
+        assert_eq!(v[i]["reason"]["reused"], true);
+    }
+    assert!(v[2]["reason"].get("wave").is_some() && v[4]["reason"].get("wave").is_some());
     let waves: Vec<serde_json::Value> = (h.outbox.sent().iter())
         .filter(|r| r.topic == "waves")
         .map(|r| serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap())
@@ -213,8 +223,55 @@ async fn a_waves_later_posts_reuse_its_first_scored_posts_scores() {
         (waves[0]["size"].as_u64(), waves[0]["started"].as_bool()),
         (Some(3), Some(true))
     );
-    h.acks(5).await;
-    assert_eq!(h.hub.in_flight, 0);
+    h.acks(6).await;
+    assert_eq!(h.stored().concat().last(), Some(&at(0, 6)));
+}
+
+/// Issue 46's attack through the hub: accounts seed a wave of a benign
+/// text (the model scores it 0.016), then post it with insults swapped
+/// in. Every insult post runs the model and gets the model's own verdict.
+#[tokio::test(start_paused = true)]
+async fn insults_posted_into_a_benign_wave_are_judged_by_the_model() {
+    let (mut h, _dir) = matching_hub("decide", None);
+    let benign = "hey neighbor you did a great job on the garden this spring it looks lovely";
+    let insulting = "hey neighbor you did a fucking job on the garden this spring it looks lovely";
+    let mut offset = 0;
+    let mut model_runs = 0;
+    let mut send = |h: &mut Harness, text: &str, offensive: f32| {
+        h.push(post(offset, text, &format!("acct-{}", offset % 8)));
+        offset += 1;
+        while let Ok(job) = h.jobs.try_recv() {
+            let mut result = scored(&job);
+            result.scores = vec![Ok(vec![offensive]); job.texts.len()];
+            h.result(result);
+            model_runs += 1;
+        }
+    };
+    for _ in 0..10 {
+        send(&mut h, benign, 0.016);
+    }
+    for _ in 0..10 {
+        send(&mut h, insulting, 0.958);
+    }
+    let v = verdicts(&h);
+    assert_eq!(v.len(), 20);
+    assert!(
+        v[2..10].iter().all(|v| v["reason"]["reused"] == true),
+        "the benign text reuses"
+    );
+    for v in &v[10..] {
+        assert_eq!(v["verdict"], "block", "{v}");
+        assert!(v["reason"]["wave"].is_object(), "in the wave: {v}");
+    }
+    assert!(
+        v[11..].iter().all(|v| v["reason"]["reused"] == true),
+        "the insult reuses its own text's scores"
+    );
+    assert_eq!(
+        model_runs, 3,
+        "the benign text twice before its wave, the insult once"
+    );
+    h.acks(20).await;
 }
 
 /// A backlog read at once: the wave's later posts arrived before its first

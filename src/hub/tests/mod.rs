@@ -16,6 +16,8 @@ use crate::verdict::Scorer;
 struct Outbox {
     sent: Arc<Mutex<Vec<OutRecord>>>,
     fates: Arc<Mutex<Fates>>,
+    /// Topics whose records are acknowledged only once released.
+    held: Arc<Mutex<HashMap<String, tokio::sync::watch::Sender<bool>>>>,
 }
 
 /// How the stand-in producer fails: every record, or the records to one
@@ -58,8 +60,14 @@ impl Deliver for Outbox {
             .all
             .or_else(|| fates.by_topic.get(&record.topic).copied());
         drop(fates);
+        let held = (self.held.lock().unwrap().get(&record.topic)).map(|t| t.subscribe());
         self.sent.lock().unwrap().push(record);
-        Box::pin(async move { fate.map_or(Ok(()), |f| Err(f.error())) })
+        Box::pin(async move {
+            if let Some(mut released) = held {
+                let _ = released.wait_for(|r| *r).await;
+            }
+            fate.map_or(Ok(()), |f| Err(f.error()))
+        })
     }
 }
 
@@ -73,6 +81,18 @@ impl Outbox {
     fn fail_topic(&self, topic: &str, fate: Fate) {
         let mut fates = self.fates.lock().unwrap();
         fates.by_topic.insert(topic.to_string(), fate);
+    }
+
+    /// Records to this topic are acknowledged only once released.
+    fn hold_topic(&self, topic: &str) {
+        let (tx, _) = tokio::sync::watch::channel(false);
+        self.held.lock().unwrap().insert(topic.to_string(), tx);
+    }
+
+    fn release_topic(&self, topic: &str) {
+        if let Some(tx) = self.held.lock().unwrap().get(topic) {
+            tx.send_replace(true);
+        }
     }
 
     fn sent(&self) -> Vec<OutRecord> {

@@ -101,20 +101,54 @@ async fn verdicts_are_drawn_by_their_id_and_score_and_their_samples_wait_with_th
     assert_eq!(h.stored().concat().last(), Some(&at(0, 40)));
 }
 
+/// A verdict acknowledged whose sample is not: its offset waits.
 #[tokio::test(start_paused = true)]
-async fn the_rate_bound_drops_samples_and_the_next_one_counts_them() {
+async fn an_offset_waits_for_its_sample_as_for_its_verdict() {
+    let mut h = sampling_hub(
+        "min_rate = 1.0\nmax_rate = 1.0\nmax_per_second = 1000.0",
+        "",
+    );
+    h.outbox.hold_topic("samples");
+    judge(&mut h, 3);
+    assert_eq!(samples(&h).len(), 3, "handed over with their verdicts");
+    let waited = tokio::time::timeout(Duration::from_secs(30), h.acks(1)).await;
+    assert!(waited.is_err(), "no offset is done while its sample waits");
+    assert!(h.stored().concat().is_empty(), "nothing to commit");
+    h.outbox.release_topic("samples");
+    h.acks(3).await;
+    assert_eq!(h.stored().concat().last(), Some(&at(0, 3)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_rate_bound_drops_samples_and_writes_a_drop_record_for_each() {
     let mut h = sampling_hub("min_rate = 1.0\nmax_rate = 1.0\nmax_per_second = 2.0", "");
     judge(&mut h, 5);
-    assert_eq!(samples(&h).len(), 2, "2 per second for the tenant and rule");
+    let got = samples(&h);
+    let dropped: Vec<&serde_json::Value> = got.iter().filter(|s| s["dropped"] == true).collect();
+    assert_eq!(got.len(), 5, "every drawn event has a record");
+    assert_eq!(dropped.len(), 3, "2 per second for the tenant and rule");
+    let d = dropped[0];
+    assert_eq!(
+        (
+            d["event_id"].as_str(),
+            d["rule"].as_str(),
+            d["tenant"].as_str()
+        ),
+        (Some("e2"), Some("default"), Some("cats"))
+    );
+    assert_eq!(d["sample"]["probability"], 1.0);
+    assert!(
+        d.get("event").is_none() && d.get("reason").is_none(),
+        "no text: {d}"
+    );
     tokio::time::advance(Duration::from_secs(1)).await;
     h.push(tenant_post(5));
     let job = h.jobs.try_recv().unwrap();
     h.result(scored(&job));
     let got = samples(&h);
-    assert_eq!(got.len(), 3);
-    assert_eq!(got[2]["event_id"], "e5");
-    assert_eq!(got[2]["sample"]["dropped_before"], 3);
-    assert_eq!(got[0]["sample"]["dropped_before"], 0);
+    assert_eq!(got.len(), 6);
+    assert_eq!(got[5]["event_id"], "e5");
+    assert!(got[5].get("dropped").is_none() && got[5]["event"]["text"] == "post 5");
 }
 
 #[tokio::test(start_paused = true)]
@@ -123,14 +157,26 @@ async fn with_exactly_once_a_sample_is_in_its_verdicts_transaction() {
         "min_rate = 1.0\nmax_rate = 1.0\nmax_per_second = 1000.0",
         r#"delivery = "exactly_once""#,
     );
+    h.outbox.hold_topic("samples");
     judge(&mut h, 2);
+    assert_eq!(samples(&h).len(), 2);
     let sealed = h.seal();
+    // The verdicts are acknowledged; the samples are not: the seal waits.
+    let waited = tokio::time::timeout(Duration::from_millis(500), h.acks(1)).await;
+    assert!(waited.is_err());
+    assert!(
+        sealed.try_recv().is_err(),
+        "the transaction waits for its samples"
+    );
+    h.outbox.release_topic("samples");
     h.acks(2).await;
     let answer = sealed
         .try_recv()
         .expect("answered once all are acknowledged");
-    assert_eq!(answer.records, 2, "2 input records, each with its sample");
-    assert_eq!(samples(&h).len(), 2);
+    assert_eq!(
+        answer.records, 2,
+        "2 input offsets, each with its verdict and sample"
+    );
     assert_eq!(answer.positions, vec![at(0, 2)]);
     assert_eq!(answer.abort, None);
 }

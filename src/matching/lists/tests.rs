@@ -1,4 +1,5 @@
 use super::*;
+use crate::policy::Verdict;
 
 fn item(json: &str) -> Item {
     Item::parse(json.as_bytes(), None, &Fingerprinter).unwrap()
@@ -54,9 +55,7 @@ fn evasions_match_their_item_and_near_misses_do_not() {
             other => missed.push((text, other.map(|f| f.item.id.to_string()))),
         }
     }
-    // "F U C K you" splits the word: not the same text, and too short to
-    // be near (documented: spaces between letters are not undone).
-    assert_eq!(missed, vec![("F U C K you", None)]);
+    assert!(missed.is_empty(), "missed: {missed:?}");
     for benign in [
         "you are free to click the link if you like",
         "I won a free coffee today",
@@ -94,6 +93,46 @@ fn an_item_by_hash_matches_exactly_and_items_come_and_go() {
     assert!(list.remove("x"));
     assert!(find(&list, "buy followers cheap today").is_none());
     assert!(!list.remove("x"));
+}
+
+/// A text near two items of different verdicts takes the stricter; one
+/// whose normal form two items share takes the stricter of those.
+#[test]
+fn a_text_matching_several_items_takes_the_strictest() {
+    let list = list_of(&[
+        r#"{"id": "r1", "verdict": "review", "label": "spam", "text": "win a free phone today click the link in my bio now"}"#,
+        r#"{"id": "b1", "verdict": "block", "label": "spam", "text": "win a free phone today click the link in my profile now"}"#,
+    ]);
+    // Nearer to r1 (its exact text), near b1 too: block.
+    let found = find(&list, "win a free phone today click the link in my bio now").unwrap();
+    assert_eq!(
+        (&*found.item.id, found.item.verdict),
+        ("b1", Verdict::Block)
+    );
+    let list = list_of(&[
+        r#"{"id": "r2", "verdict": "review", "label": "spam", "text": "buy cheap followers"}"#,
+        r#"{"id": "b2", "verdict": "block", "label": "spam", "text": "BUY CHEAP FOLLOWERS!"}"#,
+    ]);
+    assert_eq!(&*find(&list, "buy cheap followers").unwrap().item.id, "b2");
+}
+
+/// Items of one normal form (the list topic allows them) are kept apart:
+/// removing one leaves the other in force, in either order.
+#[test]
+fn items_of_one_normal_form_do_not_hide_each_other() {
+    for removed in ["a", "b"] {
+        let mut list = list_of(&[
+            r#"{"id": "a", "verdict": "block", "label": "spam", "text": "buy cheap followers today"}"#,
+            r#"{"id": "b", "verdict": "block", "label": "spam", "text": "Buy CHEAP followers today!!"}"#,
+        ]);
+        assert!(list.remove(removed));
+        let kept = if removed == "a" { "b" } else { "a" };
+        let found = find(&list, "buy cheap followers today").map(|f| f.item.id.to_string());
+        assert_eq!(found.as_deref(), Some(kept), "removed {removed}");
+        assert!(list.remove(kept));
+        assert!(find(&list, "buy cheap followers today").is_none());
+        assert_eq!(list.bytes(), 0, "every byte given back");
+    }
 }
 
 #[test]

@@ -18,7 +18,7 @@ use rdkafka::consumer::Consumer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use crate::config::Settings;
-use crate::sampling::records::{LabelRecord, SampleRecord};
+use crate::sampling::records::{LabelEntry, LabelRecord, SamplesRecord};
 use crate::tools::range;
 
 pub mod chart;
@@ -80,20 +80,22 @@ pub fn run(opts: &PrevalenceOptions) -> anyhow::Result<String> {
         &settings,
         &opts.samples,
         opts.timeout,
-        |payload| match serde_json::from_slice::<SampleRecord>(payload) {
-            Ok(s) => inputs.samples.push(s),
-            Err(_) => inputs.refused_samples += 1,
+        |_, payload| match payload.map(serde_json::from_slice::<SamplesRecord>) {
+            Some(Ok(SamplesRecord::Sample(s))) => inputs.samples.push(s),
+            Some(Ok(SamplesRecord::Dropped(d))) => inputs.drops.push(d),
+            Some(Err(_)) => inputs.refused_samples += 1,
+            None => {}
         },
     )?;
-    read(
-        &settings,
-        &opts.labels,
-        opts.timeout,
-        |payload| match serde_json::from_slice::<LabelRecord>(payload) {
-            Ok(l) => inputs.labels.push(l),
-            Err(_) => inputs.refused_labels += 1,
-        },
-    )?;
+    read(&settings, &opts.labels, opts.timeout, |key, payload| {
+        let key = key.and_then(|k| std::str::from_utf8(k).ok());
+        match (payload.map(serde_json::from_slice::<LabelRecord>), key) {
+            (Some(Ok(l)), _) => inputs.labels.push(LabelEntry::Label(l)),
+            (Some(Err(_)), _) => inputs.refused_labels += 1,
+            (None, Some(id)) => inputs.labels.push(LabelEntry::Retracted(id.to_string())),
+            (None, None) => inputs.refused_labels += 1,
+        }
+    })?;
     let scope = Scope {
         from: opts.from,
         to: opts.to,
@@ -109,12 +111,13 @@ pub fn run(opts: &PrevalenceOptions) -> anyhow::Result<String> {
     Ok(out)
 }
 
-/// Every record's value of `topic`, first offset to the end as of now.
+/// Every record's key and value (None: a null value) of `topic`, in each
+/// partition's order, first offset to the end as of now.
 fn read(
     settings: &Settings,
     topic: &str,
     timeout: Duration,
-    mut each: impl FnMut(&[u8]),
+    mut each: impl FnMut(Option<&[u8]>, Option<&[u8]>),
 ) -> anyhow::Result<()> {
     let (consumer, partitions) = range::open(settings, topic, "prevalence")?;
     let mut ends = HashMap::new();
@@ -130,10 +133,7 @@ fn read(
     let late = format!("{topic} was not read to its end within --timeout ({timeout:?})");
     let deadline = (std::time::Instant::now() + timeout, late.as_str());
     range::read_until(&consumer, ends, Some(deadline), |_, parts| {
-        // A null value (a removed label) is no record.
-        if let Some(payload) = parts.payload {
-            each(payload);
-        }
+        each(parts.key, parts.payload);
         std::ops::ControlFlow::Continue(())
     })
 }

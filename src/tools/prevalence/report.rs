@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use chrono::{DateTime, Utc};
 
 use crate::sampling::estimate::{self, Estimate, Unit};
-use crate::sampling::records::{LabelRecord, SampleRecord};
+use crate::sampling::records::{DropRecord, LabelEntry, SampleRecord};
 
 /// The thresholds of the "at other thresholds" table and chart.
 pub const THRESHOLDS: [f64; 9] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9];
@@ -23,7 +23,10 @@ pub enum GroupBy {
 #[derive(Debug, Default)]
 pub struct Inputs {
     pub samples: Vec<SampleRecord>,
-    pub labels: Vec<LabelRecord>,
+    /// Drawn events the rate bound dropped.
+    pub drops: Vec<DropRecord>,
+    /// The labels topic's records in its order.
+    pub labels: Vec<LabelEntry>,
     pub refused_samples: usize,
     pub refused_labels: usize,
 }
@@ -77,8 +80,9 @@ pub struct Report {
     pub labels_without_sample: usize,
     pub refused_samples: usize,
     pub refused_labels: usize,
-    /// Samples the rate bound dropped (as the written ones report them).
-    pub dropped: u64,
+    /// Drawn events the rate bound dropped, each once, and never sampled
+    /// in another run.
+    pub dropped: usize,
     pub rows: Vec<Row>,
     pub curves: Vec<Curve>,
 }
@@ -107,7 +111,6 @@ pub fn build(inputs: Inputs, scope: &Scope) -> Report {
             report.refused_samples += 1;
             continue;
         }
-        report.dropped += s.sample.dropped_before;
         if let Some(&p) = seen.get(&s.event_id) {
             report.repeated += 1;
             report.conflicting += usize::from(p != s.sample.probability);
@@ -117,6 +120,16 @@ pub fn build(inputs: Inputs, scope: &Scope) -> Report {
         samples.push(s);
     }
     report.samples = samples.len();
+    let in_window = |at: &str| {
+        DateTime::parse_from_rfc3339(at)
+            .map(|t| t.with_timezone(&Utc))
+            .is_ok_and(|t| scope.from.is_none_or(|f| t >= f) && scope.to.is_none_or(|to| t < to))
+    };
+    let dropped: BTreeSet<&str> = (inputs.drops.iter())
+        .filter(|d| in_window(&d.sampled_at) && !seen.contains_key(&d.event_id))
+        .map(|d| d.event_id.as_str())
+        .collect();
+    report.dropped = dropped.len();
     report.labels_without_sample = labels.keys().filter(|id| !seen.contains_key(*id)).count();
     let labelled: Vec<(&SampleRecord, &str)> = samples
         .iter()
@@ -151,10 +164,18 @@ pub fn build(inputs: Inputs, scope: &Scope) -> Report {
     report
 }
 
-/// Each event's label: the latest by `labelled_at` (a correction wins).
-fn latest_labels(labels: Vec<LabelRecord>, refused: &mut usize) -> HashMap<String, String> {
+/// Each event's label: the latest by `labelled_at` (a correction wins),
+/// unless a retraction came after it in the topic.
+fn latest_labels(labels: Vec<LabelEntry>, refused: &mut usize) -> HashMap<String, String> {
     let mut latest: HashMap<String, (DateTime<Utc>, String)> = HashMap::new();
-    for l in labels {
+    for entry in labels {
+        let l = match entry {
+            LabelEntry::Label(l) => l,
+            LabelEntry::Retracted(id) => {
+                latest.remove(&id);
+                continue;
+            }
+        };
         let Ok(at) = DateTime::parse_from_rfc3339(&l.labelled_at) else {
             *refused += 1;
             continue;

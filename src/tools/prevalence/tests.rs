@@ -1,5 +1,5 @@
 use super::report::{self, GroupBy, Inputs, Scope};
-use crate::sampling::records::{LabelRecord, SampleRecord};
+use crate::sampling::records::{DropRecord, LabelEntry, LabelRecord, SampleRecord};
 
 /// A sample as the service writes it (the fields the report reads).
 fn sample(id: &str, tenant: &str, probability: f64, score: f64, verdict: &str) -> SampleRecord {
@@ -20,19 +20,29 @@ fn sample(id: &str, tenant: &str, probability: f64, score: f64, verdict: &str) -
             "models": [{"id": "default", "name": "m", "version": "1", "crossed": crossed,
                         "scores": {"clean": 1.0 - score, "offensive": score}}],
         },
-        "sample": {"probability": probability, "score": score, "model": "default", "dropped_before": 0},
+        "sample": {"probability": probability, "score": score, "model": "default"},
         "event": {"event_id": id, "text": "t"},
     }))
     .unwrap()
 }
 
-fn label(id: &str, label: &str, at: &str) -> LabelRecord {
-    LabelRecord {
+fn label(id: &str, label: &str, at: &str) -> LabelEntry {
+    LabelEntry::Label(LabelRecord {
         event_id: id.into(),
         label: label.into(),
         labeller: "alice".into(),
         labelled_at: at.into(),
-    }
+    })
+}
+
+/// A drop record as the service writes it.
+fn dropped(id: &str) -> DropRecord {
+    serde_json::from_value(serde_json::json!({
+        "dropped": true, "event_id": id, "sampled_at": "2026-12-03T10:00:00.000Z",
+        "tenant": "t", "rule": "default", "source": {"topic": "posts", "partition": 0, "offset": 1},
+        "sample": {"probability": 0.5, "score": 0.9, "model": "default"},
+    }))
+    .unwrap()
 }
 
 const T: &str = "2026-12-03T11:00:00Z";
@@ -62,7 +72,7 @@ fn samples_join_their_latest_labels_and_nothing_is_dropped_silently() {
         samples,
         labels,
         refused_samples: 1,
-        refused_labels: 0,
+        ..Inputs::default()
     };
     let scope = Scope {
         by: Some(GroupBy::Tenant),
@@ -120,6 +130,44 @@ fn samples_join_their_latest_labels_and_nothing_is_dropped_silently() {
         .find(|p| (p.0 - 0.9).abs() < 1e-9)
         .unwrap();
     assert!((at.1.unwrap().value - 1.0).abs() < 1e-12, "0.9: a only");
+}
+
+/// Drops are counted once per event, and not at all for an event sampled
+/// in another run; a label retracted (a null value after it) stops
+/// counting, and one written after the retraction counts again.
+#[test]
+fn drops_are_counted_once_and_retracted_labels_stop_counting() {
+    let inputs = Inputs {
+        samples: vec![
+            sample("a", "t", 0.5, 0.9, "block"),
+            sample("b", "t", 0.5, 0.9, "block"),
+            sample("c", "t", 0.5, 0.9, "block"),
+        ],
+        drops: vec![dropped("x"), dropped("x"), dropped("y"), dropped("a")],
+        labels: vec![
+            label("a", "offensive", T),
+            label("b", "offensive", T),
+            LabelEntry::Retracted("a".into()),
+            label("c", "offensive", T),
+            LabelEntry::Retracted("c".into()),
+            label("c", "none", T),
+        ],
+        ..Inputs::default()
+    };
+    let r = report::build(
+        inputs,
+        &Scope {
+            negative: vec!["none".into()],
+            ..Scope::default()
+        },
+    );
+    assert_eq!(r.dropped, 2, "x and y; a was sampled in another run");
+    assert_eq!((r.labelled, r.unlabelled), (2, 1), "a's label retracted");
+    let all = &r.rows[0];
+    assert!(
+        (all.prevalence.value - 0.5).abs() < 1e-12,
+        "b offensive, c none: {all:?}"
+    );
 }
 
 #[test]
