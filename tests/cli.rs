@@ -334,7 +334,7 @@ fn normalize_prints_the_form_and_hash_lists_match_and_a_wrong_list_stops_the_sta
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines[0], "fre money");
+    assert_eq!(lines[0], "free money");
     assert!(
         lines[1].len() == 16 && lines[1].chars().all(|c| c.is_ascii_hexdigit()),
         "{text}"

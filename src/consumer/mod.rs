@@ -293,85 +293,165 @@ fn drain_then_commit(
     }
 }
 
-/// Start the consumer thread: it creates the consumer, checks that the
-/// cluster answers, subscribes (returning here once it has, or with the
-/// reason it could not), then forwards records until `stop_fetching` fires,
-/// keeps serving callbacks and storing positions until `pipeline_done`
-/// fires, commits synchronously and closes the consumer.
-pub async fn start(
+/// What the consumer thread lives by, from creation to close.
+struct Life {
+    settings: Settings,
+    health: Arc<Health>,
+    stop_fetching: CancellationToken,
+    pipeline_done: CancellationToken,
+    exactly_once: Option<ExactlyOnce>,
+    records_tx: mpsc::Sender<Ingested>,
+    control_tx: mpsc::Sender<Control>,
+    positions_rx: async_channel::Receiver<Positions>,
+    connected_tx: oneshot::Sender<Result<(), ConsumerError>>,
+    join_rx: oneshot::Receiver<()>,
+    joined_tx: oneshot::Sender<Result<(), ConsumerError>>,
+}
+
+impl Life {
+    /// The consumer thread: create, check the connection, wait to be told
+    /// to join, subscribe, poll until told to stop, drain, commit, close.
+    /// The fatal client error that stopped it, if any.
+    fn run(self) -> Option<ConsumerError> {
+        let Life {
+            settings,
+            health,
+            stop_fetching,
+            pipeline_done,
+            exactly_once,
+            records_tx,
+            control_tx,
+            positions_rx,
+            connected_tx,
+            join_rx,
+            joined_tx,
+        } = self;
+        let (settings, health) = (&settings, &health);
+        let kafka = &settings.kafka;
+        let (lags_tx, lags_rx) = std::sync::mpsc::channel();
+        let consumer = match create(
+            settings,
+            control_tx,
+            positions_rx,
+            lags_tx,
+            exactly_once,
+            health.clone(),
+        )
+        .and_then(|c| {
+            check_connection(&c, &kafka.bootstrap_servers, kafka.startup_timeout)?;
+            Ok(c)
+        }) {
+            Ok(consumer) => consumer,
+            Err(e) => {
+                let _ = connected_tx.send(Err(e));
+                return None;
+            }
+        };
+        if connected_tx.send(Ok(())).is_err() || join_rx.blocking_recv().is_err() {
+            return None;
+        }
+        if let Err(e) = subscribe(&consumer, &settings.input.topics) {
+            let _ = joined_tx.send(Err(e));
+            return None;
+        }
+        if joined_tx.send(Ok(())).is_err() {
+            return None;
+        }
+        let budget = ByteBudget::new(settings.limits.max_in_flight_bytes);
+        let mut watchdog = FetchWatchdog::new(lags_rx, health.clone(), settings.limits.stall_after);
+        PollLoop::new(
+            &consumer,
+            &budget,
+            &mut watchdog,
+            records_tx,
+            kafka.commit_interval,
+        )
+        .run(&stop_fetching);
+        drain_then_commit(&consumer, &pipeline_done, kafka.commit_interval);
+        let fatal = consumer.context().faults.fatal().map(|m| {
+            if consumer.context().faults.transaction_fatal() {
+                ConsumerError::Transaction(m)
+            } else {
+                ConsumerError::Refused(m)
+            }
+        });
+        // Dropping the consumer closes it and leaves the group.
+        drop(consumer);
+        tracing::info!("consumer closed");
+        fatal
+    }
+}
+
+/// The consumer thread, connected to the cluster and not yet in its group
+/// ([`connect`]): what a start checks before joining happens meanwhile.
+pub struct Connected {
+    join: oneshot::Sender<()>,
+    joined: oneshot::Receiver<Result<(), ConsumerError>>,
+    thread: std::thread::JoinHandle<Option<ConsumerError>>,
+    channels: ConsumerChannels,
+}
+
+impl Connected {
+    /// Subscribe: the consumer joins its group on the input topics.
+    pub async fn join(self) -> Result<(ConsumerThread, ConsumerChannels), ConsumerError> {
+        let _ = self.join.send(());
+        self.joined.await.map_err(|_| ConsumerError::ThreadGone)??;
+        Ok((
+            ConsumerThread {
+                thread: self.thread,
+            },
+            self.channels,
+        ))
+    }
+}
+
+/// Start the consumer thread: it creates the consumer and checks that the
+/// cluster answers (returning here once it does, or with the reason it
+/// does not: wrong credentials, a certificate, an address); once told to
+/// [`Connected::join`], it subscribes, then forwards records until
+/// `stop_fetching` fires, keeps serving callbacks and storing positions
+/// until `pipeline_done` fires, commits synchronously and closes the
+/// consumer. Dropping the [`Connected`] handle instead closes it unjoined.
+pub async fn connect(
     settings: &Settings,
     health: Arc<Health>,
     stop_fetching: CancellationToken,
     pipeline_done: CancellationToken,
     exactly_once: Option<ExactlyOnce>,
-) -> Result<(ConsumerThread, ConsumerChannels), ConsumerError> {
+) -> Result<Connected, ConsumerError> {
     let (records_tx, records) = mpsc::channel(1024);
     let (control_tx, control) = mpsc::channel(16);
     // One batch at a time: the hub coalesces positions until it is taken.
     let (positions, positions_rx) = async_channel::bounded(1);
-    let (ready_tx, ready) = oneshot::channel();
-    let settings = settings.clone();
+    let (connected_tx, connected) = oneshot::channel();
+    let (join, join_rx) = oneshot::channel::<()>();
+    let (joined_tx, joined) = oneshot::channel();
+    let life = Life {
+        settings: settings.clone(),
+        health,
+        stop_fetching,
+        pipeline_done,
+        exactly_once,
+        records_tx,
+        control_tx,
+        positions_rx,
+        connected_tx,
+        join_rx,
+        joined_tx,
+    };
     let thread = std::thread::Builder::new()
         .name("kafka-consumer".into())
-        .spawn(move || {
-            let kafka = &settings.kafka;
-            let (lags_tx, lags_rx) = std::sync::mpsc::channel();
-            let consumer = match create(
-                &settings,
-                control_tx,
-                positions_rx,
-                lags_tx,
-                exactly_once,
-                health.clone(),
-            )
-            .and_then(|c| {
-                check_connection(&c, &kafka.bootstrap_servers, kafka.startup_timeout)?;
-                Ok(c)
-            })
-            .and_then(|c| {
-                subscribe(&c, &settings.input.topics)?;
-                Ok(c)
-            }) {
-                Ok(consumer) => consumer,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return None;
-                }
-            };
-            if ready_tx.send(Ok(())).is_err() {
-                return None;
-            }
-            let budget = ByteBudget::new(settings.limits.max_in_flight_bytes);
-            let mut watchdog = FetchWatchdog::new(lags_rx, health, settings.limits.stall_after);
-            PollLoop::new(
-                &consumer,
-                &budget,
-                &mut watchdog,
-                records_tx,
-                kafka.commit_interval,
-            )
-            .run(&stop_fetching);
-            drain_then_commit(&consumer, &pipeline_done, kafka.commit_interval);
-            let fatal = consumer.context().faults.fatal().map(|m| {
-                if consumer.context().faults.transaction_fatal() {
-                    ConsumerError::Transaction(m)
-                } else {
-                    ConsumerError::Refused(m)
-                }
-            });
-            // Dropping the consumer closes it and leaves the group.
-            drop(consumer);
-            tracing::info!("consumer closed");
-            fatal
-        })
+        .spawn(move || life.run())
         .map_err(ConsumerError::Thread)?;
-    ready.await.map_err(|_| ConsumerError::ThreadGone)??;
-    Ok((
-        ConsumerThread { thread },
-        ConsumerChannels {
+    connected.await.map_err(|_| ConsumerError::ThreadGone)??;
+    Ok(Connected {
+        join,
+        joined,
+        thread,
+        channels: ConsumerChannels {
             records,
             control,
             positions,
         },
-    ))
+    })
 }

@@ -72,10 +72,7 @@ impl<D: Deliver> Hub<D> {
                 reason: RejectReason::InferenceFailed,
                 message: failure.to_string(),
             };
-            let wave = pending.matching.wave_record.take();
-            let mut out: Outgoing = self.dead_letter(pending, &rejection).into();
-            out.also.extend(wave.map(|w| *w));
-            return (out, Outcome::Dlq(RejectReason::InferenceFailed));
+            return self.dead_letter_of_scored(pending, rejection);
         }
         let rules = pending.rules.clone();
         let rule = &rules.rules[pending.rule.0];
@@ -113,12 +110,7 @@ impl<D: Deliver> Hub<D> {
                 reason: RejectReason::Undecodable,
                 message: format!("the verdict could not be written as output.format: {e}"),
             };
-            // Its wave record goes with the dead letter, as with a model's
-            // failure: the wave grew by this post either way.
-            let wave = pending.matching.wave_record.take();
-            let mut out: Outgoing = self.dead_letter(pending, &rejection).into();
-            out.also.extend(wave.map(|w| *w));
-            return (out, Outcome::Dlq(RejectReason::Undecodable));
+            return self.dead_letter_of_scored(pending, rejection);
         }
         let mut also = Vec::new();
         for route in rule.routes_for(decision.verdict) {
@@ -147,6 +139,20 @@ impl<D: Deliver> Hub<D> {
         // Last: the shadow takes the event's text.
         self.offer_shadow(&mut pending);
         (Outgoing { main, also }, Outcome::Verdict(decided))
+    }
+
+    /// A valid event's dead letter (its model failed, or its verdict does
+    /// not fit the output format), with its wave record: the wave grew by
+    /// this post either way.
+    fn dead_letter_of_scored(
+        &self,
+        mut pending: Pending,
+        rejection: event::Rejection,
+    ) -> (Outgoing, Outcome) {
+        let wave = pending.matching.wave_record.take();
+        let mut out: Outgoing = self.dead_letter(pending, &rejection).into();
+        out.also.extend(wave.map(|w| *w));
+        (out, Outcome::Dlq(rejection.reason))
     }
 
     fn dead_letter(&self, pending: Pending, rejection: &event::Rejection) -> OutRecord {

@@ -138,6 +138,17 @@ pub struct Joined {
     pub reuse: Option<Arc<[ModelScores]>>,
 }
 
+impl Joined {
+    fn not_in_a_wave(cluster: ClusterId) -> Joined {
+        Joined {
+            cluster,
+            wave: None,
+            report: None,
+            reuse: None,
+        }
+    }
+}
+
 /// A wave record's content.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WaveReport {
@@ -207,12 +218,7 @@ impl Waves {
         self.meters.cut.increment(self.index.take_cut());
         let Some((id, similarity)) = found else {
             let id = self.start(post, user);
-            return Some(Joined {
-                cluster: id,
-                wave: None,
-                report: None,
-                reuse: None,
-            });
+            return Some(Joined::not_in_a_wave(id));
         };
         let settings = &self.settings;
         let cluster = self.clusters.get_mut(&id)?;
@@ -249,46 +255,7 @@ impl Waves {
         }
         cluster.bytes += added;
         self.bytes += added;
-        let started = !cluster.wave
-            && cluster.size >= settings.wave_posts
-            && cluster.users.len() >= settings.wave_users as usize;
-        cluster.wave |= started;
-        let joined = if cluster.wave {
-            let wave = cluster.note();
-            let due = cluster.reported.as_ref().is_none_or(|r| {
-                post.now.duration_since(r.at) >= settings.wave_report_interval
-                    && cluster.size > r.size
-            });
-            let report = due.then(|| WaveReport {
-                wave: wave.clone(),
-                started,
-            });
-            if let Some(report) = &report {
-                cluster.reported = Some(Reported {
-                    at: post.now,
-                    size: cluster.size,
-                    by: post.source.clone(),
-                    report: report.clone(),
-                });
-            }
-            self.meters.posts.increment(1);
-            if started {
-                self.meters.started.increment(1);
-            }
-            Joined {
-                cluster: id,
-                report,
-                reuse: cluster.reuse_for(post.text, settings),
-                wave: Some(wave),
-            }
-        } else {
-            Joined {
-                cluster: id,
-                wave: None,
-                report: None,
-                reuse: None,
-            }
-        };
+        let joined = cluster.joined(id, post, settings, &self.meters);
         self.evict_over_budget(Some(id));
         Some(joined)
     }
@@ -423,6 +390,50 @@ impl Waves {
 }
 
 impl Cluster {
+    /// A post just counted in: whether that makes it a wave, the record
+    /// to write if one is due, and the scores its text may reuse.
+    fn joined(
+        &mut self,
+        id: ClusterId,
+        post: &Post<'_>,
+        settings: &MatchingSettings,
+        meters: &Meters,
+    ) -> Joined {
+        let started = !self.wave
+            && self.size >= settings.wave_posts
+            && self.users.len() >= settings.wave_users as usize;
+        self.wave |= started;
+        if !self.wave {
+            return Joined::not_in_a_wave(id);
+        }
+        let wave = self.note();
+        let due = self.reported.as_ref().is_none_or(|r| {
+            post.now.duration_since(r.at) >= settings.wave_report_interval && self.size > r.size
+        });
+        let report = due.then(|| WaveReport {
+            wave: wave.clone(),
+            started,
+        });
+        if let Some(report) = &report {
+            self.reported = Some(Reported {
+                at: post.now,
+                size: self.size,
+                by: post.source.clone(),
+                report: report.clone(),
+            });
+        }
+        meters.posts.increment(1);
+        if started {
+            meters.started.increment(1);
+        }
+        Joined {
+            cluster: id,
+            report,
+            reuse: self.reuse_for(post.text, settings),
+            wave: Some(wave),
+        }
+    }
+
     fn note(&self) -> WaveNote {
         WaveNote {
             id: self.first_event.clone(),

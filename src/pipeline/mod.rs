@@ -38,7 +38,10 @@ use crate::verdict::{PolicyError, Scorer};
 pub use crate::hub::RunSummary;
 pub use zeroes::register_zeroes;
 
+mod start;
 mod zeroes;
+
+use start::{Joined, Lists, join_group};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -154,25 +157,20 @@ pub async fn run_loaded(
         mut matcher,
     } = loaded;
     health.model_loaded.store(true, Ordering::SeqCst);
-
     let schemas = crate::schema::SchemaStore::from_settings(&settings)?;
     let verdict_encoder = register_verdict_schema(&settings).await?;
-    let sink = Sink::new(
-        &settings.kafka,
-        settings.limits.max_payload_bytes,
-        settings.output.analytics_timeout,
-        health.clone(),
-    )?;
-    check_output_topics(&settings, &models.rules, &sink).await?;
-    let exactly_once = start_transactions(&settings, &sink, &health, &shutdown).await?;
-    let lists = lists_in_force(&settings, matcher.as_mut(), &health).await?;
-    let consumer_done = CancellationToken::new();
-    let (consumer, channels) = consumer::start(
+    let Joined {
+        sink,
+        consumer,
+        consumer_done,
+        channels,
+        lists,
+    } = join_group(
         &settings,
-        health.clone(),
-        shutdown.stop.clone(),
-        consumer_done.clone(),
-        exactly_once,
+        &models.rules,
+        matcher.as_mut(),
+        &health,
+        &shutdown,
     )
     .await?;
     health.consumer_ready.store(true, Ordering::SeqCst);
@@ -180,8 +178,8 @@ pub async fn run_loaded(
     tracing::info!(topics = ?settings.input.topics, group = %settings.kafka.group_id, "consuming");
 
     // Hot reload: a new model (or, on SIGHUP, policy, lists) while
-    // running, and the list topic's reader; started last so that an early
-    // return leaves no task behind.
+    // running; started last so that an early return leaves no task behind
+    // (the list topic's reader, started before, stops with `lists`).
     let reloading = spawn_reloader(&settings, &models, lists, &shutdown);
     let watchdog = shutdown_watchdog(&shutdown, settings.kafka.shutdown_timeout);
     let shadow = crate::shadow::Shadow::start(&settings);
@@ -405,95 +403,6 @@ struct Reloading {
     lists: mpsc::Receiver<crate::matching::Update>,
     /// Stops the list topic's reader when dropped (at the end of the run).
     _list_topic: tokio_util::sync::DropGuard,
-}
-
-/// Every output topic the configuration and the policy name, by key:
-/// each must exist and take this service's writes before it consumes
-/// anything (see [`crate::producer::topics`]).
-async fn check_output_topics(
-    settings: &Settings,
-    rules: &Ruleset,
-    sink: &Sink,
-) -> Result<(), PipelineError> {
-    let output = &settings.output;
-    let mut topics: Vec<(String, String)> = vec![
-        ("output.topic".into(), output.topic.clone()),
-        ("output.dlq_topic".into(), output.dlq_topic.clone()),
-    ];
-    topics.extend(
-        (output.analytics_topics().into_iter())
-            .map(|(key, topic)| (key.to_string(), topic.clone())),
-    );
-    if settings.inference.shadow.model_dir.is_some() {
-        topics.push(("output.shadow_topic".into(), output.shadow_topic.clone()));
-    }
-    for rule in &rules.rules {
-        for route in &rule.routes {
-            topics.push((format!("rules.{}.routes", rule.id), route.topic.clone()));
-        }
-    }
-    topics.dedup_by(|a, b| a.1 == b.1);
-    let (sink, timeout) = (sink.clone(), settings.kafka.startup_timeout);
-    tokio::task::spawn_blocking(move || sink.check_topics(&topics, timeout))
-        .await
-        .map_err(|_| PipelineError::Producer(ProducerError::Abandoned))??;
-    Ok(())
-}
-
-/// List changes on their way to the matcher (the list topic's items, the
-/// list files read again), and the list topic's reader's stop.
-struct Lists {
-    tx: mpsc::Sender<crate::matching::Update>,
-    rx: mpsc::Receiver<crate::matching::Update>,
-    list_topic: tokio_util::sync::DropGuard,
-}
-
-/// With a list topic: its reader started, and its items read up to the end
-/// offsets it had at start and applied to the matcher before the consumer
-/// joins (at most `matching.list_topic_wait`; past it the start fails, or
-/// with `list_topic_late = "start"` goes on and /readyz says so).
-async fn lists_in_force(
-    settings: &Settings,
-    matcher: Option<&mut Matcher>,
-    health: &Arc<Health>,
-) -> Result<Lists, PipelineError> {
-    let (tx, rx) = mpsc::channel(256);
-    let stop = CancellationToken::new();
-    // Dropped on an early return: the reader stops.
-    let mut lists = Lists {
-        tx,
-        rx,
-        list_topic: stop.clone().drop_guard(),
-    };
-    let (Some(topic), Some(matcher)) = (&settings.matching.list_topic, matcher) else {
-        return Ok(lists);
-    };
-    crate::matching::topic::spawn(settings, topic, lists.tx.clone(), health.clone(), stop)?;
-    let wait = settings.matching.list_topic_wait;
-    let started = std::time::Instant::now();
-    match crate::matching::topic::catch_up(matcher, &mut lists.rx, wait, health).await {
-        Ok(items) => {
-            let took_ms = started.elapsed().as_millis() as u64;
-            tracing::info!(
-                topic,
-                items,
-                took_ms,
-                "list topic in force before joining the group"
-            );
-        }
-        Err(why) if settings.matching.list_topic_late == crate::config::ListTopicLate::Start => {
-            tracing::warn!(topic, why = %why, "starting before the list topic is read to its end (matching.list_topic_late = \"start\"); /readyz says so until it is");
-        }
-        Err(why) => {
-            return Err(crate::matching::topic::TopicError::Late {
-                topic: topic.clone(),
-                waited_s: wait.as_secs(),
-                why,
-            }
-            .into());
-        }
-    }
-    Ok(lists)
 }
 
 fn spawn_reloader(

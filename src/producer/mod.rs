@@ -41,11 +41,13 @@ use crate::telemetry::{Health, metric};
 use crate::tp::Source;
 
 mod analytics;
+mod delivery;
 mod resends;
 pub mod topics;
 
 use analytics::{Gate, Pass};
-use resends::{Place, Resends};
+use delivery::{Delivery, FIRST_BACKOFF};
+use resends::Resends;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProducerError {
@@ -207,8 +209,6 @@ impl Produced {
     }
 }
 
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Room left for key and headers when a dead-letter value is cut to fit
 /// the producer's `message.max.bytes`.
 const HEADROOM_BYTES: usize = 64 * 1024;
@@ -414,166 +414,6 @@ impl Sink {
     pub fn purge(&self) {
         self.producer
             .purge(PurgeConfig::default().queue().inflight().non_blocking());
-    }
-}
-
-/// One record on its way: its place among its partition's re-sends (when
-/// it has one) and the backoff before the next try.
-struct Delivery {
-    sink: Sink,
-    source: Source,
-    place: Option<Place>,
-    /// In its partition's order with the other re-sends (all but analytics
-    /// records).
-    ordered: bool,
-    /// An attempt failed: from then on the place is kept until the end.
-    failed: bool,
-    backoff: Duration,
-}
-
-/// What a failed attempt leads to.
-enum Next {
-    /// Wait the backoff, then send the same record again; first purge
-    /// librdkafka's queue of what was queued until then, if set.
-    Retry { purge: Option<Instant> },
-    /// Send this smaller form at once.
-    CutDown(OutRecord),
-    /// The delivery ends with this error.
-    Stop(ProducerError),
-}
-
-impl Delivery {
-    /// Send until acknowledged, cut down, given up or cancelled.
-    async fn run(
-        mut self,
-        mut record: OutRecord,
-        mut attempt: Option<Result<DeliveryFuture, KafkaError>>,
-        cancel: CancellationToken,
-    ) -> Result<(), ProducerError> {
-        loop {
-            // Whether the failure below is librdkafka refusing to queue the
-            // record (it never reached a transaction) or its delivery report.
-            let mut local = false;
-            let error = match attempt.take() {
-                None => {
-                    if let Some(p) = &self.place {
-                        tokio::select! {
-                            _ = p.turn() => {}
-                            _ = cancel.cancelled() => return Err(ProducerError::Abandoned),
-                        }
-                    }
-                    let sent = self.sink.enqueue(&record);
-                    if self.failed {
-                        self.sink.health.faults.resent();
-                    }
-                    if sent.is_ok() && !self.failed {
-                        // Handed over in order: the next one may go. A
-                        // record that failed keeps its place until it is
-                        // acknowledged: were it to fail again, nothing later
-                        // of its partition may be out there to overtake it.
-                        self.place = None;
-                    }
-                    attempt = Some(sent);
-                    continue;
-                }
-                Some(Ok(delivery)) => {
-                    let outcome = tokio::select! {
-                        outcome = delivery => outcome,
-                        _ = cancel.cancelled() => return Err(ProducerError::Abandoned),
-                    };
-                    match outcome {
-                        Ok(Ok(_)) => {
-                            self.sink.produced.of(record.kind).increment(1);
-                            self.sink.service_failures.delivered(&record.topic);
-                            return Ok(());
-                        }
-                        Ok(Err((e, _))) => e,
-                        Err(_canceled) => KafkaError::Canceled,
-                    }
-                }
-                Some(Err(e)) => {
-                    local = true;
-                    e
-                }
-            };
-            match self.after_failure(&record, &error, local) {
-                Next::Stop(e) => return Err(e),
-                Next::CutDown(cut) => record = cut,
-                Next::Retry { purge } => {
-                    if let Some(since) = purge {
-                        self.sink.purge_queued(since).await;
-                    }
-                    tokio::select! {
-                        _ = cancel.cancelled() => return Err(ProducerError::Abandoned),
-                        _ = tokio::time::sleep(self.backoff) => {}
-                    }
-                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-                }
-            }
-        }
-    }
-
-    /// Classify a failed attempt: fatal, refused for this record, or worth
-    /// a retry (in line with the partition's other re-sends).
-    fn after_failure(&mut self, record: &OutRecord, error: &KafkaError, local: bool) -> Next {
-        self.failed = true;
-        let kind = record.kind.as_str();
-        metrics::counter!(metric::DELIVERY_FAILURES_TOTAL, "kind" => kind).increment(1);
-        self.sink.health.faults.delivery_failed();
-        let producer = &self.sink.producer;
-        if let Some((code, reason)) = producer.client().fatal_error() {
-            // The pipeline logs the stop once; every in-flight record ends here.
-            tracing::debug!(topic = %record.topic, error = %error, "fatal producer error; not retrying");
-            return Next::Stop(ProducerError::Fatal(format!("{code:?}: {reason}")));
-        }
-        let code = error.rdkafka_error_code();
-        if self.sink.exactly_once && !(local && is_permanent_for_record(error)) {
-            // The transaction holding it cannot commit as it is: it is
-            // aborted and the partition read again. (A record too large for
-            // librdkafka's queue is cut down, as without transactions. A
-            // full queue is not waited out: were the transaction aborted
-            // meanwhile, the record would join the next one while its
-            // partition is read again.)
-            tracing::debug!(topic = %record.topic, kind, error = %error, "delivery failed in a transaction");
-            return Next::Stop(ProducerError::InTransaction(error.to_string()));
-        }
-        if is_permanent_for_record(error) {
-            return match record.cut_down(self.sink.dlq_value_budget) {
-                Some(cut) => {
-                    tracing::warn!(topic = %record.topic, kind, error = %error, "the broker refuses this record; sending it cut down");
-                    Next::CutDown(cut)
-                }
-                None => Next::Stop(ProducerError::Rejected(error.to_string())),
-            };
-        }
-        if !self.ordered {
-            // Not in line with anything, and no stop of the service for
-            // its topic (see [`analytics`]): a plain retry.
-            tracing::debug!(topic = %record.topic, kind, error = %error, "analytics record failed; retrying");
-            return Next::Retry { purge: None };
-        }
-        if is_service_level(error) {
-            self.sink.service_failures.failed(&record.topic, error);
-        }
-        // In line with the partition's other re-sends, by offset; joined
-        // before the purge, so that a record the hub hands over from now on
-        // queues behind this one instead of going out first.
-        if self.place.is_none() {
-            self.place = Some(self.sink.resends.join(&self.source));
-        }
-        // librdkafka gave up on this record, but later records of its input
-        // partition may still wait in its queue: delivered when the leader
-        // returns, they would overtake this one's re-send. Everything queued
-        // is failed (before the re-send), so that it all joins the re-sends
-        // and goes out again in offset order (records already sent to a
-        // broker are not touched).
-        let purge = (code == Some(RDKafkaErrorCode::MessageTimedOut)).then(Instant::now);
-        if code == Some(RDKafkaErrorCode::PurgeQueue) {
-            tracing::debug!(topic = %record.topic, kind, "taken back from the producer queue after a timeout; sending again in order");
-        } else {
-            tracing::warn!(topic = %record.topic, kind, error = %error, retry_in_ms = self.backoff.as_millis() as u64, "delivery failed; retrying");
-        }
-        Next::Retry { purge }
     }
 }
 

@@ -580,3 +580,20 @@ pub fn kcat(args: &[&str], stdin: Option<&str>) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// A plain consumer joins `group` (on the input topic), stays `for_`, and
+/// leaves: two rebalances for the group's other members. It commits
+/// nothing.
+pub fn member_joins_and_leaves(bootstrap: &str, group: &str, for_: Duration) {
+    let member: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    member.subscribe(&[super::INPUT]).unwrap();
+    let joined = Instant::now();
+    while joined.elapsed() < for_ {
+        let _ = member.poll(Duration::from_millis(100));
+    }
+}

@@ -15,12 +15,13 @@ use rdkafka::ClientConfig;
 pub mod eos;
 mod kafka;
 pub mod load;
+pub mod matching;
 pub mod mock_faults;
 mod outputs;
 pub mod registry;
 mod service;
 #[allow(unused_imports)]
-pub use kafka::{Broker, Security, Tls, kafka_tool, kcat};
+pub use kafka::{Broker, Security, Tls, kafka_tool, kcat, member_joins_and_leaves};
 pub use outputs::*;
 pub use service::*;
 

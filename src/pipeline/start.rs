@@ -1,0 +1,156 @@
+//! What a start checks and reads once the cluster answers and before its
+//! consumer joins the group: every output topic exists and takes this
+//! service's writes, and the list topic's items are in force.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::PipelineError;
+use crate::config::Settings;
+use crate::consumer::{ConsumerChannels, ConsumerThread};
+use crate::matching::Matcher;
+use crate::policy::Ruleset;
+use crate::producer::{ProducerError, Sink};
+use crate::shutdown::Shutdown;
+use crate::telemetry::Health;
+
+/// A start's clients, its consumer in the group.
+pub(super) struct Joined {
+    pub(super) sink: Sink,
+    pub(super) consumer: ConsumerThread,
+    /// Tells the consumer thread the pipeline is done (it commits, closes).
+    pub(super) consumer_done: CancellationToken,
+    pub(super) channels: ConsumerChannels,
+    pub(super) lists: Lists,
+}
+
+/// The verdict producer (and with exactly-once its transactions), the
+/// consumer connected; once the cluster answers, the output topics are
+/// checked and the list topic's items put in force, then the consumer
+/// joins its group.
+pub(super) async fn join_group(
+    settings: &Settings,
+    rules: &Ruleset,
+    matcher: Option<&mut Matcher>,
+    health: &Arc<Health>,
+    shutdown: &Shutdown,
+) -> Result<Joined, PipelineError> {
+    let sink = Sink::new(
+        &settings.kafka,
+        settings.limits.max_payload_bytes,
+        settings.output.analytics_timeout,
+        health.clone(),
+    )?;
+    let exactly_once = super::start_transactions(settings, &sink, health, shutdown).await?;
+    let consumer_done = CancellationToken::new();
+    let connected = crate::consumer::connect(
+        settings,
+        health.clone(),
+        shutdown.stop.clone(),
+        consumer_done.clone(),
+        exactly_once,
+    )
+    .await?;
+    check_output_topics(settings, rules, &sink).await?;
+    let lists = lists_in_force(settings, matcher, health).await?;
+    let (consumer, channels) = connected.join().await?;
+    Ok(Joined {
+        sink,
+        consumer,
+        consumer_done,
+        channels,
+        lists,
+    })
+}
+
+/// Every output topic the configuration and the policy name, by key:
+/// each must exist and take this service's writes before it consumes
+/// anything (see [`crate::producer::topics`]).
+async fn check_output_topics(
+    settings: &Settings,
+    rules: &Ruleset,
+    sink: &Sink,
+) -> Result<(), PipelineError> {
+    let output = &settings.output;
+    let mut topics: Vec<(String, String)> = vec![
+        ("output.topic".into(), output.topic.clone()),
+        ("output.dlq_topic".into(), output.dlq_topic.clone()),
+    ];
+    topics.extend(
+        (output.analytics_topics().into_iter())
+            .map(|(key, topic)| (key.to_string(), topic.clone())),
+    );
+    if settings.inference.shadow.model_dir.is_some() {
+        topics.push(("output.shadow_topic".into(), output.shadow_topic.clone()));
+    }
+    for rule in &rules.rules {
+        for route in &rule.routes {
+            topics.push((format!("rules.{}.routes", rule.id), route.topic.clone()));
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    topics.retain(|(_, topic)| seen.insert(topic.clone()));
+    let (sink, timeout) = (sink.clone(), settings.kafka.startup_timeout);
+    tokio::task::spawn_blocking(move || sink.check_topics(&topics, timeout))
+        .await
+        .map_err(|_| PipelineError::Producer(ProducerError::Abandoned))??;
+    Ok(())
+}
+
+/// List changes on their way to the matcher (the list topic's items, the
+/// list files read again), and the list topic's reader's stop.
+pub(super) struct Lists {
+    pub(super) tx: mpsc::Sender<crate::matching::Update>,
+    pub(super) rx: mpsc::Receiver<crate::matching::Update>,
+    pub(super) list_topic: tokio_util::sync::DropGuard,
+}
+
+/// With a list topic: its reader started, and its items read up to the end
+/// offsets it had at start and applied to the matcher before the consumer
+/// joins (at most `matching.list_topic_wait`; past it the start fails, or
+/// with `list_topic_late = "start"` goes on and /readyz says so).
+async fn lists_in_force(
+    settings: &Settings,
+    matcher: Option<&mut Matcher>,
+    health: &Arc<Health>,
+) -> Result<Lists, PipelineError> {
+    let (tx, rx) = mpsc::channel(256);
+    let stop = CancellationToken::new();
+    // Dropped on an early return: the reader stops.
+    let mut lists = Lists {
+        tx,
+        rx,
+        list_topic: stop.clone().drop_guard(),
+    };
+    let (Some(topic), Some(matcher)) = (&settings.matching.list_topic, matcher) else {
+        return Ok(lists);
+    };
+    crate::matching::topic::spawn(settings, topic, lists.tx.clone(), health.clone(), stop)?;
+    let wait = settings.matching.list_topic_wait;
+    let started = std::time::Instant::now();
+    match crate::matching::topic::catch_up(matcher, &mut lists.rx, wait, health).await {
+        Ok(items) => {
+            let took_ms = started.elapsed().as_millis() as u64;
+            tracing::info!(
+                topic,
+                items,
+                took_ms,
+                "list topic in force before joining the group"
+            );
+        }
+        Err(why) if settings.matching.list_topic_late == crate::config::ListTopicLate::Start => {
+            tracing::warn!(topic, why = %why, "starting before the list topic is read to its end (matching.list_topic_late = \"start\"); /readyz says so until it is");
+        }
+        Err(why) => {
+            return Err(crate::matching::topic::TopicError::Late {
+                topic: topic.clone(),
+                waited_s: wait.as_secs(),
+                why,
+            }
+            .into());
+        }
+    }
+    Ok(lists)
+}

@@ -1,0 +1,135 @@
+//! Optional topics never hold moderation, on Apache Kafka 4.4 (one KRaft
+//! node, no topic created on demand): an analytics topic missing at start
+//! fails it naming the key; deleted while running, moderation goes on and
+//! what is given up is counted and shown.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::{Broker, DLQ, INPUT, Modstream, VERDICTS};
+
+fn topics(broker: &Broker, input_partitions: i32) {
+    broker.create_topic(INPUT, input_partitions);
+    broker.create_topic(VERDICTS, input_partitions);
+    broker.create_topic(DLQ, 1);
+}
+
+/// An analytics topic (here the samples topic, every verdict sampled): a
+/// start fails at once naming it while it does not exist; deleted while
+/// the service runs, moderation goes on: every event gets its verdict and
+/// every offset is committed, the samples given up are counted, and
+/// /readyz names the topic while staying ready.
+#[test]
+fn a_failing_samples_topic_never_holds_moderation() {
+    let broker = Broker::start();
+    topics(&broker, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-analytics");
+    let port = support::free_port();
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:{port}\""),
+        )
+        .replace(
+            "[output]\n",
+            "[output]\nsamples_topic = \"samples\"\nanalytics_timeout = \"2s\"\n",
+        )
+        .replace(
+            "\"linger.ms\" = 2",
+            "\"linger.ms\" = 2\n\"allow.auto.create.topics\" = false",
+        );
+    std::fs::write(
+        &config,
+        format!("{text}\n[sampling]\nmin_rate = 1.0\nmax_rate = 1.0\nmax_per_second = 100000.0\n"),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = std::process::Command::new(support::modstream_binary())
+        .args(["run", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a missing samples topic fails the start"
+    );
+    assert!(
+        stderr.contains("output.samples_topic") && stderr.contains("samples"),
+        "names the key and the topic: {stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "at once: {:?}",
+        started.elapsed()
+    );
+
+    broker.create_topic("samples", 1);
+    let mut service = Modstream::start(&config, "analytics", dir.path());
+    let first = support::produce(&broker.bootstrap(), &support::events("a-", 0..300));
+    assert!(support::wait_for_progress(
+        &broker.bootstrap(),
+        300,
+        Duration::from_secs(90)
+    ));
+    broker.delete_topic("samples");
+    let deleted = Instant::now();
+    let rest = support::produce(&broker.bootstrap(), &support::events("b-", 0..1500));
+    let (mut failing, mut ready_meanwhile) = (None, true);
+    while !support::wait_for_committed_end(
+        &broker.bootstrap(),
+        "g-analytics",
+        2,
+        Duration::from_secs(1),
+    ) && deleted.elapsed() < Duration::from_secs(120)
+    {
+        let (status, body) = support::http_get(port, "/readyz");
+        if body.contains("\"analytics_failing\":\"samples") {
+            failing.get_or_insert(body);
+            ready_meanwhile &= status == 200;
+        }
+    }
+    let took = deleted.elapsed();
+    assert!(
+        support::wait_for_committed_end(
+            &broker.bootstrap(),
+            "g-analytics",
+            2,
+            Duration::from_secs(5)
+        ),
+        "every offset committed with the samples topic gone"
+    );
+    let mut acked = first;
+    acked.extend(rest);
+    let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(60));
+    v.report("samples topic deleted while running");
+    assert!(v.lost.is_empty(), "lost {}", v.lost.len());
+    // The topic is still gone: /readyz keeps naming it, and stays ready.
+    let named = Instant::now();
+    while failing.is_none() && named.elapsed() < Duration::from_secs(10) {
+        let (status, body) = support::http_get(port, "/readyz");
+        if body.contains("\"analytics_failing\":\"samples") {
+            failing = Some(body);
+            ready_meanwhile &= status == 200;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (_, metrics) = support::http_get(port, "/metrics");
+    let given_up: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("modstream_analytics_given_up_total{kind=\"sample\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    println!(
+        "1,500 events after the samples topic was deleted: committed to the end after {took:?}; {given_up} samples given up; /readyz said {failing:?}"
+    );
+    assert!(given_up > 0.0, "the samples given up are counted");
+    assert!(
+        failing.is_some() && ready_meanwhile,
+        "/readyz names the topic and stays ready"
+    );
+    assert!(service.terminate(Duration::from_secs(30)));
+}
