@@ -367,11 +367,68 @@ fn shipped_keys() -> BTreeMap<String, toml::Value> {
     out
 }
 
+/// The keys a TOML file shows commented out (`# key = value`), dotted with
+/// the section they stand in (a header commented out counts too).
+fn commented_keys(text: &str) -> std::collections::BTreeSet<String> {
+    let mut section = String::new();
+    let mut keys = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let commented = line.trim_start().starts_with('#');
+        let bare = line.trim_start().trim_start_matches('#').trim();
+        if let Some(header) = bare.strip_prefix('[') {
+            if commented && !header.ends_with(']') {
+                continue;
+            }
+            let name = header.trim_matches(|c| c == '[' || c == ']').trim();
+            // An array of tables: its keys are documented as `name[].key`.
+            let array = header.starts_with('[');
+            section = format!("{name}{}", if array { "[]" } else { "" });
+            continue;
+        }
+        let Some((name, _)) = bare.split_once(" =") else {
+            continue;
+        };
+        let plain = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if commented && plain {
+            keys.insert(if section.is_empty() {
+                name.to_string()
+            } else {
+                format!("{section}.{name}")
+            });
+        }
+    }
+    keys
+}
+
+/// A documented key (`LABEL` standing for any one name) and a key as
+/// written are the same.
+fn same_key(documented: &str, written: &str) -> bool {
+    let (d, w): (Vec<&str>, Vec<&str>) = (
+        documented.split('.').collect(),
+        written.split('.').collect(),
+    );
+    d.len() == w.len() && d.iter().zip(&w).all(|(d, w)| d == w || *d == "LABEL")
+}
+
+#[test]
+fn a_commented_key_counts_only_in_its_own_section() {
+    let keys =
+        commented_keys("[a]\n# x = 1\n[b]\n# [b.c]\n# y = \"v\"\n# not a key\n# [[d]]\n# z = 2\n");
+    let want: std::collections::BTreeSet<String> = ["a.x", "b.c.y", "d[].z"]
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
+    assert_eq!(keys, want);
+    assert!(same_key("policy.labels.LABEL.x", "policy.labels.threat.x"));
+    assert!(!same_key("policy.x", "policy.labels.threat.x"));
+}
+
 #[test]
 fn the_configuration_page_and_the_shipped_file_hold_the_same_keys_and_defaults() {
     let documented = documented_keys();
     let shipped = shipped_keys();
     let text = std::fs::read_to_string(root().join("config/modstream.toml")).unwrap();
+    let commented = commented_keys(&text);
     assert!(
         documented.len() > 80,
         "{} keys documented",
@@ -398,14 +455,9 @@ fn the_configuration_page_and_the_shipped_file_hold_the_same_keys_and_defaults()
         if shipped.contains_key(key) {
             continue;
         }
-        // Optional keys: shown commented out in the file, unset by default.
-        let leaf = key.rsplit('.').next().unwrap();
-        let shown = text.lines().any(|l| {
-            l.trim_start_matches('#')
-                .trim_start()
-                .starts_with(&format!("{leaf} ="))
-                && l.trim_start().starts_with('#')
-        });
+        // Optional keys: shown commented out in their own section of the
+        // file, unset by default.
+        let shown = commented.iter().any(|c| same_key(key, c));
         if !default.starts_with("unset") || !shown {
             wrong.push(format!(
                 "{key}: documented ({default}), not in config/modstream.toml"

@@ -431,3 +431,37 @@ fn session_options_default_as_measured_and_unknown_values_are_refused() {
     );
     assert!(with("[inference.session]\nthreads = 2").is_err());
 }
+
+/// The shipped file writes out every key that has a default (keys without
+/// one are shown commented out), in every section: a key added to the code
+/// and not to the file is caught here.
+#[test]
+fn the_shipped_config_file_sets_every_key_with_a_default() {
+    let text = include_str!("../../config/modstream.toml");
+    let shipped: toml::Table = toml::from_str(text).unwrap();
+    let defaults: toml::Table =
+        toml::from_str(&toml::to_string(&Settings::from_toml(text).unwrap()).unwrap()).unwrap();
+    fn missing(path: &str, want: &toml::Table, got: &toml::Table, out: &mut Vec<String>) {
+        for (k, v) in want {
+            let key = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            match (v, got.get(k)) {
+                (toml::Value::Table(w), Some(toml::Value::Table(g))) => missing(&key, w, g, out),
+                (_, Some(_)) => {}
+                // Tables of maps (kafka.consumer, ...) and lists are the user's.
+                (toml::Value::Table(w), None) if w.is_empty() => {}
+                (toml::Value::Array(a), None) if a.is_empty() => {}
+                (_, None) => out.push(key),
+            }
+        }
+    }
+    let mut out = Vec::new();
+    missing("", &defaults, &shipped, &mut out);
+    assert!(
+        out.is_empty(),
+        "keys with a default not in config/modstream.toml: {out:?}"
+    );
+}
