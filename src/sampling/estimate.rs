@@ -9,14 +9,14 @@
 //! linearised: `v = Σ (1 − π)·w²·(a − R·b)² / (Σ w·b)²`. The 95 % interval
 //! is Wilson's score interval at the effective sample size `R(1 − R)/v`
 //! (Korn and Graubard), which stays inside 0..1 and does not collapse to a
-//! point when a label is rare; the effective size is never taken above the
-//! number of samples. Measured on the simulation
-//! ([`super::simulate`], 3 × 1,000 samples at the shipped rates): it
-//! covered the truth in 94.1–94.7 % (prevalence), 94.4–96.0 % (recall)
-//! and 93.4–94.8 % (precision) of them. Adjusting the size for the
-//! variance's degrees of freedom (Satterthwaite, t) covered 95–99 % but
-//! made recall's interval useless where one missed violation was sampled
-//! ([0.24, 1.00] around 0.98 in the end-to-end test), so it is not done.
+//! point when a label is rare. The effective size is never taken above the
+//! number of samples: sampling by risk can make the design's larger, and
+//! in a small group that made intervals falsely narrow (4 samples weighing
+//! as 47). Coverage is held by simulation in `src/sampling/tests.rs`, on a
+//! whole stream and in small groups. Adjusting the size for the variance's
+//! degrees of freedom (Satterthwaite, t) made recall's interval useless
+//! where one missed violation was sampled ([0.24, 1.00] around 0.98 in the
+//! end-to-end test), so it is not done.
 
 /// The 0.975 quantile of the normal distribution.
 pub const Z95: f64 = 1.959_963_984_540_054;
