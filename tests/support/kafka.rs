@@ -405,6 +405,32 @@ impl Broker {
         }
     }
 
+    /// Grows a topic to `total` partitions and waits for their leaders.
+    pub fn add_partitions(&self, name: &str, total: usize) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let results = rt
+            .block_on(admin.create_partitions(
+                &[rdkafka::admin::NewPartitions::new(name, total)],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
+            ))
+            .expect("CreatePartitions answered");
+        for r in results {
+            r.unwrap_or_else(|(t, e)| panic!("add partitions to {t}: {e}"));
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while (0..total as i32).any(|p| self.leader(name, p) < 0) {
+            assert!(Instant::now() < deadline, "topic {name} has no leaders");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Deletes a topic and waits until the cluster no longer lists it.
     pub fn delete_topic(&self, name: &str) {
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()

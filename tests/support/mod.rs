@@ -143,6 +143,24 @@ pub fn produce_to(
     batch.iter().map(|(id, _, _)| id.clone()).collect()
 }
 
+/// One record to one partition of `topic`, acknowledged.
+pub fn produce_to_partition(bootstrap: &str, topic: &str, partition: i32, key: &str, value: &str) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "all")
+        .create()
+        .unwrap();
+    let record = BaseRecord::to(topic)
+        .partition(partition)
+        .key(key)
+        .payload(value);
+    producer.send(record).map_err(|(e, _)| e).unwrap();
+    producer
+        .flush(Duration::from_secs(60))
+        .expect("the record acknowledged");
+}
+
 /// Produce `events` in a background thread in 20 chunks paced over
 /// `over`, each chunk acknowledged before the next (so a crash test knows
 /// exactly which events the broker has); returns the acknowledged ids.

@@ -1,7 +1,9 @@
-//! Optional topics never hold moderation, on Apache Kafka 4.4 (one KRaft
-//! node, no topic created on demand): an analytics topic missing at start
-//! fails it naming the key; deleted while running, moderation goes on and
-//! what is given up is counted and shown.
+//! The topics beside the input and the verdicts, on Apache Kafka 4.4 (one
+//! KRaft node, no topic created on demand): an analytics topic missing at
+//! start fails it naming the key, and deleted while running holds nothing
+//! (moderation goes on; what is given up is counted and shown); the list
+//! topic is in force before the first verdict, and a partition added to it
+//! later is read.
 
 mod support;
 
@@ -130,6 +132,100 @@ fn a_failing_samples_topic_never_holds_moderation() {
     assert!(
         failing.is_some() && ready_meanwhile,
         "/readyz names the topic and stays ready"
+    );
+    assert!(service.terminate(Duration::from_secs(30)));
+}
+
+/// The list topic grows a partition while the service runs: an item
+/// written to the new partition matches within the reader's metadata
+/// interval (10 s) and a few seconds more; the item written before the
+/// start matched the first post.
+#[test]
+fn a_partition_added_to_the_list_topic_is_read() {
+    let broker = Broker::start();
+    topics(&broker, 1);
+    broker.create_topic("lists", 1);
+    let item = |text: &str| format!(r#"{{"verdict": "block", "label": "spam", "text": "{text}"}}"#);
+    support::produce_to(
+        &broker.bootstrap(),
+        "lists",
+        &[(
+            "w0".into(),
+            "w0".into(),
+            item("buy cheap watches at example dot com").into_bytes(),
+        )],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-lists");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}\n[matching]\nlist_topic = \"lists\"\n"),
+    )
+    .unwrap();
+    let post = |id: &str, text: &str| {
+        let payload = serde_json::json!({"event_id": id, "text": text}).to_string();
+        (id.to_string(), id.to_string(), payload.into_bytes())
+    };
+    support::produce(
+        &broker.bootstrap(),
+        &[post("p-0", "Buy cheap WATCHES at example dot com!")],
+    );
+    let mut service = Modstream::start(&config, "lists", dir.path());
+    let verdict_of = |id: &str| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let found = modstream::tools::read::TopicReader::from_beginning(
+                &broker.bootstrap(),
+                VERDICTS,
+                None,
+            )
+            .unwrap()
+            .read_to_end(Duration::from_secs(30))
+            .unwrap()
+            .iter()
+            .filter_map(|r| r.json())
+            .find(|v| v["event_id"] == id);
+            if let Some(v) = found {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "no verdict for {id}");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
+    assert_eq!(
+        verdict_of("p-0")["reason"]["match"]["id"],
+        "w0",
+        "in force for the first post"
+    );
+    broker.add_partitions("lists", 2);
+    let added = Instant::now();
+    support::produce_to_partition(
+        &broker.bootstrap(),
+        "lists",
+        1,
+        "w1",
+        &item("join my crypto signals group for daily profits"),
+    );
+    // Posts of the new item's text until one matches (bounded).
+    let mut matched_after = None;
+    for n in 1..=60 {
+        let id = format!("p-{n}");
+        support::produce(
+            &broker.bootstrap(),
+            &[post(&id, "Join my crypto signals group for daily profits!")],
+        );
+        if verdict_of(&id)["reason"]["match"]["id"] == "w1" {
+            matched_after = Some(added.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    println!("an item on a partition added to the list topic matched after {matched_after:?}");
+    let after = matched_after.expect("the new partition's item matched");
+    assert!(
+        after < Duration::from_secs(25),
+        "within the metadata interval and a little: {after:?}"
     );
     assert!(service.terminate(Duration::from_secs(30)));
 }
