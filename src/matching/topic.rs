@@ -16,7 +16,7 @@
 //! Seen, not only logged: while the topic cannot be read (missing, not
 //! authorized, the cluster unreachable) or is still being read to its end
 //! at start, /readyz says why (`list_topic`) and
-//! `modstream_list_topic_ready` is 0; the reader tries again every few
+//! `modstream_list_topic_behind` is 1; the reader tries again every few
 //! seconds and the lists in force stay. A record that is not an item is
 //! logged with its key and counted (`modstream_list_topic_refused_total`);
 //! the reader goes on.
@@ -266,8 +266,8 @@ impl Reader {
     /// What /readyz says of the topic (None: read up to date) and the gauge.
     fn set_state(&mut self, why: Option<String>) {
         self.failing = why.is_some();
-        let ready = why.is_none() && self.announced;
-        metrics::gauge!(metric::LIST_TOPIC_READY).set(if ready { 1.0 } else { 0.0 });
+        let behind = why.is_some() || !self.announced;
+        metrics::gauge!(metric::LIST_TOPIC_BEHIND).set(if behind { 1.0 } else { 0.0 });
         self.health
             .set_list_topic(why.map(|w| format!("list topic {}: {w}", self.topic)));
     }

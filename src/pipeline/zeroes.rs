@@ -53,6 +53,12 @@ const LABELLED: &[&str] = &[
     metric::SAMPLING_EVENTS_TOTAL,
     metric::SAMPLES_TOTAL,
     metric::SAMPLES_DROPPED_TOTAL,
+    // Per part of matching's state and per list (below).
+    metric::MATCHING_BYTES,
+    metric::MATCHING_CANDIDATES_CUT_TOTAL,
+    metric::LIST_ITEMS_OVER_BUDGET_TOTAL,
+    // Per record kind (below).
+    metric::ANALYTICS_GIVEN_UP_TOTAL,
     metric::SHADOW_AGREEMENT_TOTAL,
     metric::SHADOW_FAILURES_TOTAL,
     metric::ERRORS_TOTAL,
@@ -78,6 +84,9 @@ pub fn register_zeroes(settings: &crate::config::Settings) {
     }
     for field in crate::event::OptionalField::ALL {
         counter!(metric::FIELD_WARNINGS_TOTAL, "field" => field.as_str()).absolute(0);
+    }
+    for kind in RecordKind::ALL.into_iter().filter(|k| k.is_analytics()) {
+        counter!(metric::ANALYTICS_GIVEN_UP_TOTAL, "kind" => kind.as_str()).absolute(0);
     }
     for kind in RecordKind::ALL.map(RecordKind::as_str) {
         counter!(metric::PRODUCED_TOTAL, "kind" => kind).absolute(0);
@@ -140,6 +149,11 @@ fn register_matching_zeroes(settings: &crate::config::Settings) {
                 .absolute(0);
         }
         metrics::gauge!(metric::LIST_ITEMS, "list" => list.clone()).set(0.0);
+        counter!(metric::LIST_ITEMS_OVER_BUDGET_TOTAL, "list" => list.clone()).absolute(0);
+    }
+    for part in ["lists", "waves"] {
+        metrics::gauge!(metric::MATCHING_BYTES, "part" => part).set(0.0);
+        counter!(metric::MATCHING_CANDIDATES_CUT_TOTAL, "part" => part).absolute(0);
     }
     for list in &settings.matching.lists {
         for outcome in ReloadOutcome::ALL.iter().map(|o| o.as_str()) {

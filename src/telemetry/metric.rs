@@ -164,9 +164,10 @@ metric_table! {
     /// List items refused because the lists would pass `matching.max_bytes`
     /// (a file: refused whole). Labels: list.
     LIST_ITEMS_OVER_BUDGET_TOTAL = "modstream_list_items_over_budget_total", Counter, Count, "list items refused because the lists would pass matching.max_bytes";
-    /// 1 while the list topic is read to the end offsets it had at start
-    /// and being read; 0 while it cannot be read or is still catching up.
-    LIST_TOPIC_READY = "modstream_list_topic_ready", Gauge, Count, "1 while the list topic is read up to date (0: catching up at start, or it cannot be read)";
+    /// 1 while the list topic's items may not all be in force: at start
+    /// until it is read to its end offsets, and while it cannot be read; 0
+    /// otherwise (and without a list topic).
+    LIST_TOPIC_BEHIND = "modstream_list_topic_behind", Gauge, Count, "1 while the list topic is not read up to date (catching up at start, or it cannot be read)";
     MATCHER_SECONDS = "modstream_matcher_seconds", Histogram, Seconds, "matching's time on one event (normalise, lists, waves)";
     /// Verdicts the sampler drew for (`[sampling]`); with
     /// [`SAMPLES_TOTAL`] it gives the share sampled. Labels: tenant (the
