@@ -42,9 +42,9 @@ pub use markdown::{BEGIN as TABLES_BEGIN, render as markdown, splice as splice_t
 use measure::Clock;
 pub use measure::{Batching, raw_model_throughput};
 pub use modstream::tools::report::{
-    BaselineRow, CascadeRow, ChoicePoint, CostRow, DeliveryRow, FloorRow, LatencyRow, MatchRow,
-    OverloadRow, OwnProcess, RepeatRow, Report, SamplingRow, SaturationRow, SessionRow, ShadowRow,
-    StepBin, StepTrace,
+    BaselineRow, CascadeRow, ChoicePoint, CostRow, DeliveryRow, FloodRow, FloorRow, LatencyRow,
+    MatchRow, OverloadRow, OwnProcess, RepeatRow, Report, SamplingRow, SaturationRow, SessionRow,
+    ShadowRow, StepBin, StepTrace,
 };
 pub use options::BenchOptions;
 use print::Print;
@@ -85,6 +85,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let models = models::rows(&opts).await?;
     let cascade = cascade::rows(&opts).await?;
     let matching = matching::rows(&opts).await?;
+    let match_floods = matching::floods(&opts)?;
     let sampling = sampling::row(&opts).await?;
     let cost = cost::rows(&opts).await?;
     let session = session::rows(&opts).await?;
@@ -124,6 +125,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         models,
         cascade,
         matching,
+        match_floods,
         sampling,
         cost,
         session,

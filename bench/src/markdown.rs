@@ -312,6 +312,7 @@ fn baseline(out: &mut String, b: &BaselineRow) {
 
 fn extras(out: &mut String, report: &Report) {
     matching::render(out, report);
+    matching::render_floods(out, report);
     sampling::render(out, report);
     if !report.repeats.is_empty() {
         let _ = writeln!(

@@ -128,6 +128,11 @@ pub struct BenchOptions {
     /// Runs of each contender at each share (the row: their medians).
     #[arg(long, default_value_t = 1)]
     pub match_runs: usize,
+    /// The matcher alone under two floods of this many posts each (0:
+    /// skip): variants of one text at about 0.45 similarity (each its own
+    /// cluster, all sharing bands), and long posts unlike each other.
+    #[arg(long, default_value_t = 0)]
+    pub match_floods: usize,
     /// Sampling's cost: the default cell with sampling off and on at the
     /// shipped rates, this many runs each taking turns (0: skip).
     #[arg(long, default_value_t = 0)]

@@ -2,8 +2,9 @@
 //! charts are drawn from the report afterwards).
 
 use modstream::tools::report::{
-    BaselineRow, CascadeRow, CostRow, DeliveryRow, FloorRow, FormatRow, LatencyRow, MatchRow,
-    ModelRow, OverloadRow, RepeatRow, SamplingRow, SaturationRow, SessionRow, ShadowRow, StepTrace,
+    BaselineRow, CascadeRow, CostRow, DeliveryRow, FloodRow, FloorRow, FormatRow, LatencyRow,
+    MatchRow, ModelRow, OverloadRow, RepeatRow, SamplingRow, SaturationRow, SessionRow, ShadowRow,
+    StepTrace,
 };
 
 /// A row printed as one line (or a few) of the bench's running table.
@@ -275,6 +276,23 @@ impl Print for SamplingRow {
             self.on_per_s / self.off_per_s,
             self.sampled_share * 100.0,
             self.draw_ns
+        );
+    }
+}
+
+impl Print for FloodRow {
+    fn print(&self) {
+        eprintln!(
+            "matcher under a flood of {} ({}): {:.1} µs/event; {} clusters, {:.1} of {:.0} MiB; {} evicted, {} candidates cut; peak RSS +{:.0} MiB",
+            self.events,
+            self.flood,
+            self.matcher_us,
+            self.clusters,
+            self.bytes as f64 / 1048576.0,
+            self.max_bytes as f64 / 1048576.0,
+            self.evicted,
+            self.candidates_cut,
+            self.rss_rise_bytes as f64 / 1048576.0
         );
     }
 }

@@ -14,13 +14,19 @@ pub fn peak_rss_bytes() -> u64 {
 /// Peak resident set size of a process (`/proc/<pid>/status` VmHWM), bytes;
 /// 0 once it is gone.
 pub fn peak_rss_of(pid: &str) -> u64 {
+    status_field(pid, "VmHWM:")
+}
+
+/// Resident set size of this process now, bytes.
+pub fn rss_bytes() -> u64 {
+    status_field("self", "VmRSS:")
+}
+
+/// A `/proc/<pid>/status` field in kB, as bytes (0 if unreadable).
+fn status_field(pid: &str, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .map(str::to_string)
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).map(str::to_string))
         .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
 }

@@ -161,6 +161,30 @@ async fn the_matching_sweep_measures_off_lists_and_reuse_on_one_stream() {
     assert!(modstream_bench::markdown(&report).contains("**Matching before the models**"));
 }
 
+/// The matcher under its two floods: each row holds its time per event and
+/// its state within the budget; the flood of variants cuts candidates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_matcher_floods_hold_the_budget_and_cut_candidates() {
+    let report = tiny_bench(BenchOptions {
+        events: 200,
+        loads: vec![],
+        match_floods: 3000,
+        ..tiny_options()
+    })
+    .await;
+    assert_eq!(report.match_floods.len(), 2);
+    for row in &report.match_floods {
+        assert!(row.matcher_us > 0.0 && row.clusters > 0, "{row:?}");
+        assert!(row.bytes <= row.max_bytes, "{row:?}");
+    }
+    assert!(
+        report.match_floods[0].candidates_cut > 0,
+        "{:?}",
+        report.match_floods[0]
+    );
+    assert!(modstream_bench::markdown(&report).contains("**The matcher under floods**"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sampling_runs_measure_both_sides_and_the_share_sampled() {
     let report = tiny_bench(BenchOptions {
@@ -218,6 +242,7 @@ fn tiny_options() -> BenchOptions {
         session_sweep: false,
         match_shares: vec![],
         match_runs: 1,
+        match_floods: 0,
         sampling_runs: 0,
         out_dir: PathBuf::new(),
     }

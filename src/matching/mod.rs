@@ -45,7 +45,7 @@ pub mod waves;
 pub use lists::{Item, List, ListError};
 pub use similar::Fingerprinter;
 pub use watch::ListWatch;
-pub use waves::WaveReport;
+pub use waves::{WaveReport, WavesStats};
 
 /// A change of the lists, for the hub's matcher.
 pub enum Update {
@@ -299,6 +299,11 @@ impl Matcher {
         if let Some(w) = &mut self.waves {
             w.set_budget(self.settings.max_bytes.saturating_sub(lists));
         }
+    }
+
+    /// The wave clusters' state and what their bounds cost (None: no waves).
+    pub fn waves_stats(&self) -> Option<WavesStats> {
+        self.waves.as_ref().map(waves::Waves::stats)
     }
 
     /// Bytes the lists and the clusters hold now.

@@ -81,7 +81,19 @@ pub struct Waves {
     /// Bytes the clusters hold, and the most they may.
     bytes: usize,
     budget: usize,
+    /// Clusters forgotten to make room, and candidates cut, since the start.
+    evicted: u64,
+    cut: u64,
     meters: Meters,
+}
+
+/// What the clusters hold and what their bounds cost so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WavesStats {
+    pub clusters: usize,
+    pub bytes: usize,
+    pub evicted: u64,
+    pub cut: u64,
 }
 
 struct Cluster {
@@ -176,6 +188,8 @@ impl Waves {
             next: 1,
             bytes: 0,
             budget: settings.max_bytes,
+            evicted: 0,
+            cut: 0,
             meters: Meters {
                 started: metrics::counter!(metric::WAVES_STARTED_TOTAL),
                 posts: metrics::counter!(metric::WAVE_POSTS_TOTAL),
@@ -199,6 +213,15 @@ impl Waves {
         self.bytes
     }
 
+    pub fn stats(&self) -> WavesStats {
+        WavesStats {
+            clusters: self.clusters.len(),
+            bytes: self.bytes,
+            evicted: self.evicted,
+            cut: self.cut,
+        }
+    }
+
     /// The post joins its cluster (or starts one); None for a text too
     /// short to cluster.
     pub fn join(&mut self, post: &Post<'_>) -> Option<Joined> {
@@ -215,7 +238,9 @@ impl Waves {
             .query(print, similarity, |m| self.kept.get(m))
             .best()
             .map(|(m, s)| (m.cluster, s));
-        self.meters.cut.increment(self.index.take_cut());
+        let cut = self.index.take_cut();
+        self.cut += cut;
+        self.meters.cut.increment(cut);
         let Some((id, similarity)) = found else {
             let id = self.start(post, user);
             return Some(Joined::not_in_a_wave(id));
@@ -317,6 +342,7 @@ impl Waves {
             && let Some((_, oldest)) = self.by_last.pop_first()
         {
             self.forget(oldest);
+            self.evicted += 1;
             self.meters.evicted.increment(1);
         }
         let id = ClusterId(self.next);
@@ -360,6 +386,7 @@ impl Waves {
             };
             self.by_last.remove(&(at, oldest));
             self.forget(oldest);
+            self.evicted += 1;
             self.meters.evicted.increment(1);
         }
         self.meters.bytes.set(self.bytes as f64);

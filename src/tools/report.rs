@@ -185,6 +185,9 @@ pub struct Report {
     /// Matching's sweep (`--match-shares`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub matching: Vec<MatchRow>,
+    /// The matcher under floods built to cost it (`--match-floods`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_floods: Vec<FloodRow>,
     /// Sampling's cost (`--sampling-runs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling: Option<SamplingRow>,
@@ -223,6 +226,23 @@ pub struct MatchRow {
     pub reused_share: f64,
     pub lists_matcher_us: f64,
     pub waves_matcher_us: f64,
+}
+
+/// The matcher alone (waves on, the shipped `[matching]` otherwise) under a
+/// flood built to cost it: its time per event, what its state holds at the
+/// end against `matching.max_bytes`, what its bounds did, and how far the
+/// process's peak RSS rose over its RSS before the flood.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FloodRow {
+    pub flood: String,
+    pub events: usize,
+    pub matcher_us: f64,
+    pub clusters: usize,
+    pub bytes: usize,
+    pub max_bytes: usize,
+    pub evicted: u64,
+    pub candidates_cut: u64,
+    pub rss_rise_bytes: u64,
 }
 
 /// A contender of the model sweep: which models, the share of the events

@@ -32,3 +32,27 @@ pub(super) fn render(out: &mut String, report: &Report) {
     }
     out.push('\n');
 }
+
+/// The matcher under floods (`--match-floods`).
+pub(super) fn render_floods(out: &mut String, report: &Report) {
+    if report.match_floods.is_empty() {
+        return;
+    }
+    out.push_str("**The matcher under floods** (alone, one thread; waves on, the shipped bounds)\n\n| flood | posts | matcher µs/event | clusters kept | state MiB (of max_bytes) | clusters evicted | candidates cut | peak RSS rise MiB |\n|---|---|---|---|---|---|---|---|\n");
+    for r in &report.match_floods {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.1} | {} | {:.1} ({:.0}) | {} | {} | {:.0} |",
+            r.flood,
+            r.events,
+            r.matcher_us,
+            r.clusters,
+            r.bytes as f64 / 1048576.0,
+            r.max_bytes as f64 / 1048576.0,
+            r.evicted,
+            r.candidates_cut,
+            r.rss_rise_bytes as f64 / 1048576.0
+        );
+    }
+    out.push('\n');
+}
