@@ -19,10 +19,9 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
 /// How long the authorized operations are waited for: Kafka answers in
-/// tens of milliseconds (62 ms here, with the metadata requests before
-/// it); a cluster that does not answer DescribeTopics at all (librdkafka's
-/// mock cluster, the demo's) costs each start this much, and the writes
-/// are then not checked before the first record.
+/// tens of milliseconds; a cluster that does not answer DescribeTopics
+/// costs each start this much, and the writes are then not checked before
+/// the first record.
 const DESCRIBE_WAIT: Duration = Duration::from_secs(2);
 
 /// An output topic that cannot take this service's records.
@@ -50,7 +49,14 @@ pub fn check<C: rdkafka::client::ClientContext>(
         exists(client, topic, timeout).map_err(refused)?;
     }
     let names: Vec<&str> = topics.iter().map(|(_, t)| t.as_str()).collect();
-    let described = match describe(client, &names, timeout.min(DESCRIBE_WAIT)) {
+    // Any broker answers it (it is a metadata request); librdkafka sends it
+    // to the controller by default, which librdkafka's mock cluster (the
+    // demo's) never names.
+    let broker = client
+        .fetch_metadata(None, timeout)
+        .ok()
+        .and_then(|m| m.brokers().first().map(|b| b.id()));
+    let described = match describe(client, &names, broker, timeout.min(DESCRIBE_WAIT)) {
         Ok(described) => described,
         Err(e) => {
             // A cluster without DescribeTopics: existence was checked.
@@ -126,6 +132,7 @@ struct Described {
 fn describe<C: rdkafka::client::ClientContext>(
     client: &Client<C>,
     topics: &[&str],
+    broker: Option<i32>,
     timeout: Duration,
 ) -> Result<Vec<Described>, KafkaError> {
     let names: Vec<CString> = topics
@@ -155,6 +162,9 @@ fn describe<C: rdkafka::client::ClientContext>(
             errstr.as_mut_ptr(),
             errstr.len(),
         );
+        if let Some(id) = broker {
+            rd::rd_kafka_AdminOptions_set_broker(options, id, errstr.as_mut_ptr(), errstr.len());
+        }
         let queue = rd::rd_kafka_queue_new(rk);
         rd::rd_kafka_DescribeTopics(rk, collection, options, queue);
         let event = rd::rd_kafka_queue_poll(queue, timeout_ms.saturating_add(1000));
