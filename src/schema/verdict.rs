@@ -77,6 +77,16 @@ impl VerdictEncoder {
         self.id
     }
 
+    /// An encoder whose schema no verdict fits (tests of what a verdict
+    /// that cannot be written becomes).
+    #[cfg(test)]
+    pub(crate) fn refusing() -> VerdictEncoder {
+        VerdictEncoder {
+            schema: apache_avro::Schema::Null,
+            id: 1,
+        }
+    }
+
     /// A JSON verdict body in the wire format.
     pub fn encode(&self, json: &[u8]) -> Result<Vec<u8>, EncodeError> {
         let value: Value = serde_json::from_slice(json).map_err(EncodeError::NotJson)?;

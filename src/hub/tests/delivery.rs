@@ -145,3 +145,24 @@ async fn a_copy_that_failed_otherwise_holds_the_offset_for_its_resend() {
     held(&fared);
     assert_eq!(fared.summary.abandoned, 2);
 }
+
+/// A verdict refused for good beside a copy abandoned at shutdown: the
+/// offset is not committed past the copy (a restart sends both again).
+#[tokio::test(start_paused = true)]
+async fn verdict_refused_and_copy_abandoned_hold_the_offset() {
+    let fared = deliver(Some(Fate::Rejected), Some(Fate::Abandoned)).await;
+    held(&fared);
+    assert_eq!(fared.summary.abandoned, 2);
+    assert_eq!(fared.summary.undeliverable, 0, "nothing committed past");
+}
+
+/// An analytics copy given up (its topic failing) never holds its offset.
+#[tokio::test(start_paused = true)]
+async fn verdict_delivered_and_copy_given_up_commit() {
+    let fared = deliver(None, Some(Fate::GivenUp)).await;
+    assert_eq!(fared.committed, Some(2), "{fared:?}");
+    assert_eq!(
+        (fared.summary.verdicts, fared.summary.undeliverable),
+        (2, 0)
+    );
+}

@@ -312,3 +312,126 @@ async fn a_backlogs_wave_posts_take_the_kept_scores_at_their_models_turn() {
     assert_eq!(h.hub.in_flight, 0);
     assert_eq!(h.stored().concat().last(), Some(&at(0, 6)));
 }
+
+/// Exactly-once: the transaction that held a wave's started record (and
+/// its posts' samples) aborts; the partition is read again, and the
+/// records go out again in the next transaction: none is lost to the
+/// abort.
+#[tokio::test(start_paused = true)]
+async fn a_wave_record_and_samples_rolled_back_by_an_abort_are_written_again() {
+    let settings = Settings::from_toml(
+        r#"
+        [kafka]
+        bootstrap_servers = "127.0.0.1:1"
+        delivery = "exactly_once"
+        drain_timeout = "1s"
+        [input]
+        topics = ["posts"]
+        [output]
+        waves_topic = "waves"
+        samples_topic = "samples"
+        [batching]
+        max_batch_size = 1
+        [inference]
+        workers = 1
+        [matching]
+        waves = true
+        wave_posts = 3
+        wave_users = 2
+        [sampling]
+        min_rate = 1.0
+        max_rate = 1.0
+        max_per_second = 2.0
+        "#,
+    )
+    .unwrap();
+    let mut h = harness_of_settings(settings.clone());
+    h.hub.matcher = Some(Matcher::new(&settings.matching).unwrap());
+    let text = "join the best crypto group in town today message me for the link now";
+    let kinds =
+        |h: &Harness, topic: &str| h.outbox.sent().iter().filter(|r| r.topic == topic).count();
+    let judge = |h: &mut Harness, generation: u64| {
+        for i in 0..3 {
+            let mut r = post(i, text, ["u1", "u2", "u1"][i as usize]);
+            r.generation = generation;
+            h.push(r);
+            while let Ok(job) = h.jobs.try_recv() {
+                h.result(scored(&job));
+            }
+        }
+    };
+    h.outbox.fail_topic("waves", Fate::InTransaction);
+    judge(&mut h, 0);
+    assert_eq!(kinds(&h, "waves"), 1, "the wave started at post 2");
+    assert_eq!(
+        kinds(&h, "samples"),
+        3,
+        "2 samples and 1 drop (2 per second)"
+    );
+    h.acks(3).await;
+    let answer = h.seal().try_recv().expect("nothing outstanding");
+    assert!(answer.abort.is_some(), "the transaction aborts: {answer:?}");
+    assert!(
+        !answer.positions.contains(&at(0, 3)),
+        "no position passes the failed record: {answer:?}"
+    );
+    let (done, rewound) = std::sync::mpsc::channel();
+    h.hub.on_control(Control::Rewind {
+        partitions: vec![tp(0)],
+        generation: 1,
+        done,
+    });
+    rewound.try_recv().expect("answered");
+    h.hub.on_control(Control::Unseal);
+    h.outbox.fail_all(None);
+    h.outbox.fates.lock().unwrap().by_topic.clear();
+    judge(&mut h, 1);
+    h.acks(3).await;
+    assert_eq!(kinds(&h, "waves"), 2, "the started record went out again");
+    let samples: Vec<serde_json::Value> = (h.outbox.sent().iter())
+        .filter(|r| r.topic == "samples")
+        .map(|r| serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap())
+        .collect();
+    let dropped =
+        |s: &[serde_json::Value]| s.iter().map(|v| v["dropped"] == true).collect::<Vec<_>>();
+    assert_eq!(
+        dropped(&samples[3..]),
+        dropped(&samples[..3]),
+        "each event drawn as before, no token spent again"
+    );
+    let answer = h.seal().try_recv().expect("acknowledged");
+    assert_eq!((answer.abort, answer.positions), (None, vec![at(0, 3)]));
+}
+
+/// A verdict that cannot be written in the output format is dead-lettered
+/// with its wave record: the wave grew by its post either way.
+#[tokio::test(start_paused = true)]
+async fn a_dead_lettered_verdict_keeps_its_wave_record() {
+    let (mut h, _dir) = matching_hub("decide", None);
+    let text = "join the best crypto group in town today message me for the link now";
+    for i in 0..2 {
+        h.push(post(i, text, ["u1", "u2"][i as usize]));
+        while let Ok(job) = h.jobs.try_recv() {
+            h.result(scored(&job));
+        }
+    }
+    // The third post starts the wave; its verdict does not fit the format.
+    h.hub.verdict_encoder = Some(crate::schema::verdict::VerdictEncoder::refusing());
+    h.push(post(2, text, "u1"));
+    let sent = h.outbox.sent();
+    let dlq = sent
+        .iter()
+        .filter(|r| r.kind == crate::record::RecordKind::Dlq)
+        .count();
+    let waves: Vec<&OutRecord> = sent.iter().filter(|r| r.topic == "waves").collect();
+    assert_eq!(
+        (dlq, waves.len()),
+        (1, 1),
+        "the dead letter and its wave record"
+    );
+    let wave: serde_json::Value =
+        serde_json::from_slice(waves[0].payload.as_deref().unwrap()).unwrap();
+    assert_eq!(wave["started"], true);
+    h.acks(3).await;
+    assert_eq!(h.stored().concat().last(), Some(&at(0, 3)));
+}

@@ -35,6 +35,7 @@ enum Fate {
     Fatal,
     InTransaction,
     Rejected,
+    GivenUp,
 }
 
 impl Fate {
@@ -44,6 +45,7 @@ impl Fate {
             Fate::Fatal => ProducerError::Fatal("injected".into()),
             Fate::InTransaction => ProducerError::InTransaction("injected".into()),
             Fate::Rejected => ProducerError::Rejected("Message size too large".into()),
+            Fate::GivenUp => ProducerError::GivenUp("topic failing".into()),
         }
     }
 }
