@@ -42,7 +42,8 @@ enum Command {
     CheckModel {
         #[arg(long, default_value = "models/profanity-check")]
         model: PathBuf,
-        /// Execution providers in order of preference (cuda, tensorrt, cpu).
+        /// Execution providers in order of preference (cuda, tensorrt,
+        /// cpu); the placement of the model's nodes on them is printed.
         #[arg(long, value_delimiter = ',', default_value = "cpu")]
         providers: Vec<ExecutionProvider>,
         #[arg(long, default_value_t = 0)]
@@ -271,7 +272,7 @@ fn check_model(settings: InferenceSettings, mut texts: Vec<String>) -> anyhow::R
         log_level: "warn".into(),
         ..Default::default()
     });
-    let mut model = Model::load(&settings)?;
+    let mut model = Model::load_profiled(&settings, modstream::inference::Profile::Always)?;
     let m = &model.manifest;
     println!(
         "model {} {} ({})",
@@ -292,6 +293,7 @@ fn check_model(settings: InferenceSettings, mut texts: Vec<String>) -> anyhow::R
         Ok(took) => println!("  warm-up {:.0} ms", took.as_secs_f64() * 1000.0),
         Err(e) => println!("  warm-up failed (synthetic inputs): {e}"),
     }
+    print_placement(&mut model);
     let scores = model.score(&mut texts)?;
     let scorer =
         modstream::verdict::Scorer::new(&model.manifest, &modstream::config::Policy::default())?;
@@ -305,6 +307,37 @@ fn check_model(settings: InferenceSettings, mut texts: Vec<String>) -> anyhow::R
         println!("{verdict:<6} {}  {text}", pairs.join(" "));
     }
     Ok(())
+}
+
+/// Where the model's nodes ran in its warm-up, per provider, and those
+/// off the session's provider.
+fn print_placement(model: &mut Model) {
+    use modstream::inference::placement;
+    match model.placement() {
+        Some(Ok(p)) => {
+            println!("  placement (node runs of the warm-up by provider and op type):");
+            for line in p.lines() {
+                println!("    {line}");
+            }
+            let off = p.off_provider(model.provider);
+            if !off.is_empty() {
+                let int8 = off
+                    .iter()
+                    .any(|(op, _)| placement::INT8_OPS.contains(&op.as_str()));
+                println!(
+                    "  warning: {} runs some nodes on the CPU (copies on every run){}",
+                    model.provider,
+                    if int8 {
+                        "; an int8 model: use the fp32 or fp16 model on a GPU"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+        Some(Err(e)) => println!("  placement unknown: {e}"),
+        None => {}
+    }
 }
 
 fn produce(

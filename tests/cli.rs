@@ -197,7 +197,15 @@ fn require_gpu_without_a_usable_gpu_fails_with_the_reason() {
         .output()
         .unwrap();
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("provider CPUExecutionProvider"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("provider CPUExecutionProvider"), "{stdout}");
+    // And it prints where the model's nodes ran: all on the CPU here.
+    assert!(
+        stdout.contains("placement (node runs of the warm-up by provider and op type):")
+            && stdout.contains("    CPUExecutionProvider: ")
+            && !stdout.contains("CUDAExecutionProvider:"),
+        "{stdout}"
+    );
 }
 
 /// Every way of passing a secret (file, env with `_` or nested `__`, a

@@ -255,7 +255,13 @@ fn an_idle_instance_exports_every_series_at_zero() {
         &config,
         format!("{text}\n[matching]\nlists = [{{ name = \"spam\", file = {list:?} }}]\n")
             // Sampling: its series are per tenant, `_none` from the start.
-            .replace("[output]\n", "[output]\nsamples_topic = \"samples\"\n"),
+            .replace("[output]\n", "[output]\nsamples_topic = \"samples\"\n")
+            // CUDA asked for, without require_gpu: it runs on the CPU (this
+            // machine's ONNX Runtime has no CUDA) and says so.
+            .replace(
+                "[inference]\n",
+                "[inference]\nexecution_providers = [\"cuda\", \"cpu\"]\n",
+            ),
     )
     .unwrap();
     let port = support::free_port();
@@ -310,7 +316,21 @@ fn an_idle_instance_exports_every_series_at_zero() {
         "modstream_undeliverable_total{kind=\"dlq\"} 0",
         "modstream_stalled_partitions 0",
         "modstream_batch_target_size 32",
+        "modstream_model_provider{model=\"default\",provider=\"cpu\"} 1",
+        "modstream_model_cpu_nodes{model=\"default\"} 0",
+        "modstream_analytics_given_up_total{kind=\"sample\"} 0",
     ] {
         assert!(exposition.contains(line), "missing `{line}`:\n{exposition}");
     }
+    assert!(
+        !exposition.contains("provider=\"cuda\""),
+        "no session runs on CUDA here:\n{exposition}"
+    );
+    let (_, ready) = get(port, "/readyz");
+    assert!(
+        ready.contains(
+            r#""models":[{"cpu_nodes":0,"model":"default","providers":["cpu"],"workers":"#
+        ),
+        "/readyz says where the model runs: {ready}"
+    );
 }

@@ -18,9 +18,10 @@ use crate::score_cache::ScoreCache;
 use crate::tokens::TokenError;
 
 mod model;
+pub mod placement;
 mod runtime;
 
-pub use model::{Model, TokenStats};
+pub use model::{Model, Profile, TokenStats};
 pub use runtime::{default_cache_dir, find_runtime_library};
 
 use model::catching_panics;
@@ -48,6 +49,14 @@ pub enum InferenceError {
     Run(ort::Error),
     #[error("inference.require_gpu is set but no GPU provider can be used: {0}")]
     GpuUnavailable(String),
+    #[error(
+        "inference.require_gpu is set but {provider} runs some of the model's nodes on the CPU (copies between the devices on every run): {ops}{hint}"
+    )]
+    CpuNodes {
+        provider: String,
+        ops: String,
+        hint: &'static str,
+    },
     #[error("cannot set the CPU provider's options (inference.session): {0}")]
     SessionOption(String),
     #[error(transparent)]
@@ -111,6 +120,16 @@ pub struct InferencePool {
     /// One per worker: what it switches to at its next job boundary.
     swaps: Vec<std::sync::mpsc::Sender<Swap>>,
     pub manifest: Manifest,
+    /// Where each worker's session runs, as it was loaded.
+    pub sessions: Vec<SessionPlacement>,
+}
+
+/// Where one worker's session runs: the provider that runs it (`cpu`,
+/// `cuda`, `tensorrt`) and its warm-up's node runs on another provider.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SessionPlacement {
+    pub provider: &'static str,
+    pub cpu_nodes: usize,
 }
 
 impl InferencePool {
@@ -131,6 +150,13 @@ impl InferencePool {
             .first()
             .map(|m| m.manifest.clone())
             .ok_or(InferenceError::WorkerGone)?;
+        let sessions = models
+            .iter()
+            .map(|m| SessionPlacement {
+                provider: placement::short_name(m.provider),
+                cpu_nodes: m.off_provider_nodes,
+            })
+            .collect();
         let mut threads = Vec::new();
         let mut swaps = Vec::new();
         for (worker, model) in models.into_iter().enumerate() {
@@ -155,7 +181,22 @@ impl InferencePool {
             threads,
             swaps,
             manifest,
+            sessions,
         })
+    }
+
+    /// Where the sessions of the model named `model` run, for /readyz and
+    /// the metrics.
+    pub fn placement(&self, model: &str) -> crate::telemetry::ModelPlacement {
+        let mut providers: Vec<&'static str> = self.sessions.iter().map(|s| s.provider).collect();
+        providers.sort_unstable();
+        providers.dedup();
+        crate::telemetry::ModelPlacement {
+            model: model.to_string(),
+            providers,
+            workers: self.sessions.len(),
+            cpu_nodes: self.sessions.iter().map(|s| s.cpu_nodes).max().unwrap_or(0),
+        }
     }
 
     /// Senders of each worker's switches (for [`crate::reload`]).
@@ -198,6 +239,7 @@ pub fn load_sessions(
             }
             None => None,
         };
+        check_placement(&mut model, settings, worker)?;
         tracing::info!(
             worker,
             provider = model.provider,
@@ -208,6 +250,69 @@ pub fn load_sessions(
         models.push(model);
     }
     Ok(models)
+}
+
+/// A GPU session's nodes that ran on the CPU (see [`placement`]): with
+/// `require_gpu` a refusal naming their op types, else a warning. Their
+/// count stays on the model (`off_provider_nodes`).
+fn check_placement(
+    model: &mut Model,
+    settings: &InferenceSettings,
+    worker: usize,
+) -> Result<(), InferenceError> {
+    if model.manifest.quantization.is_some() && model.provider != placement::CPU {
+        tracing::warn!(
+            worker,
+            provider = model.provider,
+            "an int8 quantized model on a GPU provider: its integer ops have no GPU kernels and run on the CPU, with copies on every run; give the GPU the fp32 or fp16 model (docs/models.md)"
+        );
+    }
+    let placement = match model.placement() {
+        None => return Ok(()),
+        Some(Ok(p)) => p,
+        Some(Err(e)) => {
+            tracing::warn!(worker, error = %e, "cannot tell where the model's nodes run");
+            return Ok(());
+        }
+    };
+    let off = placement.off_provider(model.provider);
+    model.off_provider_nodes = off.iter().map(|(_, n)| n).sum();
+    if let Some(warning) = judge_placement(model.provider, &off, settings.require_gpu)? {
+        tracing::warn!(worker, provider = model.provider, "{warning}");
+    }
+    Ok(())
+}
+
+/// What the op types that ran off the session's provider (`off`) mean:
+/// nothing, a warning to log, or with `require_gpu` a refusal.
+fn judge_placement(
+    provider: &str,
+    off: &[(String, usize)],
+    require_gpu: bool,
+) -> Result<Option<String>, InferenceError> {
+    if off.is_empty() {
+        return Ok(None);
+    }
+    let ops: Vec<String> = off.iter().map(|(op, n)| format!("{op} ×{n}")).collect();
+    let int8 = off
+        .iter()
+        .any(|(op, _)| placement::INT8_OPS.contains(&op.as_str()));
+    let hint = if int8 {
+        " (an int8 dynamically quantized model: its integer ops have no GPU kernels; give a GPU provider the fp32 or fp16 model, keep int8 for CPU)"
+    } else {
+        ""
+    };
+    if require_gpu {
+        return Err(InferenceError::CpuNodes {
+            provider: provider.to_string(),
+            ops: ops.join(", "),
+            hint,
+        });
+    }
+    Ok(Some(format!(
+        "{provider} runs some of the model's nodes on the CPU (copies between the devices on every run): {}{hint}",
+        ops.join(", ")
+    )))
 }
 
 /// One worker thread's state: its session, what it was loaded with, its
@@ -280,5 +385,38 @@ impl Worker {
             version: self.version,
             worker: self.id,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CUDA session whose int8 ops fell back to the CPU: refused with
+    /// require_gpu, naming the op types and what to do; else a warning.
+    #[test]
+    fn nodes_on_the_cpu_beside_a_gpu_provider_are_refused_or_warned_about() {
+        let off = vec![
+            ("DynamicQuantizeLinear".to_string(), 1),
+            ("MatMulInteger".to_string(), 2),
+        ];
+        let e = judge_placement("CUDAExecutionProvider", &off, true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("require_gpu")
+                && e.contains("CUDAExecutionProvider")
+                && e.contains("DynamicQuantizeLinear ×1, MatMulInteger ×2")
+                && e.contains("fp32 or fp16"),
+            "{e}"
+        );
+        let warning = judge_placement("CUDAExecutionProvider", &off, false)
+            .unwrap()
+            .unwrap();
+        assert!(warning.contains("MatMulInteger ×2"), "{warning}");
+        assert_eq!(
+            judge_placement("CUDAExecutionProvider", &[], true).unwrap(),
+            None
+        );
     }
 }

@@ -7,6 +7,7 @@ use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::value::Tensor;
 
+use super::placement::{self, Placement};
 use super::runtime::{environment, register_providers};
 use super::{InferenceError, ScoreError, Scores};
 use crate::config::{GraphOptimization, InferenceSettings, PadTo};
@@ -42,10 +43,33 @@ pub struct Model {
     pub provider: &'static str,
     /// Tokens fed since load, real and padded (zero for text models).
     pub tokens: TokenStats,
+    /// The session is profiled until [`Model::placement`] reads where its
+    /// nodes ran (GPU sessions, and `check-model`).
+    profiled: bool,
+    /// Node runs of its warm-up on another provider than the session's
+    /// (the CPU beside a GPU provider).
+    pub off_provider_nodes: usize,
+}
+
+/// Whether a session is profiled for its nodes' placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// When a GPU provider runs it (nodes may fall back to the CPU).
+    OnGpu,
+    /// Always (`check-model` prints the placement).
+    Always,
 }
 
 impl Model {
     pub fn load(settings: &InferenceSettings) -> Result<Model, InferenceError> {
+        Model::load_profiled(settings, Profile::OnGpu)
+    }
+
+    /// [`Model::load`], profiled as `profile` says for [`Model::placement`].
+    pub fn load_profiled(
+        settings: &InferenceSettings,
+        profile: Profile,
+    ) -> Result<Model, InferenceError> {
         let manifest = Manifest::load(&settings.model_dir)?;
         let input = match manifest.input_kind {
             InputKind::Tokens => {
@@ -72,6 +96,14 @@ impl Model {
         };
         let mut builder = Session::builder(env).map_err(load)?;
         let provider = register_providers(&mut builder, settings, manifest.input_kind)?;
+        let profiled = profile == Profile::Always || provider != placement::CPU;
+        if profiled {
+            static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let prefix = std::env::temp_dir()
+                .join(format!("modstream-placement-{}-{n}", std::process::id()));
+            builder = builder.with_profiling(prefix).map_err(|e| load(e.into()))?;
+        }
         let options = &settings.session;
         let level = match options.graph_optimization {
             GraphOptimization::Disabled => GraphOptimizationLevel::Disable,
@@ -96,9 +128,24 @@ impl Model {
             manifest,
             provider,
             tokens: TokenStats::default(),
+            profiled,
+            off_provider_nodes: 0,
         };
         model.check_signature()?;
         Ok(model)
+    }
+
+    /// Where the session's nodes ran (after a run of its own if none ran
+    /// yet), once; None for a session not profiled (a CPU one).
+    pub fn placement(&mut self) -> Option<Result<Placement, InferenceError>> {
+        if !std::mem::take(&mut self.profiled) {
+            return None;
+        }
+        let run = self.score(&mut ["where do the nodes run".to_string()]);
+        let file = self.session.end_profiling().map_err(InferenceError::from);
+        Some(run.and(file).and_then(|path| {
+            Placement::take_file(&path).map_err(|e| InferenceError::Mismatch(e.to_string()))
+        }))
     }
 
     fn check_signature(&self) -> Result<(), InferenceError> {

@@ -157,6 +157,11 @@ pub async fn run_loaded(
         mut matcher,
     } = loaded;
     health.model_loaded.store(true, Ordering::SeqCst);
+    health.set_models(
+        (models.specs.iter().zip(&models.pools))
+            .map(|(spec, pool)| pool.placement(&spec.name))
+            .collect(),
+    );
     let schemas = crate::schema::SchemaStore::from_settings(&settings)?;
     let verdict_encoder = register_verdict_schema(&settings).await?;
     let Joined {
@@ -360,7 +365,9 @@ fn start_models(settings: &Settings) -> Result<Models, PipelineError> {
     for spec in &specs {
         let pool = InferencePool::start(&spec.inference, spec.max_batch, results_tx.clone())?;
         let m = &pool.manifest;
-        tracing::info!(model = %spec.name, name = %m.name, version = %m.version, workers = spec.inference.worker_count(), "model loaded");
+        let placement = pool.placement(&spec.name);
+        tracing::info!(model = %spec.name, name = %m.name, version = %m.version, workers = spec.inference.worker_count(), providers = ?placement.providers, cpu_nodes = placement.cpu_nodes, "model loaded");
+        placement.export();
         pools.push(pool);
     }
     let labels: Vec<ModelLabels> = specs

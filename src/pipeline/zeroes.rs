@@ -59,6 +59,9 @@ const LABELLED: &[&str] = &[
     metric::LIST_ITEMS_OVER_BUDGET_TOTAL,
     // Per record kind (below).
     metric::ANALYTICS_GIVEN_UP_TOTAL,
+    // Per model, set as the models load.
+    metric::MODEL_PROVIDER,
+    metric::MODEL_CPU_NODES,
     metric::SHADOW_AGREEMENT_TOTAL,
     metric::SHADOW_FAILURES_TOTAL,
     metric::ERRORS_TOTAL,

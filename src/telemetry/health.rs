@@ -47,8 +47,34 @@ pub struct Health {
     /// up now, and why: reported, not failing readiness (moderation goes
     /// on without them).
     analytics_failing: std::sync::Mutex<Option<String>>,
+    /// Where each model runs (set as the models load; reported, not a
+    /// condition of readiness).
+    models: std::sync::Mutex<Vec<ModelPlacement>>,
     /// This run's faults (its metrics count those of the whole process).
     pub faults: super::FaultTally,
+}
+
+/// Where a model runs: the providers its workers' sessions run on, how
+/// many workers, and the most node runs any worker's warm-up made on the
+/// CPU beside a GPU provider.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ModelPlacement {
+    pub model: String,
+    pub providers: Vec<&'static str>,
+    pub workers: usize,
+    pub cpu_nodes: usize,
+}
+
+impl ModelPlacement {
+    /// `modstream_model_provider{model,provider}` 1 per provider, and
+    /// `modstream_model_cpu_nodes{model}`.
+    pub fn export(&self) {
+        for provider in &self.providers {
+            metrics::gauge!(metric::MODEL_PROVIDER, "model" => self.model.clone(), "provider" => *provider).set(1.0);
+        }
+        metrics::gauge!(metric::MODEL_CPU_NODES, "model" => self.model.clone())
+            .set(self.cpu_nodes as f64);
+    }
 }
 
 /// A partition whose oldest undelivered event has waited too long.
@@ -75,6 +101,16 @@ impl Health {
             && self.transaction_failing().is_none()
             && self.registry_unreachable().is_none()
             && self.list_topic().is_none()
+    }
+
+    pub fn set_models(&self, models: Vec<ModelPlacement>) {
+        if let Ok(mut m) = self.models.lock() {
+            *m = models;
+        }
+    }
+
+    pub fn models(&self) -> Vec<ModelPlacement> {
+        self.models.lock().map(|m| m.clone()).unwrap_or_default()
     }
 
     pub fn analytics_failing(&self) -> Option<String> {
@@ -167,6 +203,7 @@ impl Health {
             "registry_unreachable": self.registry_unreachable(),
             "list_topic": self.list_topic(),
             "analytics_failing": self.analytics_failing(),
+            "models": self.models(),
             "stalled": self.stalled(),
             "unfetched": self.unfetched(),
         })

@@ -50,6 +50,12 @@ metric_table! {
     FIELD_WARNINGS_TOTAL = "modstream_field_warnings_total", Counter, Count, "optional event fields left out (another type or out of range), by field; the event is moderated without them";
     /// Records acknowledged by the broker. Labels: kind (verdict, dlq).
     PRODUCED_TOTAL = "modstream_records_produced_total", Counter, Count, "records acknowledged by the broker";
+    /// Where each model runs: 1 for each provider a worker's session of it
+    /// runs on (`cpu`, `cuda`, `tensorrt`). Labels: model, provider.
+    MODEL_PROVIDER = "modstream_model_provider", Gauge, Count, "1 for each execution provider that runs a worker's session of the model (cpu, cuda, tensorrt)";
+    /// A GPU session's warm-up node runs on the CPU beside its provider
+    /// (the most of any worker; 0 on CPU). Labels: model.
+    MODEL_CPU_NODES = "modstream_model_cpu_nodes", Gauge, Count, "node runs of a GPU session's warm-up on the CPU beside its provider (0 on CPU)";
     /// Analytics records (decision, wave, sample) given up: their topic
     /// failed or they were not acknowledged within
     /// `output.analytics_timeout`; their offsets went on. Labels: kind.

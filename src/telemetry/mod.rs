@@ -13,7 +13,7 @@ pub mod health;
 pub mod metric;
 mod tally;
 
-pub use health::{Health, Stall, StallKind, StallReporter, serve};
+pub use health::{Health, ModelPlacement, Stall, StallKind, StallReporter, serve};
 pub use tally::{FaultCounts, FaultTally};
 
 #[derive(Debug, thiserror::Error)]
