@@ -90,14 +90,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let cost = cost::rows(&opts).await?;
     let session = session::rows(&opts).await?;
     let tokenization = session::tokenization(&opts)?;
-    let baseline = match &opts.python {
-        Some(python) => {
-            let row = baseline::run(&opts, python).await?;
-            row.print();
-            Some(row)
-        }
-        None => None,
-    };
+    let baseline = baseline_row(&opts).await?;
     let report = Report {
         machine: format!(
             "{} cores",
@@ -133,6 +126,16 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     };
     write_report(&report, &opts.out_dir)?;
     Ok(report)
+}
+
+/// The Python consumer's row (`--python`).
+async fn baseline_row(opts: &BenchOptions) -> anyhow::Result<Option<BaselineRow>> {
+    let Some(python) = &opts.python else {
+        return Ok(None);
+    };
+    let row = baseline::run(opts, python).await?;
+    row.print();
+    Ok(Some(row))
 }
 
 /// bench.json, bench.md (the tables) and the charts into `dir`.

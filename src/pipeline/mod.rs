@@ -157,11 +157,7 @@ pub async fn run_loaded(
         mut matcher,
     } = loaded;
     health.model_loaded.store(true, Ordering::SeqCst);
-    health.set_models(
-        (models.specs.iter().zip(&models.pools))
-            .map(|(spec, pool)| pool.placement(&spec.name))
-            .collect(),
-    );
+    health.set_models(models.placements());
     let schemas = crate::schema::SchemaStore::from_settings(&settings)?;
     let verdict_encoder = register_verdict_schema(&settings).await?;
     let Joined {
@@ -178,9 +174,6 @@ pub async fn run_loaded(
         &shutdown,
     )
     .await?;
-    health.consumer_ready.store(true, Ordering::SeqCst);
-    check_producer(&sink, settings.kafka.startup_timeout, &health).await;
-    tracing::info!(topics = ?settings.input.topics, group = %settings.kafka.group_id, "consuming");
 
     // Hot reload: a new model (or, on SIGHUP, policy, lists) while
     // running; started last so that an early return leaves no task behind
@@ -387,6 +380,13 @@ fn start_models(settings: &Settings) -> Result<Models, PipelineError> {
 }
 
 impl Models {
+    /// Where each model runs (for /readyz).
+    fn placements(&self) -> Vec<crate::telemetry::ModelPlacement> {
+        (self.specs.iter().zip(&self.pools))
+            .map(|(spec, pool)| pool.placement(&spec.name))
+            .collect()
+    }
+
     fn lanes(&self) -> Vec<ModelLane> {
         self.specs
             .iter()

@@ -56,6 +56,11 @@ pub(super) async fn join_group(
     check_output_topics(settings, rules, &sink).await?;
     let lists = lists_in_force(settings, matcher, health).await?;
     let (consumer, channels) = connected.join().await?;
+    health
+        .consumer_ready
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    super::check_producer(&sink, settings.kafka.startup_timeout, health).await;
+    tracing::info!(topics = ?settings.input.topics, group = %settings.kafka.group_id, "consuming");
     Ok(Joined {
         sink,
         consumer,

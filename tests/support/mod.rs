@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use rdkafka::ClientConfig;
 
+mod admin;
 pub mod eos;
 mod kafka;
 pub mod load;
@@ -21,7 +22,9 @@ mod outputs;
 pub mod registry;
 mod service;
 #[allow(unused_imports)]
-pub use kafka::{Broker, Security, Tls, kafka_tool, kcat, member_joins_and_leaves};
+pub use admin::member_joins_and_leaves;
+#[allow(unused_imports)]
+pub use kafka::{Broker, Security, Tls, kafka_tool, kcat};
 pub use outputs::*;
 pub use service::*;
 

@@ -313,12 +313,9 @@ async fn a_backlogs_wave_posts_take_the_kept_scores_at_their_models_turn() {
     assert_eq!(h.stored().concat().last(), Some(&at(0, 6)));
 }
 
-/// Exactly-once: the transaction that held a wave's started record (and
-/// its posts' samples) aborts; the partition is read again, and the
-/// records go out again in the next transaction: none is lost to the
-/// abort.
-#[tokio::test(start_paused = true)]
-async fn a_wave_record_and_samples_rolled_back_by_an_abort_are_written_again() {
+/// An exactly-once hub with waves of 3 posts by 2 users (a waves topic) and
+/// every verdict drawn for a sample, 2 per second.
+fn exactly_once_matching_hub() -> Harness {
     let settings = Settings::from_toml(
         r#"
         [kafka]
@@ -347,6 +344,16 @@ async fn a_wave_record_and_samples_rolled_back_by_an_abort_are_written_again() {
     .unwrap();
     let mut h = harness_of_settings(settings.clone());
     h.hub.matcher = Some(Matcher::new(&settings.matching).unwrap());
+    h
+}
+
+/// Exactly-once: the transaction that held a wave's started record (and
+/// its posts' samples) aborts; the partition is read again, and the
+/// records go out again in the next transaction: none is lost to the
+/// abort.
+#[tokio::test(start_paused = true)]
+async fn a_wave_record_and_samples_rolled_back_by_an_abort_are_written_again() {
+    let mut h = exactly_once_matching_hub();
     let text = "join the best crypto group in town today message me for the link now";
     let kinds =
         |h: &Harness, topic: &str| h.outbox.sent().iter().filter(|r| r.topic == topic).count();
