@@ -111,7 +111,10 @@ pub fn consumer(settings: &Settings, role: ConsumerRole, group_id: &str) -> Clie
         .set("fetch.max.bytes", bounds.fetch_max_bytes.to_string());
     if role == ConsumerRole::Group {
         cfg.set("auto.offset.reset", "earliest")
-            .set("statistics.interval.ms", "5000");
+            .set("statistics.interval.ms", "5000")
+            // An input topic created after the start (and a partition added
+            // to one) is consumed within 10 s, not librdkafka's 5 min.
+            .set("topic.metadata.refresh.interval.ms", "10000");
         if kafka.exactly_once() {
             // Offsets of a transaction not yet committed are not handed out
             // (KIP-447), nor aborted input.

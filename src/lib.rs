@@ -9,12 +9,13 @@
 //! exactly-once, the end of each [`transaction`]); [`pipeline`] wires
 //! the stages. The shared vocabulary sits below them: [`tp`] (partitions
 //! and positions), [`scores`] (a model's scores of an event, or why none), [`record`] (output records), [`manifest`], [`client`]
-//! (Kafka client configs), [`config`], [`telemetry`]. [`tools`] holds what
+//! (Kafka client configs; [`client_log`] their logs, without repeats), [`config`], [`telemetry`]. [`tools`] holds what
 //! runs around the pipeline: demo, bench, the event generator, the embedded
 //! cluster. docs/architecture.md has the layers (checked by tests/layers.rs).
 
 pub mod batcher;
 pub mod client;
+pub mod client_log;
 pub mod config;
 pub mod consumer;
 pub mod event;

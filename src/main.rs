@@ -40,17 +40,22 @@ enum Command {
     },
     /// Load a model, print its inputs and outputs, and score the given texts.
     CheckModel {
+        /// The model directory: model.onnx and manifest.json (relative paths
+        /// are looked for here, then in the repository this binary was built
+        /// in).
         #[arg(long, default_value = "models/profanity-check")]
         model: PathBuf,
         /// Execution providers in order of preference (cuda, tensorrt,
         /// cpu); the placement of the model's nodes on them is printed.
         #[arg(long, value_delimiter = ',', default_value = "cpu")]
         providers: Vec<ExecutionProvider>,
+        /// The GPU to use (CUDA device number).
         #[arg(long, default_value_t = 0)]
         device_id: i32,
         /// Fail unless a GPU provider can be used.
         #[arg(long)]
         require_gpu: bool,
+        /// Texts to score, one argument each (quote each text).
         texts: Vec<String>,
     },
     /// Produce generated posts (benign, abusive, urgent, 1 % malformed) to a topic.
@@ -108,6 +113,13 @@ enum Command {
         #[command(flatten)]
         options: modstream::tools::prevalence::PrevalenceOptions,
     },
+    /// A manifest.json for a model directory (model.onnx, and for a
+    /// transformer tokenizer.json and config.json), from the graph's inputs
+    /// and config.json; says every default it took.
+    InitModel {
+        #[command(flatten)]
+        options: modstream::tools::init_model::InitModelOptions,
+    },
     /// A text's normal form, as known-bad lists and waves match it, and its
     /// hash (a list item's `hash`).
     Normalize {
@@ -128,6 +140,7 @@ enum Command {
         /// Give up waiting for verdicts after this many seconds.
         #[arg(long, default_value_t = 120)]
         max_seconds: u64,
+        /// The model directory (default: models/profanity-check).
         #[arg(long)]
         model: Option<PathBuf>,
         /// Paced mode: send this many events per second (with /metrics served).
@@ -158,7 +171,7 @@ fn main() -> ExitCode {
             texts,
         } => check_model(
             InferenceSettings {
-                model_dir: model,
+                model_dir: modstream::tools::beside_the_binary(&model),
                 execution_providers: providers,
                 device_id,
                 require_gpu,
@@ -196,8 +209,17 @@ fn main() -> ExitCode {
         Command::Normalize { text } => {
             let normal = modstream::matching::normalize::normalize(&text);
             let hash = modstream::matching::normalize::text_hash(&normal);
-            println!("{normal}\n{hash:016x}");
+            println!("normal form  {normal}\nhash         {hash:016x}");
             Ok(())
+        }
+        Command::InitModel { options } => {
+            modstream::telemetry::init_logging(&TelemetrySettings {
+                log_level: "warn".into(),
+                ..Default::default()
+            });
+            modstream::tools::init_model::run(&options)
+                .map(|out| print!("{out}"))
+                .map_err(Into::into)
         }
         Command::Demo {
             rate: Some(rate),
@@ -236,7 +258,10 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn run(config: Option<PathBuf>, print_config: bool) -> anyhow::Result<()> {
-    let settings = Settings::load(config.as_deref())?;
+    let mut settings = Settings::load(config.as_deref())?;
+    // The default model from any directory (as given where it exists).
+    settings.inference.model_dir =
+        modstream::tools::beside_the_binary(&settings.inference.model_dir);
     if print_config {
         println!("{}", settings.redacted_dump());
         return Ok(());
@@ -288,6 +313,9 @@ fn check_model(settings: InferenceSettings, mut texts: Vec<String>) -> anyhow::R
         m.labels, m.activation, m.score_label
     );
     println!("  provider {}", model.provider);
+    for note in &m.notes {
+        println!("  from config.json: {note}");
+    }
     let labels = m.labels.clone();
     match model.warm_up(32) {
         Ok(took) => println!("  warm-up {:.0} ms", took.as_secs_f64() * 1000.0),

@@ -48,7 +48,14 @@ pub struct Manifest {
     /// reference it was quantized from (as its build measured them).
     #[serde(default)]
     pub quantization: Option<Quantization>,
+    /// What the load took from elsewhere than manifest.json (config.json's
+    /// labels, activation, max length), said once by who loads it.
+    #[serde(skip)]
+    pub notes: Vec<String>,
 }
+
+/// What a manifest error says beside the problem: where its keys are.
+const KEYS_HINT: &str = "manifest.json keys: docs/own-model.md; `modstream init-model DIR` writes one from the model and its config.json";
 
 /// What a quantized model's manifest records of its build.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -86,6 +93,24 @@ struct HfConfig {
 
 pub const TOKEN_INPUTS: [&str; 3] = ["input_ids", "attention_mask", "token_type_ids"];
 
+/// config.json's `id2label` in label order, or what is wrong with it.
+fn labels_of(hf: Option<&HfConfig>) -> Result<Vec<String>, String> {
+    let id2label = hf.map(|h| &h.id2label).filter(|l| !l.is_empty());
+    let Some(id2label) = id2label else {
+        return Err("no labels (set \"labels\" or ship config.json with id2label)".into());
+    };
+    let mut pairs: Vec<(usize, &String)> = id2label
+        .iter()
+        .map(|(k, v)| k.parse().map(|i| (i, v)))
+        .collect::<Result<_, _>>()
+        .map_err(|_| "config.json id2label keys must be integers".to_string())?;
+    pairs.sort();
+    if pairs.iter().enumerate().any(|(n, (i, _))| n != *i) {
+        return Err("config.json id2label must number labels 0..n".into());
+    }
+    Ok(pairs.into_iter().map(|(_, l)| l.clone()).collect())
+}
+
 impl Manifest {
     pub fn load(model_dir: &Path) -> Result<Manifest, ManifestError> {
         let path = model_dir.join("manifest.json");
@@ -93,8 +118,9 @@ impl Manifest {
             path: path.clone(),
             message,
         };
-        let text = std::fs::read_to_string(&path).map_err(|e| err(e.to_string()))?;
-        let mut m: Manifest = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| err(format!("{e} ({KEYS_HINT})")))?;
+        let mut m: Manifest =
+            serde_json::from_str(&text).map_err(|e| err(format!("{e} ({KEYS_HINT})")))?;
         let hf_path = model_dir.join("config.json");
         let hf: Option<HfConfig> = match std::fs::read_to_string(&hf_path) {
             Ok(t) => Some(
@@ -122,6 +148,9 @@ impl Manifest {
                     .get_or_insert_with(|| "tokenizer.json".to_string());
                 if m.max_length.is_none() {
                     m.max_length = hf.as_ref().and_then(|h| h.max_position_embeddings);
+                    if let Some(l) = m.max_length {
+                        m.notes.push(format!("max_length {l}: config.json's max_position_embeddings, manifest.json has none (posts are cut there, and warm-up runs every length bucket up to it: set max_length, e.g. 128, for short posts)"));
+                    }
                 }
                 if m.max_length.is_none_or(|l| l == 0) {
                     return Err(err("token model needs max_length > 0".into()));
@@ -129,27 +158,19 @@ impl Manifest {
             }
         }
         if m.labels.is_empty() {
-            let id2label = hf.as_ref().map(|h| &h.id2label).filter(|l| !l.is_empty());
-            let Some(id2label) = id2label else {
-                return Err(err(
-                    "no labels (set \"labels\" or ship config.json with id2label)".into(),
-                ));
-            };
-            let mut pairs: Vec<(usize, &String)> = id2label
-                .iter()
-                .map(|(k, v)| k.parse().map(|i| (i, v)))
-                .collect::<Result<_, _>>()
-                .map_err(|_| err("config.json id2label keys must be integers".into()))?;
-            pairs.sort();
-            if pairs.iter().enumerate().any(|(n, (i, _))| n != *i) {
-                return Err(err("config.json id2label must number labels 0..n".into()));
-            }
-            m.labels = pairs.into_iter().map(|(_, l)| l.clone()).collect();
+            m.labels = labels_of(hf.as_ref()).map_err(err)?;
+            m.notes
+                .push(format!("labels {:?}: config.json's id2label", m.labels));
         }
         m.activation = match m.declared_activation {
             Some(activation) => activation,
             None if m.input_kind == InputKind::Tokens => {
-                Activation::from_problem_type(hf.as_ref().and_then(|h| h.problem_type.as_deref()))
+                let problem = hf.as_ref().and_then(|h| h.problem_type.as_deref());
+                let activation = Activation::from_problem_type(problem);
+                m.notes.push(format!(
+                    "activation {activation:?}: config.json's problem_type {problem:?}"
+                ));
+                activation
             }
             None => Activation::None,
         };

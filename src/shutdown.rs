@@ -31,6 +31,21 @@ impl Shutdown {
     }
 }
 
+/// The first SIGINT/SIGTERM cancels the returned token (a tool stops what
+/// it feeds and lets the pipeline finish); a second one exits at once.
+pub fn on_signal() -> CancellationToken {
+    let interrupted = CancellationToken::new();
+    let token = interrupted.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        token.cancel();
+        wait_for_signal().await;
+        tracing::warn!("second signal; exiting at once");
+        std::process::exit(130);
+    });
+    interrupted
+}
+
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (

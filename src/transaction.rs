@@ -22,10 +22,11 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
+use crate::client_log::QuietProducer as FutureProducer;
 use crate::telemetry::metric::{self, TxnOutcome};
 use crate::tp::{Position, Positions};
 

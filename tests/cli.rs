@@ -330,6 +330,81 @@ fn the_paced_demo_serves_metrics_while_it_runs() {
     assert!(sent.starts_with("1800 events"), "{sent}");
 }
 
+/// Ctrl-C on the paced demo (no `--seconds`): the sending stops, the
+/// pipeline finishes what was sent, the summary is printed, exit 0.
+#[test]
+fn ctrl_c_on_the_paced_demo_finishes_what_was_sent_and_exits_0() {
+    use std::io::BufRead;
+    let port = support::free_port();
+    let mut child = modstream()
+        .args(["demo", "--rate", "300", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let mut text = String::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    // Three progress lines after the pipeline joined, then Ctrl-C.
+    while text.matches(" sent ").count() < 3 {
+        let line = lines
+            .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+            .expect("the demo prints its progress");
+        text.push_str(&line);
+        text.push('\n');
+    }
+    let pid = child.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "exits after Ctrl-C"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    while let Ok(line) = lines.recv_timeout(std::time::Duration::from_secs(2)) {
+        text.push_str(&line);
+        text.push('\n');
+    }
+    println!("{text}");
+    assert!(status.success(), "exit 0 after Ctrl-C: {status:?}\n{text}");
+    assert!(text.contains("Ctrl-C: sending stopped"), "{text}");
+    let valid: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("sent             "))
+        .and_then(|l| l.split('(').nth(1)?.split(' ').next()?.parse().ok())
+        .expect("the summary's sent line");
+    let verdicts: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("verdicts         "))
+        .and_then(|l| l.split(' ').next()?.parse().ok())
+        .expect("the summary's verdicts line");
+    assert!(
+        valid > 0 && verdicts == valid,
+        "every event sent judged: {verdicts} of {valid}"
+    );
+}
+
 /// `normalize` prints the normal form and the hash a list item may give
 /// in its place; a list file naming that hash matches the evaded text, and
 /// a wrong list file stops the start naming its line.
@@ -342,9 +417,13 @@ fn normalize_prints_the_form_and_hash_lists_match_and_a_wrong_list_stops_the_sta
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines[0], "free money");
+    assert_eq!(
+        lines[0], "normal form  free money",
+        "each line says what it is"
+    );
+    let hash = lines[1].strip_prefix("hash         ").unwrap_or_default();
     assert!(
-        lines[1].len() == 16 && lines[1].chars().all(|c| c.is_ascii_hexdigit()),
+        hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()),
         "{text}"
     );
     let again = modstream()

@@ -441,7 +441,11 @@ fn the_configuration_page_and_the_shipped_file_hold_the_same_keys_and_defaults()
                 "{key}: set in config/modstream.toml, not documented"
             )),
             Some(default) => {
-                let written = default.trim().trim_matches('`');
+                // A required key: the shipped file's value, in the cell.
+                let written = (default.strip_prefix("required (shipped file: "))
+                    .and_then(|r| r.strip_suffix(')'))
+                    .unwrap_or(default);
+                let written = written.trim().trim_matches('`');
                 let parsed: Result<toml::Table, _> = toml::from_str(&format!("v = {written}"));
                 if parsed.ok().and_then(|t| t.get("v").cloned()).as_ref() != Some(value) {
                     wrong.push(format!(
@@ -450,6 +454,20 @@ fn the_configuration_page_and_the_shipped_file_hold_the_same_keys_and_defaults()
                 }
             }
         }
+    }
+    let required: Vec<&str> = (documented.iter())
+        .filter(|(_, d)| d.starts_with("required"))
+        .map(|(k, _)| k.as_str())
+        .collect();
+    let mut want: Vec<&str> = modstream::config::REQUIRED
+        .iter()
+        .map(|(k, _)| *k)
+        .collect();
+    want.sort();
+    if required != want {
+        wrong.push(format!(
+            "required keys: documented {required:?}, the code's {want:?}"
+        ));
     }
     for (key, default) in &documented {
         if shipped.contains_key(key) {

@@ -452,6 +452,8 @@ async fn communities_are_judged_by_their_rules_over_two_models_with_the_reason()
         text.contains(&format!("verdict: {}", live.2["verdict"].as_str().unwrap())),
         "{text}"
     );
+    // Judged again now: no pipeline latency to show.
+    assert!(text.contains("\"latency_ms\": null"), "{text}");
     let missing = std::process::Command::new(env!("CARGO_BIN_EXE_modstream"))
         .args([
             "explain",

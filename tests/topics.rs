@@ -229,3 +229,91 @@ fn a_partition_added_to_the_list_topic_is_read() {
     );
     assert!(service.terminate(Duration::from_secs(30)));
 }
+
+/// An input topic that does not exist: with `input.require_topics` the
+/// start fails naming it; without, the service starts and /readyz is 503
+/// naming it (`modstream_input_topics_missing` 1) until it is created,
+/// after which its events are judged and the service is ready.
+#[test]
+fn a_missing_input_topic_is_a_readiness_reason_until_it_exists() {
+    let broker = Broker::start();
+    broker.create_topic(VERDICTS, 2);
+    broker.create_topic(DLQ, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-input");
+    let port = support::free_port();
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    );
+    std::fs::write(
+        &config,
+        text.replace("[input]\n", "[input]\nrequire_topics = true\n"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(support::modstream_binary())
+        .args(["run", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "require_topics fails the start");
+    assert!(
+        stderr.contains("input.topics") && stderr.contains(INPUT),
+        "names the key and the topic: {stderr}"
+    );
+
+    std::fs::write(&config, &text).unwrap();
+    let mut service = Modstream::start(&config, "input", dir.path());
+    let missing = format!("\"input_missing\":[\"{INPUT}\"]");
+    let started = Instant::now();
+    let said = loop {
+        let (status, body) = support::http_get(port, "/readyz");
+        if body.contains(&missing) {
+            break (status, body);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "/readyz: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        said.0, 503,
+        "not ready while its input is missing: {}",
+        said.1
+    );
+    let (_, metrics) = support::http_get(port, "/metrics");
+    assert!(
+        metrics.contains("modstream_input_topics_missing 1"),
+        "{metrics}"
+    );
+
+    broker.create_topic(INPUT, 2);
+    let created = Instant::now();
+    let acked = support::produce(&broker.bootstrap(), &support::events("i-", 0..200));
+    assert!(
+        support::wait_for_progress(&broker.bootstrap(), 200, Duration::from_secs(120)),
+        "the events of the topic created later are judged"
+    );
+    let judged = created.elapsed();
+    let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(30));
+    assert!(v.lost.is_empty(), "lost {}", v.lost.len());
+    let ready = loop {
+        let (status, body) = support::http_get(port, "/readyz");
+        if status == 200 {
+            break body;
+        }
+        assert!(
+            created.elapsed() < Duration::from_secs(60),
+            "/readyz: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    println!(
+        "input topic created: its events judged after {judged:?}; /readyz ready after {:?}",
+        created.elapsed()
+    );
+    assert!(ready.contains("\"input_missing\":[]"), "{ready}");
+    assert!(service.terminate(Duration::from_secs(30)));
+}

@@ -12,7 +12,7 @@ use modstream_bench::BenchOptions;
 
 /// Measure throughput and latency (embedded cluster or --bootstrap), against the raw model.
 #[derive(Parser)]
-#[command(name = "modstream-bench", version)]
+#[command(name = "modstream bench", bin_name = "modstream bench", version)]
 struct Cli {
     #[command(flatten)]
     options: Box<BenchOptions>,

@@ -11,8 +11,10 @@ pub struct BenchOptions {
     /// Events per saturation run.
     #[arg(long, default_value_t = 20_000)]
     pub events: usize,
+    /// The grid's batch sizes (`batching.max_batch_size`).
     #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
     pub batch_sizes: Vec<usize>,
+    /// The grid's batch deadlines in ms (`batching.max_batch_delay`).
     #[arg(long, value_delimiter = ',', default_value = "5,20")]
     pub delays_ms: Vec<u64>,
     /// Offered load as fractions of saturation, for the latency curve.
@@ -21,6 +23,7 @@ pub struct BenchOptions {
     /// Seconds of paced load per latency point.
     #[arg(long, default_value_t = 5)]
     pub latency_seconds: u64,
+    /// Intra-op threads per inference session (`inference.intra_threads`).
     #[arg(long, default_value_t = 1)]
     pub intra_threads: usize,
     /// Model directory (default: models/profanity-check).

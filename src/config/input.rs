@@ -26,6 +26,10 @@ pub struct InputSettings {
     /// Mappings of particular topics (each names its `topics`).
     #[serde(default)]
     pub mappings: Vec<Mapping>,
+    /// An input topic that does not exist at start fails it (else the
+    /// service starts, and /readyz says which are missing until they exist).
+    #[serde(default)]
+    pub require_topics: bool,
 }
 
 impl InputSettings {

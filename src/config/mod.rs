@@ -6,12 +6,13 @@
 //! made, and librdkafka properties that would break at-least-once delivery are
 //! refused here rather than discovered in production.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
 mod delivery;
+mod file;
 mod input;
 mod matching;
 mod models;
@@ -23,6 +24,7 @@ mod tests;
 mod validate;
 
 pub use delivery::DeliveryMode;
+pub use file::REQUIRED;
 pub use input::{FieldSource, InputSettings, Mapping, TimeUnit};
 pub use matching::{ListFile, ListMode, ListTopicLate, MatchingSettings};
 pub use models::{ModelSettings, ModelSpec, SINGLE_MODEL};
@@ -36,37 +38,9 @@ pub enum ConfigError {
     Load(#[from] config::ConfigError),
     #[error("invalid configuration: {key}: {reason}")]
     Invalid { key: String, reason: String },
-}
-
-/// A value that does not fit its key (wrong type, unknown variant) names
-/// the key, like the checks in [`Settings::validate`]; the index of a list
-/// element is left out. Other errors (an unknown or missing key) stay as
-/// the configuration library words them.
-fn with_key(e: config::ConfigError) -> ConfigError {
-    let key_of = |key: &str| match key.find('[') {
-        Some(i) => key[..i].to_string(),
-        None => key.to_string(),
-    };
-    let about_value = |e: &config::ConfigError| match e {
-        config::ConfigError::Type { .. } => true,
-        config::ConfigError::Message(m) => {
-            m.starts_with(UNKNOWN_VALUE)
-                || m.starts_with("unknown variant")
-                || m.contains("does not have variant constructor")
-        }
-        _ => false,
-    };
-    match e {
-        config::ConfigError::At {
-            error,
-            key: Some(key),
-            ..
-        } if about_value(&error) => invalid(&key_of(&key), error.to_string()),
-        config::ConfigError::Type {
-            key: Some(ref key), ..
-        } => invalid(&key_of(key), e.to_string()),
-        other => ConfigError::Load(other),
-    }
+    /// The file itself: not readable, not TOML.
+    #[error("invalid configuration file {path}: {reason}")]
+    File { path: String, reason: String },
 }
 
 fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
@@ -521,43 +495,6 @@ fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error>
 }
 
 impl Settings {
-    /// Load from an optional file, then `MODSTREAM__*` env vars, then validate.
-    pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
-        let mut builder = config::Config::builder();
-        let source = match path {
-            Some(p) => {
-                builder = builder.add_source(config::File::from(p).required(true));
-                Some(p.to_path_buf())
-            }
-            None => {
-                builder =
-                    builder.add_source(config::File::with_name("config/modstream").required(false));
-                Some(PathBuf::from("config/modstream.toml")).filter(|p| p.exists())
-            }
-        };
-        let built = builder
-            .add_source(
-                config::Environment::with_prefix("MODSTREAM")
-                    .prefix_separator("__")
-                    .separator("__"),
-            )
-            .build()?;
-        let mut settings: Settings = built.try_deserialize().map_err(with_key)?;
-        settings.validate()?;
-        settings.source = source;
-        Ok(settings)
-    }
-
-    /// Parse TOML text (tests and embedded defaults), then validate.
-    pub fn from_toml(text: &str) -> Result<Settings, ConfigError> {
-        let built = config::Config::builder()
-            .add_source(config::File::from_str(text, config::FileFormat::Toml))
-            .build()?;
-        let settings: Settings = built.try_deserialize().map_err(with_key)?;
-        settings.validate()?;
-        Ok(settings)
-    }
-
     /// The effective configuration as pretty JSON, secrets redacted.
     pub fn redacted_dump(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("cannot render config: {e}"))

@@ -323,10 +323,49 @@ fn workers_default_to_auto_and_take_a_number() {
 
 #[test]
 fn unknown_keys_are_errors_not_ignored() {
-    assert!(matches!(
-        with("[batching]\nmax_batch_sise = 3"),
-        Err(ConfigError::Load(_))
-    ));
+    match with("[batching]\nmax_batch_sise = 3") {
+        Err(ConfigError::Invalid { key, reason }) => {
+            assert!(key.starts_with("batching"), "{key}");
+            assert!(reason.contains("max_batch_sise"), "{reason}");
+        }
+        other => panic!("expected an invalid-config error, got {other:?}"),
+    }
+}
+
+/// The file as a user writes it: a number in quotes, an unknown key, a
+/// missing section each named with the file and the key.
+#[test]
+fn a_file_is_read_strictly_and_its_errors_name_the_file_and_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("my.toml");
+    let load = |text: &str| {
+        std::fs::write(&path, format!("{MINIMAL}\n{text}")).unwrap();
+        Settings::load(Some(&path)).unwrap_err().to_string()
+    };
+    let e = load("[policy]\nreview_at = \"0.5\"");
+    assert!(
+        e.contains("policy.review_at") && e.contains("my.toml") && e.contains("string"),
+        "{e}"
+    );
+    let e = load("[batching]\nmax_batch_sise = 3");
+    assert!(e.contains("max_batch_sise") && e.contains("my.toml"), "{e}");
+    let e = load("[kafka]\nbootstrap_servers = \"b:9092\"\n[input\n");
+    assert!(
+        e.contains("invalid configuration file") && e.contains("my.toml"),
+        "{e}"
+    );
+    // No [input]: the key, the file and the environment variable named.
+    std::fs::write(&path, "[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n").unwrap();
+    let e = Settings::load(Some(&path)).unwrap_err().to_string();
+    assert!(
+        e.contains("input.topics: required")
+            && e.contains("my.toml")
+            && e.contains("MODSTREAM__INPUT__TOPICS"),
+        "{e}"
+    );
+    // A secret's value is not shown in a type error.
+    let e = load("[schema_registry]\nurl = \"http://r\"\npassword = 12345");
+    assert!(!e.contains("12345"), "{e}");
 }
 
 /// MINIMAL with these lines in `[kafka]`, and `extra` at the end.

@@ -40,7 +40,7 @@ pub struct ModstreamContext {
     pub(super) health: Arc<Health>,
 }
 
-/// The client's failures, the first of each kind.
+/// The client's failures: the first of each kind, and the last error.
 #[derive(Default)]
 pub(super) struct ClientFaults {
     /// The first fatal client error, if any: the pipeline stops on it.
@@ -51,6 +51,9 @@ pub(super) struct ClientFaults {
     /// The first TLS failure (handshake, certificate verification): at start
     /// it is the reason the cluster cannot be reached, and says so.
     tls_failure: OnceLock<String>,
+    /// The last client error (a name that does not resolve, a refused
+    /// connection): the reason a start that cannot reach the cluster gives.
+    last: std::sync::Mutex<Option<String>>,
 }
 
 impl ClientFaults {
@@ -73,6 +76,16 @@ impl ClientFaults {
 
     pub(super) fn tls_failure(&self) -> Option<String> {
         self.tls_failure.get().cloned()
+    }
+
+    fn set_last(&self, reason: &str) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(reason.to_string());
+        }
+    }
+
+    pub(super) fn last(&self) -> Option<String> {
+        self.last.lock().ok().and_then(|l| l.clone())
     }
 }
 
@@ -155,6 +168,10 @@ impl ClientContext for ModstreamContext {
         let _ = self.lags_tx.send(lags);
     }
 
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::client_log::log_line(level, fac, message);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::SSL) {
             let _ = self.faults.tls_failure.set(reason.to_string());
@@ -165,7 +182,12 @@ impl ClientContext for ModstreamContext {
         } else {
             metrics::counter!(metric::ERRORS_TOTAL, "kind" => ErrorKind::Client.as_str())
                 .increment(1);
-            tracing::warn!(error = %error, reason, "kafka client error");
+            if crate::client_log::is_cause(&error) {
+                self.faults.set_last(reason);
+            }
+            if let Some(held) = crate::client_log::gate().admit(reason) {
+                tracing::warn!(error = %error, reason, held_back = held, "kafka client error");
+            }
         }
     }
 }

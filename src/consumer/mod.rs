@@ -67,8 +67,14 @@ pub enum ConsumerError {
     /// Exactly-once: the transactional producer was fenced or failed for good.
     #[error("exactly-once stopped: {0}")]
     Transaction(String),
-    #[error("cannot reach Kafka at {bootstrap} within {waited_s} s")]
-    Unreachable { bootstrap: String, waited_s: u64 },
+    #[error(
+        "cannot reach Kafka at {bootstrap} within {waited_s} s (kafka.startup_timeout): {cause}"
+    )]
+    Unreachable {
+        bootstrap: String,
+        waited_s: u64,
+        cause: String,
+    },
     #[error(
         "TLS with Kafka failed: {0} (check ssl.ca.location: the CA that signed the brokers' certificates, and that their names match bootstrap_servers)"
     )]
@@ -253,10 +259,16 @@ fn check_connection(
                 return Err(ConsumerError::Tls(reason.unwrap_or_default()));
             }
             Err(_) if started.elapsed() < timeout => std::thread::sleep(Duration::from_millis(100)),
-            Err(_) => {
+            Err(e) => {
+                let cause = consumer
+                    .context()
+                    .faults
+                    .last()
+                    .unwrap_or_else(|| e.to_string());
                 return Err(ConsumerError::Unreachable {
                     bootstrap: bootstrap.to_string(),
                     waited_s: timeout.as_secs(),
+                    cause,
                 });
             }
         }

@@ -10,7 +10,7 @@ use crate::producer::ProducerError;
 use crate::record::{self, OutRecord, RecordKind};
 use crate::telemetry::metric;
 use crate::tp::{Source, Tp};
-use crate::verdict::{self, Answer, Judged, ScoredBy};
+use crate::verdict::{self, Answer, Judged, ScoredBy, Timing};
 use tokio::time::Instant;
 
 impl<D: Deliver> Hub<D> {
@@ -102,7 +102,10 @@ impl<D: Deliver> Hub<D> {
             event: &pending.event,
             timestamp_ms: pending.original.timestamp_ms,
         };
-        let mut main = verdict::verdict_record(&self.settings.output.topic, &answer, &judged, None);
+        let live = |topic: &str, priority| {
+            verdict::verdict_record(topic, &answer, &judged, priority, Timing::Live)
+        };
+        let mut main = live(&self.settings.output.topic, None);
         let event_id = &pending.event.event_id;
         if let Err(e) = self.dress(&mut main, event_id, &pending.tp, pending.offset) {
             tracing::error!(error = %e, "a verdict does not fit the output format; dead-lettered");
@@ -114,8 +117,7 @@ impl<D: Deliver> Hub<D> {
         }
         let mut also = Vec::new();
         for route in rule.routes_for(decision.verdict) {
-            let priority = route.priority.as_deref();
-            let mut copy = verdict::verdict_record(&route.topic, &answer, &judged, priority);
+            let mut copy = live(&route.topic, route.priority.as_deref());
             // The same format as the verdict, which just fitted it.
             let _ = self.dress(&mut copy, event_id, &pending.tp, pending.offset);
             also.push(copy);

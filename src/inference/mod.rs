@@ -21,7 +21,7 @@ mod model;
 pub mod placement;
 mod runtime;
 
-pub use model::{Model, Profile, TokenStats};
+pub use model::{Model, Profile, Signature, TokenStats};
 pub use runtime::{default_cache_dir, find_runtime_library};
 
 use model::catching_panics;

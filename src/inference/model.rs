@@ -51,6 +51,13 @@ pub struct Model {
     pub off_provider_nodes: usize,
 }
 
+/// A graph's inputs and outputs: (name, type) each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Signature {
+    pub inputs: Vec<(String, String)>,
+    pub outputs: Vec<(String, String)>,
+}
+
 /// Whether a session is profiled for its nodes' placement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Profile {
@@ -167,6 +174,29 @@ impl Model {
             )));
         }
         Ok(())
+    }
+
+    /// The inputs and outputs of `model_dir/model.onnx` (name, type), read
+    /// by ONNX Runtime without a manifest (`init-model` writes one from it).
+    pub fn signature(settings: &InferenceSettings) -> Result<Signature, InferenceError> {
+        let env = environment(settings)?;
+        let path = settings.model_dir.join("model.onnx");
+        let load = |source| InferenceError::ModelLoad {
+            path: path.clone(),
+            source,
+        };
+        let session = Session::builder(env)
+            .map_err(load)?
+            .commit_from_file(&path)
+            .map_err(load)?;
+        Ok(Signature {
+            inputs: (session.inputs().iter())
+                .map(|i| (i.name().to_string(), i.dtype().to_string()))
+                .collect(),
+            outputs: (session.outputs().iter())
+                .map(|o| (o.name().to_string(), o.dtype().to_string()))
+                .collect(),
+        })
     }
 
     /// Names and types of the model's inputs and outputs, for `check-model`.

@@ -50,6 +50,8 @@ pub enum PipelineError {
     #[error(transparent)]
     Policy(#[from] PolicyError),
     #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
     Consumer(#[from] ConsumerError),
     #[error(transparent)]
     Producer(#[from] ProducerError),
@@ -180,6 +182,7 @@ pub async fn run_loaded(
     // (the list topic's reader, started before, stops with `lists`).
     let reloading = spawn_reloader(&settings, &models, lists, &shutdown);
     let watchdog = shutdown_watchdog(&shutdown, settings.kafka.shutdown_timeout);
+    let inputs_watch = start::watch_input_topics(&settings, &sink, &health, shutdown.stop.clone());
     let shadow = crate::shadow::Shadow::start(&settings);
     let records = schema_stage(
         &settings,
@@ -211,6 +214,7 @@ pub async fn run_loaded(
     };
     let (mut summary, producer_fatal) = hub.run(inputs).await;
     watchdog.abort();
+    inputs_watch.abort();
     reloading.task.abort();
     health.consumer_ready.store(false, Ordering::SeqCst);
     let stopped = Stopped {

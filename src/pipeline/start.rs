@@ -54,6 +54,7 @@ pub(super) async fn join_group(
     )
     .await?;
     check_output_topics(settings, rules, &sink).await?;
+    check_input_topics(settings, &sink, health).await?;
     let lists = lists_in_force(settings, matcher, health).await?;
     let (consumer, channels) = connected.join().await?;
     health
@@ -67,6 +68,67 @@ pub(super) async fn join_group(
         consumer_done,
         channels,
         lists,
+    })
+}
+
+/// Input topics the cluster does not list: with `input.require_topics`
+/// the start fails naming them; else /readyz names them (and
+/// `modstream_input_topics_missing` counts them) until they exist
+/// ([`watch_input_topics`]).
+async fn check_input_topics(
+    settings: &Settings,
+    sink: &Sink,
+    health: &Health,
+) -> Result<(), PipelineError> {
+    let missing = missing_input_topics(settings, sink).await;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if settings.input.require_topics {
+        return Err(crate::config::ConfigError::Invalid {
+            key: "input.topics".into(),
+            reason: format!("the cluster has no topic {missing:?} (input.require_topics is set)"),
+        }
+        .into());
+    }
+    tracing::warn!(topics = ?missing, "input topics do not exist; /readyz says so until they do");
+    health.set_input_missing(missing);
+    Ok(())
+}
+
+/// The input topics the cluster does not list now (none if it does not
+/// answer: that is the consumer's to report).
+async fn missing_input_topics(settings: &Settings, sink: &Sink) -> Vec<String> {
+    let (sink, topics) = (sink.clone(), settings.input.topics.clone());
+    let timeout = std::time::Duration::from_secs(10);
+    tokio::task::spawn_blocking(move || sink.missing_topics(&topics, timeout))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default()
+}
+
+/// Every 10 s, the input topics the cluster does not list, for /readyz and
+/// the gauge (a topic created later is consumed once librdkafka sees it).
+pub(super) fn watch_input_topics(
+    settings: &Settings,
+    sink: &Sink,
+    health: &Arc<Health>,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let (settings, sink, health) = (settings.clone(), sink.clone(), health.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
+            }
+            let missing = missing_input_topics(&settings, &sink).await;
+            if missing.is_empty() && !health.input_missing().is_empty() {
+                tracing::info!("every input topic exists now");
+            }
+            health.set_input_missing(missing);
+        }
     })
 }
 

@@ -29,12 +29,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, Producer, PurgeConfig};
+use rdkafka::producer::{DeliveryFuture, Producer, PurgeConfig};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{self, ProducerRole};
+use crate::client_log::{LastError, QuietContext, QuietProducer};
 use crate::config::KafkaSettings;
 use crate::record::{OutRecord, RecordKind};
 use crate::telemetry::{Health, metric};
@@ -163,9 +164,13 @@ impl ServiceFailures {
     }
 }
 
+/// The verdict producer, its librdkafka logs without repeats.
+pub type VerdictProducer = QuietProducer;
+
 #[derive(Clone)]
 pub struct Sink {
-    producer: FutureProducer,
+    producer: VerdictProducer,
+    last_error: LastError,
     resends: Arc<Resends>,
     service_failures: Arc<ServiceFailures>,
     /// When the last purge after a delivery timeout started.
@@ -228,11 +233,14 @@ impl Sink {
             .get("message.max.bytes")
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(1_000_000);
+        let context = QuietContext::default();
+        let last_error = context.last_error.clone();
         let producer = client::producer(kafka, ProducerRole::Verdicts)
-            .create()
+            .create_with_context(context)
             .map_err(ProducerError::Create)?;
         Ok(Sink {
             producer,
+            last_error,
             resends: Arc::default(),
             service_failures: Arc::default(),
             purges: Arc::default(),
@@ -249,7 +257,7 @@ impl Sink {
 
     /// The producer itself (exactly-once: its transactions are begun and
     /// ended by [`crate::transaction::Transactions`]).
-    pub fn producer(&self) -> FutureProducer {
+    pub fn producer(&self) -> VerdictProducer {
         self.producer.clone()
     }
 
@@ -397,6 +405,31 @@ impl Sink {
         timeout: Duration,
     ) -> Result<(), topics::TopicCheckError> {
         topics::check(self.producer.client(), topics, timeout)
+    }
+
+    /// The last error the producer's client reported (why it cannot
+    /// connect, if it cannot).
+    pub fn last_client_error(&self) -> Option<String> {
+        self.last_error.get()
+    }
+
+    /// Of `topics`, those the cluster does not list (blocking; a request for
+    /// every topic, which creates none). Err: the cluster did not answer.
+    pub fn missing_topics(
+        &self,
+        topics: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<String>, KafkaError> {
+        let metadata = self.producer.client().fetch_metadata(None, timeout)?;
+        let listed: std::collections::HashSet<&str> = (metadata.topics().iter())
+            .filter(|t| t.error().is_none())
+            .map(|t| t.name())
+            .collect();
+        Ok(topics
+            .iter()
+            .filter(|t| !listed.contains(t.as_str()))
+            .cloned()
+            .collect())
     }
 
     /// Whether the cluster answers this producer's metadata request (blocking).

@@ -47,6 +47,9 @@ pub struct Health {
     /// up now, and why: reported, not failing readiness (moderation goes
     /// on without them).
     analytics_failing: std::sync::Mutex<Option<String>>,
+    /// Input topics the cluster does not list: nothing of theirs can be
+    /// consumed (a condition of readiness).
+    input_missing: std::sync::Mutex<Vec<String>>,
     /// Where each model runs (set as the models load; reported, not a
     /// condition of readiness).
     models: std::sync::Mutex<Vec<ModelPlacement>>,
@@ -101,6 +104,21 @@ impl Health {
             && self.transaction_failing().is_none()
             && self.registry_unreachable().is_none()
             && self.list_topic().is_none()
+            && self.input_missing().is_empty()
+    }
+
+    pub fn input_missing(&self) -> Vec<String> {
+        self.input_missing
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn set_input_missing(&self, topics: Vec<String>) {
+        metrics::gauge!(metric::INPUT_TOPICS_MISSING).set(topics.len() as f64);
+        if let Ok(mut m) = self.input_missing.lock() {
+            *m = topics;
+        }
     }
 
     pub fn set_models(&self, models: Vec<ModelPlacement>) {
@@ -202,6 +220,7 @@ impl Health {
             "transaction_failing": self.transaction_failing(),
             "registry_unreachable": self.registry_unreachable(),
             "list_topic": self.list_topic(),
+            "input_missing": self.input_missing(),
             "analytics_failing": self.analytics_failing(),
             "models": self.models(),
             "stalled": self.stalled(),
@@ -324,6 +343,8 @@ pub async fn serve(
                 }
             }),
         );
+    // The bound address: a port 0 asked for is a port chosen here.
+    let addr = listener.local_addr().unwrap_or(addr);
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, app)

@@ -50,6 +50,8 @@ metric_table! {
     FIELD_WARNINGS_TOTAL = "modstream_field_warnings_total", Counter, Count, "optional event fields left out (another type or out of range), by field; the event is moderated without them";
     /// Records acknowledged by the broker. Labels: kind (verdict, dlq).
     PRODUCED_TOTAL = "modstream_records_produced_total", Counter, Count, "records acknowledged by the broker";
+    /// Input topics the cluster does not list (looked at every 10 s).
+    INPUT_TOPICS_MISSING = "modstream_input_topics_missing", Gauge, Count, "input topics the cluster does not list now (looked at every 10 s); /readyz names them";
     /// Where each model runs: 1 for each provider a worker's session of it
     /// runs on (`cpu`, `cuda`, `tensorrt`). Labels: model, provider.
     MODEL_PROVIDER = "modstream_model_provider", Gauge, Count, "1 for each execution provider that runs a worker's session of the model (cpu, cuda, tensorrt)";

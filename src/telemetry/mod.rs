@@ -20,7 +20,9 @@ pub use tally::{FaultCounts, FaultTally};
 pub enum TelemetryError {
     #[error("cannot install the metrics recorder: {0}")]
     Recorder(String),
-    #[error("cannot listen on {addr}")]
+    #[error(
+        "cannot listen on {addr} (telemetry.listen; MODSTREAM__TELEMETRY__LISTEN=127.0.0.1:0 takes any free port)"
+    )]
     Listen {
         addr: SocketAddr,
         #[source]

@@ -18,7 +18,7 @@ use rdkafka::Message;
 use rdkafka::consumer::Consumer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
-use crate::config::{InputFormat, Settings};
+use crate::config::{InputFormat, ModelSpec, Settings};
 use crate::event::Event;
 use crate::inference;
 use crate::policy::ModelId;
@@ -26,7 +26,7 @@ use crate::policy::ModelLabels;
 use crate::reload::PolicySource;
 use crate::tools::range;
 use crate::tp::Tp;
-use crate::verdict::{self, Answer, Judged, Scorer};
+use crate::verdict::{self, Answer, Judged, Scorer, Timing};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ExplainOptions {
@@ -69,15 +69,7 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
         opts.topic
     );
     let specs = settings.models();
-    let mut models = Vec::new();
-    for spec in &specs {
-        let mut sessions = inference::load_sessions(&spec.inference, 1, 1)?;
-        anyhow::ensure!(!sessions.is_empty(), "model {} did not load", spec.name);
-        models.push((
-            Scorer::named(&spec.name, &sessions[0].manifest),
-            sessions.remove(0),
-        ));
-    }
+    let mut models = load_models(&specs)?;
     let labels: Vec<ModelLabels> = specs
         .iter()
         .zip(&models)
@@ -124,13 +116,28 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
             timestamp_ms: f.timestamp_ms,
         };
         out.push_str(&describe(&f, &judged));
-        let record = verdict::verdict_record(&settings.output.topic, &answer, &judged, None);
+        let topic = &settings.output.topic;
+        let record = verdict::verdict_record(topic, &answer, &judged, None, Timing::Rejudged);
         let body: serde_json::Value =
             serde_json::from_slice(record.payload.as_deref().unwrap_or_default())?;
         out.push_str(&serde_json::to_string_pretty(&body)?);
         out.push('\n');
     }
     Ok(out)
+}
+
+/// One session of each model the configuration names, with its scorer.
+fn load_models(specs: &[ModelSpec]) -> anyhow::Result<Vec<(Scorer, inference::Model)>> {
+    let mut models = Vec::new();
+    for spec in specs {
+        let mut sessions = inference::load_sessions(&spec.inference, 1, 1)?;
+        anyhow::ensure!(!sessions.is_empty(), "model {} did not load", spec.name);
+        models.push((
+            Scorer::named(&spec.name, &sessions[0].manifest),
+            sessions.remove(0),
+        ));
+    }
+    Ok(models)
 }
 
 /// The judgement in words.

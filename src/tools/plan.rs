@@ -15,18 +15,21 @@
 //!   half its throughput for the live rate;
 //! - one more instance adds per_instance × headroom of capacity;
 //! - the cost of a day, where the report measured CPU seconds per million
-//!   verdicts (its cost table, `--contender` choosing the row, else its
-//!   first row that has it, or else its
-//!   Python-baseline run of `modstream run`): CPU-hours = rate × 86,400 ÷
-//!   10^6 × CPU-s per million ÷ 3,600, and instance-hours = CPU-hours ÷
-//!   (the bench machine's cores × headroom), instances of that machine's
-//!   size.
+//!   verdicts of the same model (its Python-baseline run of `modstream run`,
+//!   or with `--contender` that row of its cost table): CPU-hours = rate ×
+//!   86,400 ÷ 10^6 × CPU-s per million ÷ 3,600, and instance-hours =
+//!   CPU-hours ÷ (the bench machine's cores × headroom), instances of that
+//!   machine's size.
+//!
+//! One model's figures throughout: with `--contender`, the capacity is that
+//! row's too (its `modstream run` at the default cell: saturation, and the
+//! p99 at half of it), never the report's main model's.
 
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::tools::report::Report;
+use crate::tools::report::{CostRow, Report};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct PlanOptions {
@@ -37,9 +40,11 @@ pub struct PlanOptions {
     /// intended send time to the verdict read back).
     #[arg(long = "p99")]
     pub p99_ms: Option<f64>,
-    /// The bench report to answer from.
-    #[arg(long = "from", default_value = "docs/bench/bench.json")]
-    pub report: PathBuf,
+    /// The bench report to answer from (`modstream bench` writes
+    /// target/bench/bench.json; default: the shipped report,
+    /// docs/bench/bench.json, measured on the project's machine, not yours).
+    #[arg(long = "from")]
+    pub report: Option<PathBuf>,
     /// Share of one instance's capacity to plan for (the rest absorbs
     /// bursts, rebalances and noisy neighbours).
     #[arg(long, default_value_t = 0.7)]
@@ -47,8 +52,9 @@ pub struct PlanOptions {
     /// Seconds in which the autoscaled group should clear a backlog.
     #[arg(long, default_value_t = 10.0)]
     pub catch_up_seconds: f64,
-    /// The row of the report's cost table to cost the day by (a part of
-    /// its contender's name; default: its first row).
+    /// A row of the report's cost table (a part of its contender's name)
+    /// to plan for: its capacity and its cost of a day (default: the
+    /// report's main model).
     #[arg(long)]
     pub contender: Option<String>,
     /// Print JSON instead of text.
@@ -74,7 +80,8 @@ pub struct Plan {
     pub one_more_instance_adds_per_s: f64,
     pub per_instance_load_now: f64,
     pub per_instance_load_with_one_more: f64,
-    /// Where the numbers come from.
+    /// Where the numbers come from: the report and its run.
+    pub source: String,
     pub bench: String,
     /// What a day at the rate costs, where the report measured CPU time.
     pub day: Option<DayCost>,
@@ -136,11 +143,16 @@ pub fn plan(report: &Report, opts: &PlanOptions) -> Result<Plan, PlanError> {
             "--headroom must be above 0 and at most 1".into(),
         ));
     }
-    let saturation = report
-        .saturation
-        .iter()
-        .map(|r| r.pipeline_per_s)
-        .fold(0.0, f64::max);
+    let row = match &opts.contender {
+        Some(name) => Some(cost_row(report, name)?),
+        None => None,
+    };
+    let saturation = match row {
+        Some(r) => r.default_per_s.max(r.target_per_s),
+        None => (report.saturation.iter())
+            .map(|r| r.pipeline_per_s)
+            .fold(0.0, f64::max),
+    };
     if saturation <= 0.0 {
         return Err(PlanError::Invalid(
             "the bench report has no saturation run".into(),
@@ -150,13 +162,16 @@ pub fn plan(report: &Report, opts: &PlanOptions) -> Result<Plan, PlanError> {
         per_instance,
         measured_with,
         measured_p99,
-    } = capacity(report, opts.p99_ms)?;
+    } = match row {
+        Some(r) => row_capacity(r, opts.p99_ms)?,
+        None => capacity(report, opts.p99_ms)?,
+    };
     let usable = per_instance * opts.headroom;
     let instances = ((opts.rate / usable).ceil() as u64).max(1);
     let partitions = (instances * 2).div_ceil(6) * 6;
     let lag_threshold =
         (((saturation * opts.catch_up_seconds * 0.5) / 1000.0).round() as u64).max(1) * 1000;
-    let day = day_cost(report, opts)?;
+    let day = day_cost(report, row, opts)?;
     Ok(Plan {
         day,
         rate_per_s: opts.rate,
@@ -171,29 +186,67 @@ pub fn plan(report: &Report, opts: &PlanOptions) -> Result<Plan, PlanError> {
         one_more_instance_adds_per_s: usable,
         per_instance_load_now: opts.rate / instances as f64 / per_instance,
         per_instance_load_with_one_more: opts.rate / (instances + 1) as f64 / per_instance,
+        source: String::new(),
         bench: format!(
             "{} on {}, {} worker(s), {}, broker {}",
-            report.model, report.machine, report.workers, report.provider, report.broker
+            row.map_or(report.model.as_str(), |r| r.contender.as_str()),
+            report.machine,
+            report.workers,
+            report.provider,
+            report.broker
         ),
     })
 }
 
-/// CPU seconds per million verdicts from the cost table (`--contender`,
-/// else its first row) or the baseline run; None where neither measured it.
-fn day_cost(report: &Report, opts: &PlanOptions) -> Result<Option<DayCost>, PlanError> {
-    let measured = match &opts.contender {
-        Some(name) => {
-            let row = report
-                .cost
-                .iter()
-                .find(|r| r.contender.contains(name.as_str()))
-                .ok_or_else(|| {
-                    let have: Vec<&str> =
-                        report.cost.iter().map(|r| r.contender.as_str()).collect();
-                    PlanError::Invalid(format!(
-                        "no contender {name:?} in the report's cost table (it has {have:?})"
-                    ))
-                })?;
+/// The cost-table row whose contender's name contains `name`.
+fn cost_row<'r>(report: &'r Report, name: &str) -> Result<&'r CostRow, PlanError> {
+    report
+        .cost
+        .iter()
+        .find(|r| r.contender.contains(name))
+        .ok_or_else(|| {
+            let have: Vec<&str> = report.cost.iter().map(|r| r.contender.as_str()).collect();
+            PlanError::Invalid(format!(
+                "no contender {name:?} in the report's cost table (it has {have:?})"
+            ))
+        })
+}
+
+/// What one instance sustains, as a cost-table row measured it: its
+/// default cell at saturation, or (with a p99) at half of it.
+fn row_capacity(row: &CostRow, p99_ms: Option<f64>) -> Result<Capacity, PlanError> {
+    let with = format!(
+        "{}, modstream run at its default configuration (64 / 20 ms)",
+        row.contender
+    );
+    match p99_ms {
+        None => Ok(Capacity {
+            per_instance: row.default_per_s,
+            measured_with: format!("{with}, at saturation"),
+            measured_p99: None,
+        }),
+        Some(p99) if row.p99_at_half_ms <= p99 => Ok(Capacity {
+            per_instance: row.default_per_s * 0.5,
+            measured_with: format!("{with}, at 50 % of its saturation"),
+            measured_p99: Some(row.p99_at_half_ms),
+        }),
+        Some(p99) => Err(PlanError::Unreachable {
+            p99_ms: p99,
+            best_ms: row.p99_at_half_ms,
+        }),
+    }
+}
+
+/// CPU seconds per million verdicts of the planned model: the chosen
+/// cost-table row's, else the baseline run's (the report's main model);
+/// None where neither measured it.
+fn day_cost(
+    report: &Report,
+    row: Option<&CostRow>,
+    opts: &PlanOptions,
+) -> Result<Option<DayCost>, PlanError> {
+    let measured = match row {
+        Some(row) => {
             let cpu = row.cpu_s_per_million.ok_or_else(|| {
                 PlanError::Invalid(format!(
                     "{}: its run was too short to measure CPU time",
@@ -202,24 +255,13 @@ fn day_cost(report: &Report, opts: &PlanOptions) -> Result<Option<DayCost>, Plan
             })?;
             Some((cpu, row.contender.clone(), Some(row.default_per_s)))
         }
-        None => report
-            .cost
-            .iter()
-            .find_map(|r| {
-                Some((
-                    r.cpu_s_per_million?,
-                    r.contender.clone(),
-                    Some(r.default_per_s),
-                ))
-            })
-            .or_else(|| {
-                let b = report.baseline.as_ref()?;
-                Some((
-                    b.modstream_cpu_s_per_million?,
-                    report.model.clone(),
-                    Some(b.modstream_per_s),
-                ))
-            }),
+        None => report.baseline.as_ref().and_then(|b| {
+            Some((
+                b.modstream_cpu_s_per_million?,
+                report.model.clone(),
+                Some(b.modstream_per_s),
+            ))
+        }),
     };
     let Some((cpu_s_per_million, contender, per_s)) = measured else {
         return Ok(None);
@@ -319,7 +361,7 @@ fn capacity(report: &Report, p99_ms: Option<f64>) -> Result<Capacity, PlanError>
 
 impl Plan {
     pub fn print(&self) {
-        println!("From your bench run: {}.", self.bench);
+        println!("From {}: {}.", self.source, self.bench);
         match (self.p99_ms, self.measured_p99_ms) {
             (Some(p99), Some(measured)) => println!(
                 "One instance holds {:.0} events/s at p99 ≤ {p99} ms (measured {measured:.1} ms with {}).",
@@ -364,7 +406,7 @@ impl Plan {
                 d.instances_by_throughput * 24
             ),
             None => println!(
-                "The report measured no CPU time (bench with --cost or --python to cost a day)."
+                "The report measured no CPU time for this model (bench with --python to cost a day, or choose a row of its cost table with --contender)."
             ),
         }
         println!(
@@ -373,9 +415,24 @@ impl Plan {
     }
 }
 
+/// Where the shipped report is (relative to the repository).
+pub const SHIPPED_REPORT: &str = "docs/bench/bench.json";
+
 pub fn run(opts: &PlanOptions) -> anyhow::Result<()> {
-    let report = load(&opts.report)?;
-    let plan = plan(&report, opts)?;
+    let (path, source) = match &opts.report {
+        Some(path) => (path.clone(), format!("the bench report {}", path.display())),
+        None => {
+            let path = crate::tools::beside_the_binary(Path::new(SHIPPED_REPORT));
+            let source = format!(
+                "the shipped bench report {} (the project's machine, not yours: `modstream bench` measures yours, `--from target/bench/bench.json` reads it)",
+                path.display()
+            );
+            (path, source)
+        }
+    };
+    let report = load(&path)?;
+    let mut plan = plan(&report, opts)?;
+    plan.source = source;
     if opts.json {
         use std::io::Write;
         writeln!(
@@ -427,7 +484,7 @@ mod tests {
         PlanOptions {
             rate,
             p99_ms: p99,
-            report: PathBuf::new(),
+            report: None,
             headroom: 0.7,
             catch_up_seconds: 10.0,
             contender: None,
@@ -486,20 +543,53 @@ mod tests {
              "target_per_s": 1.0, "target_p99_ms": 50, "p99_at_half_ms": 1.0}
         ]))
         .unwrap();
+        // The report's main model has no CPU time (no baseline run): a
+        // cost-table row, another model's, is not taken for it.
+        assert_eq!(plan(&r, &opts(1_000.0, None)).unwrap().day, None);
+        let minilm = PlanOptions {
+            contender: Some("minilm-l6".into()),
+            ..opts(1_000.0, None)
+        };
+        let p = plan(&r, &minilm).unwrap();
+        // The capacity is the row's model's too, not the report's 20,000/s.
+        assert_eq!(p.per_instance_per_s, 400.0);
+        assert!(p.bench.starts_with("minilm-l6 on"), "{}", p.bench);
         // 1,000/s for a day = 86.4 million verdicts × 5,000 s = 120 CPU-hours;
         // ÷ (2 cores × 0.7) = 85.7 instance-hours.
-        let day = plan(&r, &opts(1_000.0, None)).unwrap().day.unwrap();
+        let day = p.day.unwrap();
         assert!((day.cpu_hours - 120.0).abs() < 1e-9, "{day:?}");
         assert!((day.instance_hours - 120.0 / 1.4).abs() < 1e-9);
         assert_eq!(day.cores, 2);
-        // 1,000 ÷ (400 × 0.7) = 3.6 → 4 instances by verdicts/s.
-        assert_eq!(day.instances_by_throughput, 4);
+        // 1,000 ÷ (400 × 0.7) = 3.6 → 4 instances by verdicts/s, as planned.
+        assert_eq!((day.instances_by_throughput, p.instances), (4, 4));
         let int8 = PlanOptions {
             contender: Some("int8".into()),
             ..opts(1_000.0, None)
         };
-        let day = plan(&r, &int8).unwrap().day.unwrap();
-        assert!((day.cpu_hours - 60.0).abs() < 1e-9);
+        let p = plan(&r, &int8).unwrap();
+        assert_eq!(p.per_instance_per_s, 700.0);
+        assert!((p.day.unwrap().cpu_hours - 60.0).abs() < 1e-9);
+        // With a p99: the row's one latency point, at half its saturation.
+        let held = plan(
+            &r,
+            &PlanOptions {
+                p99_ms: Some(5.0),
+                ..int8.clone()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (held.per_instance_per_s, held.measured_p99_ms),
+            (350.0, Some(1.0))
+        );
+        let tight = PlanOptions {
+            p99_ms: Some(0.5),
+            ..int8
+        };
+        assert!(matches!(
+            plan(&r, &tight),
+            Err(PlanError::Unreachable { .. })
+        ));
         let none = PlanOptions {
             contender: Some("bert".into()),
             ..opts(1_000.0, None)

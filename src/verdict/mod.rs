@@ -15,7 +15,8 @@
 //! fields were left out, `review_priority` only in a copy a rule routed to
 //! another topic. `latency_ms` runs from the input record's Kafka timestamp
 //! (or the event's `created_at` when the record has none) to when the
-//! verdict was made.
+//! verdict was made; it is null in a verdict judged again (`rescore`,
+//! `explain`), where the time since the event is no pipeline's latency.
 //!
 //! Dead-letter records are in [`crate::record`].
 
@@ -222,10 +223,18 @@ impl Scorer {
             marks: None,
         };
         (
-            verdict_record(topic, &answer, &judged, None),
+            verdict_record(topic, &answer, &judged, None, Timing::Rejudged),
             decision.verdict,
         )
     }
+}
+
+/// When a verdict is made: as the event flows through the pipeline, or
+/// again later (its `latency_ms` then null).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timing {
+    Live,
+    Rejudged,
 }
 
 /// The verdict record (`priority`: the route's, in a routed copy).
@@ -234,10 +243,14 @@ pub fn verdict_record(
     answer: &Answer<'_>,
     judged: &Judged<'_>,
     priority: Option<&str>,
+    timing: Timing,
 ) -> OutRecord {
     let now = chrono::Utc::now();
-    let started = event::event_time_ms(answer.timestamp_ms, answer.event);
-    let latency_ms = started.map(|t| (now.timestamp_millis() - t).max(0));
+    let latency_ms = match timing {
+        Timing::Live => event::event_time_ms(answer.timestamp_ms, answer.event)
+            .map(|t| (now.timestamp_millis() - t).max(0)),
+        Timing::Rejudged => None,
+    };
     let processed_at = now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let first = judged.models.first();
     let model = ModelRef {

@@ -191,10 +191,13 @@ pub fn init_logs() {
     }
 }
 
-/// GET a path on 127.0.0.1:port: (status code, body).
+/// GET a path on 127.0.0.1:port: (status code, body); (0, "") while
+/// nothing listens there yet.
 pub fn http_get(port: u16, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();

@@ -40,7 +40,21 @@ pub(super) const PARTITIONS: i32 = 4;
 
 /// Settings for a pipeline against `bootstrap` with the demo topics.
 pub fn demo_settings(bootstrap: &str, group: &str) -> Result<Settings, crate::config::ConfigError> {
-    Settings::from_toml(&demo_config(bootstrap, group, 64, 10))
+    let mut settings = Settings::from_toml(&demo_config(bootstrap, group, 64, 10))?;
+    // The shipped model from any directory (as given where it exists).
+    settings.inference.model_dir = crate::tools::beside_the_binary(&settings.inference.model_dir);
+    Ok(settings)
+}
+
+/// Why a demo ends early: the pipeline stopped before the verdicts came.
+pub(crate) fn pipeline_ended<T>(
+    ended: Result<Result<T, crate::pipeline::PipelineError>, tokio::task::JoinError>,
+) -> anyhow::Error {
+    match ended {
+        Ok(Err(e)) => anyhow::Error::new(e).context("the pipeline stopped"),
+        Ok(Ok(_)) => anyhow::anyhow!("the pipeline stopped before the verdicts arrived"),
+        Err(e) => anyhow::Error::new(e).context("the pipeline task failed"),
+    }
 }
 
 /// The demo configuration as TOML (for a separate `modstream run` process).
@@ -109,7 +123,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
     }
     let shutdown = Shutdown::new();
     shutdown.listen_for_signals();
-    let pipeline = tokio::spawn(crate::pipeline::run(settings, shutdown.clone()));
+    let mut pipeline = tokio::spawn(crate::pipeline::run(settings, shutdown.clone()));
 
     let events = generate(opts.events, 100, "demo-");
     let texts: HashMap<String, String> = events
@@ -129,7 +143,10 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     let deadline = started + opts.max_duration;
-    let verdicts = read_with_progress(bootstrap.clone(), valid, started, deadline).await?;
+    let verdicts = tokio::select! {
+        read = read_with_progress(bootstrap.clone(), valid, started, deadline) => read?,
+        ended = &mut pipeline => return Err(pipeline_ended(ended)),
+    };
     let elapsed = started.elapsed();
     shutdown.stop.cancel();
     let summary = pipeline.await??;

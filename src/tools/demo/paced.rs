@@ -1,7 +1,10 @@
 //! The paced demo: the pipeline on an embedded cluster, fed `rate` events/s
 //! open loop, printing progress each second, /metrics and /readyz served
 //! while it runs; latency is counted from the first paced event, after a
-//! warm-up event proved the pipeline joined and scored.
+//! warm-up event proved the pipeline joined and scored. Ctrl-C (or the end
+//! of `--seconds`) stops the sending after the second under way; the
+//! pipeline then finishes the events sent, the summary is printed and the
+//! demo exits 0 (a second Ctrl-C exits at once).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,9 +39,10 @@ pub async fn run_paced(opts: PacedOptions) -> anyhow::Result<()> {
     let listener =
         crate::telemetry::serve(opts.listen, metrics, health.clone(), stop_listener.clone())
             .await?;
+    // Ctrl-C stops the sending, not the pipeline: it finishes what was sent.
+    let interrupted = crate::shutdown::on_signal();
     let shutdown = Shutdown::new();
-    shutdown.listen_for_signals();
-    let pipeline = tokio::spawn(crate::pipeline::run_with_health(
+    let mut pipeline = tokio::spawn(crate::pipeline::run_with_health(
         settings,
         shutdown.clone(),
         health,
@@ -53,14 +57,19 @@ pub async fn run_paced(opts: PacedOptions) -> anyhow::Result<()> {
     let reader = spawn_reader(bootstrap.clone(), counts.clone());
     let producer = send::event_producer(&bootstrap)?;
     send::produce_with(&producer, DEMO_INPUT, &generate(1, 0, "warmup-")).await?;
-    wait_for_warm_up(&counts, &pipeline).await?;
+    wait_for_warm_up(&counts, &mut pipeline).await?;
     println!(
         "pipeline joined; sending {:.0} events/s {}",
         opts.rate,
         opts.seconds
             .map_or("until Ctrl-C".to_string(), |s| format!("for {s} s"))
     );
-    let sent = send_rounds(&producer, &opts, &shutdown, &counts).await?;
+    let sent = send_rounds(&producer, &opts, &interrupted, &counts).await?;
+    if interrupted.is_cancelled() {
+        println!(
+            "Ctrl-C: sending stopped; waiting for the verdicts of the events sent (Ctrl-C again to exit at once)"
+        );
+    }
     counts.expected.store(sent.valid, Ordering::SeqCst);
     counts.stop.store(true, Ordering::SeqCst);
     let (by_kind, latency) = reader.await??;
@@ -68,6 +77,18 @@ pub async fn run_paced(opts: PacedOptions) -> anyhow::Result<()> {
     let summary = pipeline.await??;
     stop_listener.cancel();
     let _ = listener.await;
+    drop(producer);
+    drop(broker);
+    print_summary(&sent, &by_kind, &latency, summary.dlq)
+}
+
+/// The summary; an error if a verdict is missing.
+fn print_summary(
+    sent: &Sent,
+    by_kind: &BTreeMap<String, u64>,
+    latency: &hdrhistogram::Histogram<u64>,
+    dlq: u64,
+) -> anyhow::Result<()> {
     let verdicts: u64 = by_kind.values().sum();
     println!("\n== modstream demo (paced) ==");
     println!(
@@ -77,15 +98,13 @@ pub async fn run_paced(opts: PacedOptions) -> anyhow::Result<()> {
         sent.valid
     );
     println!("verdicts         {verdicts}  {by_kind:?}");
-    println!("dead-lettered    {}", summary.dlq);
+    println!("dead-lettered    {dlq}");
     println!(
         "latency          p50 {} ms, p99 {} ms, max {} ms (record timestamp to verdict, after the pipeline joined)",
         latency.value_at_quantile(0.5),
         latency.value_at_quantile(0.99),
         latency.max()
     );
-    drop(producer);
-    drop(broker);
     anyhow::ensure!(
         verdicts >= sent.valid,
         "only {verdicts} of {} verdicts arrived",
@@ -161,15 +180,19 @@ fn spawn_reader(
     })
 }
 
-/// Until the warm-up event's verdict came back (at most 60 s).
+/// Until the warm-up event's verdict came back (at most 60 s); a pipeline
+/// that stops before says why.
 async fn wait_for_warm_up<T>(
     counts: &Counts,
-    pipeline: &tokio::task::JoinHandle<T>,
+    pipeline: &mut tokio::task::JoinHandle<Result<T, crate::pipeline::PipelineError>>,
 ) -> anyhow::Result<()> {
     let joined_by = Instant::now() + Duration::from_secs(60);
     while !counts.warm.load(Ordering::SeqCst) {
+        if pipeline.is_finished() {
+            return Err(super::pipeline_ended(pipeline.await));
+        }
         anyhow::ensure!(
-            Instant::now() < joined_by && !pipeline.is_finished(),
+            Instant::now() < joined_by,
             "the pipeline did not score a warm-up event within 60 s"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -184,13 +207,14 @@ struct Sent {
     took: Duration,
 }
 
-/// One round a second, paced, until `opts.seconds` or Ctrl-C; each
-/// second's deliveries are awaited by their own task (bounded: one per
-/// second of the run), all of them before this returns.
+/// One round a second, paced, until `opts.seconds` or Ctrl-C (a round
+/// under way is sent whole, so that what was sent is known); each second's
+/// deliveries are awaited by their own task (bounded: one per second of
+/// the run), all of them before this returns.
 async fn send_rounds(
     producer: &FutureProducer,
     opts: &PacedOptions,
-    shutdown: &Shutdown,
+    interrupted: &tokio_util::sync::CancellationToken,
     counts: &Counts,
 ) -> anyhow::Result<Sent> {
     let start = Instant::now();
@@ -198,7 +222,7 @@ async fn send_rounds(
     let (mut sent, mut valid) = (0u64, 0u64);
     let mut deliveries = tokio::task::JoinSet::new();
     for round in 0u64.. {
-        if shutdown.stop.is_cancelled() || opts.seconds.is_some_and(|s| round >= s) {
+        if interrupted.is_cancelled() || opts.seconds.is_some_and(|s| round >= s) {
             break;
         }
         let events = generate(per_round, 100, &format!("demo-{round}-"));
@@ -209,12 +233,8 @@ async fn send_rounds(
             rate: opts.rate,
             stamp_from_ms: None,
         };
-        tokio::select! {
-            r = send::send_paced(producer, DEMO_INPUT, &events, schedule, |_| {}) => {
-                deliveries.spawn(send::await_deliveries(r?));
-            }
-            _ = shutdown.stop.cancelled() => break,
-        }
+        let sending = send::send_paced(producer, DEMO_INPUT, &events, schedule, |_| {});
+        deliveries.spawn(send::await_deliveries(sending.await?));
         let read = counts.read.load(Ordering::SeqCst);
         println!(
             "{:>5.0}s  sent {sent:>8}  verdicts {read:>8}  ({:.0}/s)",

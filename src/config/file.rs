@@ -1,0 +1,180 @@
+//! Settings read: the file strictly first (every key known, every value of
+//! its key's type, the keys without a default set in it or in the
+//! environment), then merged with the environment by the configuration
+//! library, whose errors name their key.
+
+use std::path::{Path, PathBuf};
+
+use super::{ConfigError, Settings, UNKNOWN_VALUE, invalid};
+
+impl Settings {
+    /// Load from an optional file, then `MODSTREAM__*` env vars, then validate.
+    pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
+        let mut builder = config::Config::builder();
+        let source = match path {
+            Some(p) => {
+                builder = builder.add_source(config::File::from(p).required(true));
+                Some(p.to_path_buf())
+            }
+            None => {
+                builder =
+                    builder.add_source(config::File::with_name("config/modstream").required(false));
+                Some(PathBuf::from("config/modstream.toml")).filter(|p| p.exists())
+            }
+        };
+        let table = match &source {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| ConfigError::File {
+                    path: p.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+                check_file(Some(p), &text)?;
+                text.parse::<toml::Table>().ok()
+            }
+            None => None,
+        };
+        if let Some(missing) = missing_required(source.as_deref(), table.as_ref()) {
+            return Err(missing);
+        }
+        let built = builder
+            .add_source(
+                config::Environment::with_prefix("MODSTREAM")
+                    .prefix_separator("__")
+                    .separator("__"),
+            )
+            .build()?;
+        let mut settings: Settings = built.try_deserialize().map_err(with_key)?;
+        settings.validate()?;
+        settings.source = source;
+        Ok(settings)
+    }
+
+    /// Parse TOML text (tests and embedded defaults), then validate.
+    pub fn from_toml(text: &str) -> Result<Settings, ConfigError> {
+        check_file(None, text)?;
+        let built = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()?;
+        let settings: Settings = built.try_deserialize().map_err(with_key)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+}
+
+/// Keys with no default: the file or the environment must set them.
+pub const REQUIRED: [(&str, &str); 2] = [
+    (
+        "kafka.bootstrap_servers",
+        "the brokers, host:port, comma-separated",
+    ),
+    (
+        "input.topics",
+        "the topics to consume, a list or one comma-separated string",
+    ),
+];
+
+/// The file alone, strictly: TOML, every key known, every value of its
+/// key's type (the configuration library reads `review_at = "0.5"` as a
+/// number; a file that says so is a mistake worth naming). Required keys it
+/// leaves to the environment get stand-ins here.
+pub(super) fn check_file(path: Option<&Path>, text: &str) -> Result<(), ConfigError> {
+    let file = path.map_or_else(String::new, |p| p.display().to_string());
+    let mut table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| ConfigError::File {
+            path: file.clone(),
+            reason: e.to_string(),
+        })?;
+    for (key, _) in REQUIRED {
+        let (section, name) = key.split_once('.').unwrap_or(("", key));
+        let toml::Value::Table(t) = table
+            .entry(section)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        else {
+            continue;
+        };
+        t.entry(name)
+            .or_insert_with(|| toml::Value::String("stand-in".into()));
+    }
+    serde_path_to_error::deserialize::<_, Settings>(toml::Value::Table(table))
+        .map(|_| ())
+        .map_err(|e| {
+            // The key as written (`inference.execution_providers`, not its
+            // element `[1]`).
+            let path = e.path().to_string();
+            let key = path.trim_end_matches(|c: char| c == ']' || c == '[' || c.is_ascii_digit());
+            // A type error shows the value: not where it may be a secret.
+            let message = if super::is_secret(key) {
+                "a value of the wrong type (not shown: it may be a secret)".to_string()
+            } else {
+                e.into_inner().message().trim().to_string()
+            };
+            let reason = if file.is_empty() {
+                message
+            } else {
+                format!("{message} (in {file})")
+            };
+            invalid(key, reason)
+        })
+}
+
+/// A required key that neither the file nor the environment sets.
+pub(super) fn missing_required(
+    path: Option<&Path>,
+    table: Option<&toml::Table>,
+) -> Option<ConfigError> {
+    for (key, what) in REQUIRED {
+        let (section, name) = key.split_once('.').unwrap_or(("", key));
+        let in_file = table
+            .and_then(|t| t.get(section))
+            .and_then(|s| s.get(name))
+            .is_some();
+        let env = format!(
+            "MODSTREAM__{}__{}",
+            section.to_uppercase(),
+            name.to_uppercase()
+        );
+        if !in_file && std::env::var_os(&env).is_none() {
+            let file = path.map_or_else(
+                || "no configuration file".to_string(),
+                |p| format!("not set in {}", p.display()),
+            );
+            return Some(invalid(
+                key,
+                format!("required: {what} ({file}, nor in {env})"),
+            ));
+        }
+    }
+    None
+}
+
+/// A value that does not fit its key (wrong type, unknown variant) names
+/// the key, like the checks in [`Settings::validate`]; the index of a list
+/// element is left out. Other errors (an unknown or missing key) stay as
+/// the configuration library words them.
+fn with_key(e: config::ConfigError) -> ConfigError {
+    let key_of = |key: &str| match key.find('[') {
+        Some(i) => key[..i].to_string(),
+        None => key.to_string(),
+    };
+    let about_value = |e: &config::ConfigError| match e {
+        config::ConfigError::Type { .. } => true,
+        config::ConfigError::Message(m) => {
+            m.starts_with(UNKNOWN_VALUE)
+                || m.starts_with("unknown variant")
+                || m.contains("does not have variant constructor")
+        }
+        _ => false,
+    };
+    match e {
+        config::ConfigError::At {
+            error,
+            key: Some(key),
+            ..
+        } if about_value(&error) => invalid(&key_of(&key), error.to_string()),
+        config::ConfigError::Type {
+            key: Some(ref key), ..
+        } => invalid(&key_of(key), e.to_string()),
+        other => ConfigError::Load(other),
+    }
+}
