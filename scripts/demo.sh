@@ -14,7 +14,7 @@ fi
 ORT_DYLIB_PATH=$(scripts/fetch-onnxruntime.sh | tail -n 1)
 export ORT_DYLIB_PATH
 if [ ! -x target/release/modstream ]; then
-  echo "demo: building modstream (release; the first build takes about 8 minutes on 2 cores, later runs start at once)" >&2
+  echo "demo: building modstream (release; the first build takes about 6 minutes on 2 cores, longer while cargo downloads its crates; later runs start at once)" >&2
 fi
 cargo build --release --locked
 exec target/release/modstream demo "$@"

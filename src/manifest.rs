@@ -167,9 +167,10 @@ impl Manifest {
             None if m.input_kind == InputKind::Tokens => {
                 let problem = hf.as_ref().and_then(|h| h.problem_type.as_deref());
                 let activation = Activation::from_problem_type(problem);
-                m.notes.push(format!(
-                    "activation {activation:?}: config.json's problem_type {problem:?}"
-                ));
+                let from = problem.map_or("no problem_type in config.json".into(), |p| {
+                    format!("config.json's problem_type is {p:?}")
+                });
+                m.notes.push(format!("activation {activation:?}: {from}"));
                 activation
             }
             None => Activation::None,

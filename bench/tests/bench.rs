@@ -363,23 +363,44 @@ fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
     let svg = std::fs::read_to_string(out.path().join("cascade.svg")).unwrap();
     assert!(svg.contains("band width"));
 
-    // A day at 1,000 events/s from the first cost row.
-    let plan = std::process::Command::new(support::modstream_binary())
-        .args(["plan", "--rate", "1000", "--json", "--from"])
-        .arg(out.path().join("bench.json"))
-        .output()
-        .unwrap();
+    // A day at 1,000 events/s from the first cost row, chosen by name.
+    let plan = |extra: &[&str]| {
+        let plan = std::process::Command::new(support::modstream_binary())
+            .args(["plan", "--rate", "1000", "--json"])
+            .args(extra)
+            .arg("--from")
+            .arg(out.path().join("bench.json"))
+            .output()
+            .unwrap();
+        assert!(
+            plan.status.success(),
+            "{}",
+            String::from_utf8_lossy(&plan.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&plan.stdout).unwrap()
+    };
+    let day_hours = |cpu: f64| 1000.0 * 86_400.0 / 1e6 * cpu / 3_600.0;
+    let chosen = plan(&["--contender", &alone.contender]);
+    let day = &chosen["day"];
     assert!(
-        plan.status.success(),
-        "{}",
-        String::from_utf8_lossy(&plan.stderr)
-    );
-    let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
-    let day = &plan["day"];
-    let expected = 1000.0 * 86_400.0 / 1e6 * cpu / 3_600.0;
-    assert!(
-        (day["cpu_hours"].as_f64().unwrap() - expected).abs() < 1e-6 * expected.max(1.0),
+        (day["cpu_hours"].as_f64().unwrap() - day_hours(cpu)).abs() < 1e-6 * day_hours(cpu),
         "{day}"
     );
     assert!(day["instance_hours"].as_f64().unwrap() > 0.0);
+    // Without a row, the day is the report's main model's (the baseline
+    // run's), and none where that run was too short to measure CPU time.
+    let default = plan(&[]);
+    let baseline_cpu = report
+        .baseline
+        .as_ref()
+        .unwrap()
+        .modstream_cpu_s_per_million;
+    match baseline_cpu {
+        Some(cpu) => assert!(
+            (default["day"]["cpu_hours"].as_f64().unwrap() - day_hours(cpu)).abs()
+                < 1e-6 * day_hours(cpu),
+            "{default}"
+        ),
+        None => assert!(default["day"].is_null(), "{default}"),
+    }
 }

@@ -242,8 +242,11 @@ fn token_keys(
     let position = config.and_then(|c| c["max_position_embeddings"].as_u64());
     let max_length = opts.max_length.unwrap_or_else(|| {
         let l = position.map_or(128, |p| p.min(128) as usize);
+        let from = position.map_or("no max_position_embeddings in config.json".into(), |p| {
+            format!("config.json's max_position_embeddings is {p}")
+        });
         defaults.push(format!(
-            "max_length {l} (config.json's max_position_embeddings {position:?}; texts are cut there; --max-length chooses)"
+            "max_length {l} ({from}; texts are cut there; --max-length chooses)"
         ));
         l
     });
@@ -252,9 +255,10 @@ fn token_keys(
         Some("multi_label_classification") => "sigmoid",
         _ => "softmax",
     };
-    defaults.push(format!(
-        "activation {activation:?} (config.json's problem_type {problem:?})"
-    ));
+    let from = problem.map_or("no problem_type in config.json".into(), |p| {
+        format!("config.json's problem_type is {p:?}")
+    });
+    defaults.push(format!("activation {activation:?} ({from})"));
     Ok(vec![
         ("tokenizer", "tokenizer.json".into()),
         ("max_length", max_length.into()),
