@@ -1,6 +1,7 @@
-# modstream image: the same binary and features as the tests (cargo build
-# --release --locked, the service's package only: the bench stays out), with
-# the ONNX Runtime library from the PyPI wheel.
+# modstream image: the service's package only (cargo build --release --locked
+# -p modstream: the bench stays out, and with it the `charts` feature that
+# only `prevalence --chart` and `--widths` use), with the ONNX Runtime library
+# from the PyPI wheel.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./

@@ -21,7 +21,7 @@ use crate::event;
 use crate::offsets::OffsetTracker;
 use crate::policy::{ModelId, RuleId, Ruleset};
 use crate::record::{Original, OutRecord};
-use crate::tp::Tp;
+use crate::tp::{Generation, Tp};
 use crate::verdict::Marks;
 pub use crate::verdict::ModelScores;
 
@@ -30,7 +30,7 @@ pub use crate::verdict::ModelScores;
 pub struct Pending {
     pub tp: Tp,
     /// The generation of the partition state that accepted it.
-    pub generation: u64,
+    pub generation: Generation,
     pub offset: i64,
     /// The input record as it was (key and timestamp go into the verdict;
     /// all of it into a dead-letter record if the model fails on it).
@@ -118,7 +118,7 @@ impl Finished {
 #[derive(Debug)]
 pub struct ReadyBatch {
     pub tp: Tp,
-    pub generation: u64,
+    pub generation: Generation,
     pub seq: u64,
     pub items: Vec<Pending>,
     /// Closed by an urgent event: it jumps the dispatch queue.
@@ -129,7 +129,7 @@ pub struct ReadyBatch {
 
 pub struct Partition {
     tp: Tp,
-    generation: u64,
+    generation: Generation,
     batcher: Batcher<Pending>,
     offsets: OffsetTracker,
     /// Number of the next batch to close, and of the next one whose verdicts
@@ -140,7 +140,12 @@ pub struct Partition {
 }
 
 impl Partition {
-    pub fn new(tp: Tp, generation: u64, max_batch_size: usize, max_batch_delay: Duration) -> Self {
+    pub fn new(
+        tp: Tp,
+        generation: Generation,
+        max_batch_size: usize,
+        max_batch_delay: Duration,
+    ) -> Self {
         Partition {
             tp,
             generation,
@@ -152,7 +157,7 @@ impl Partition {
         }
     }
 
-    pub fn generation(&self) -> u64 {
+    pub fn generation(&self) -> Generation {
         self.generation
     }
 
@@ -267,7 +272,7 @@ pub(crate) mod tests {
         }
     }
 
-    pub fn pending(tp: &Tp, generation: u64, offset: i64) -> Pending {
+    pub fn pending(tp: &Tp, generation: Generation, offset: i64) -> Pending {
         Pending {
             tp: tp.clone(),
             generation,
@@ -308,11 +313,15 @@ pub(crate) mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn batches_finished_out_of_order_come_back_in_closing_order() {
-        let mut p = Partition::new(tp(0), 1, 2, Duration::from_millis(20));
+        let mut p = Partition::new(tp(0), Generation(1), 2, Duration::from_millis(20));
         let mut batches = Vec::new();
         for offset in 0..6 {
             p.track(offset);
-            batches.extend(p.push(pending(&tp(0), 1, offset), false, Instant::now()));
+            batches.extend(p.push(
+                pending(&tp(0), Generation(1), offset),
+                false,
+                Instant::now(),
+            ));
         }
         assert_eq!(batches.len(), 3);
         assert_eq!(
@@ -340,7 +349,7 @@ pub(crate) mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_position_waits_for_the_earliest_unacknowledged_offset() {
-        let mut p = Partition::new(tp(0), 1, 8, Duration::from_millis(20));
+        let mut p = Partition::new(tp(0), Generation(1), 8, Duration::from_millis(20));
         for offset in 10..13 {
             p.track(offset);
         }
@@ -354,10 +363,10 @@ pub(crate) mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_open_batch_closes_at_its_deadline_and_reports_its_wait() {
-        let mut p = Partition::new(tp(3), 7, 64, Duration::from_millis(20));
+        let mut p = Partition::new(tp(3), Generation(7), 64, Duration::from_millis(20));
         p.track(0);
         assert!(
-            p.push(pending(&tp(3), 7, 0), false, Instant::now())
+            p.push(pending(&tp(3), Generation(7), 0), false, Instant::now())
                 .is_none()
         );
         let deadline = p.deadline().expect("a batch is open");
@@ -370,13 +379,15 @@ pub(crate) mod tests {
             .expect("closed at the deadline");
         assert_eq!(
             (batch.tp.clone(), batch.generation, batch.seq),
-            (tp(3), 7, 0)
+            (tp(3), Generation(7), 0)
         );
         assert_eq!(batch.waited, Duration::from_millis(20));
         assert!(!batch.urgent);
         // An urgent event closes its batch at once.
         p.track(1);
-        let urgent = p.push(pending(&tp(3), 7, 1), true, Instant::now()).unwrap();
+        let urgent = p
+            .push(pending(&tp(3), Generation(7), 1), true, Instant::now())
+            .unwrap();
         assert!(urgent.urgent);
         assert_eq!(urgent.seq, 1);
     }

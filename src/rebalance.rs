@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 pub use crate::tp::Positions;
-use crate::tp::{Position, Tp};
+use crate::tp::{Generation, Position, Tp};
 
 /// The consumer thread's control messages to the hub, on their own channel:
 /// the rebalance callback's revokes and assignments, and with exactly-once
@@ -42,7 +42,7 @@ pub enum Control {
     /// Drain these partitions, then answer with their positions on `done`.
     Revoke {
         partitions: Vec<Tp>,
-        generation: u64,
+        generation: Generation,
         done: std::sync::mpsc::Sender<Positions>,
     },
     /// Which of these partitions have a position from the last revoke?
@@ -67,7 +67,7 @@ pub enum Control {
     /// again, polled in `generation`), then answer on `done`.
     Rewind {
         partitions: Vec<Tp>,
-        generation: u64,
+        generation: Generation,
         done: std::sync::mpsc::Sender<()>,
     },
 }
@@ -108,7 +108,7 @@ pub fn request_seal(tx: &mpsc::Sender<Control>, deadline: Instant) -> Result<Sea
 pub fn request_rewind(
     tx: &mpsc::Sender<Control>,
     partitions: Vec<Tp>,
-    generation: u64,
+    generation: Generation,
     timeout: Duration,
 ) -> bool {
     let (done, answer) = std::sync::mpsc::channel();
@@ -127,7 +127,7 @@ pub fn request_rewind(
 pub fn request_drain(
     tx: &mpsc::Sender<Control>,
     partitions: Vec<Tp>,
-    generation: u64,
+    generation: Generation,
     timeout: Duration,
 ) -> Option<Positions> {
     let (done, drained) = std::sync::mpsc::channel();
@@ -180,7 +180,7 @@ struct PendingRevoke {
 pub struct Revokes {
     pending: Vec<PendingRevoke>,
     /// Read per record (foldhash: see the hub's partitions).
-    revoked_at: foldhash::HashMap<Tp, u64>,
+    revoked_at: foldhash::HashMap<Tp, Generation>,
     resume_at: HashMap<Tp, i64>,
 }
 
@@ -189,7 +189,7 @@ impl Revokes {
     pub fn start(
         &mut self,
         partitions: Vec<Tp>,
-        generation: u64,
+        generation: Generation,
         drain_timeout: Duration,
         done: std::sync::mpsc::Sender<Positions>,
     ) {
@@ -205,7 +205,7 @@ impl Revokes {
 
     /// Records of these partitions polled before `generation` are stale
     /// (an abort sought them back).
-    pub fn rewound(&mut self, partitions: &[Tp], generation: u64) {
+    pub fn rewound(&mut self, partitions: &[Tp], generation: Generation) {
         for tp in partitions {
             self.revoked_at.insert(tp.clone(), generation);
             self.resume_at.remove(tp);
@@ -214,7 +214,7 @@ impl Revokes {
 
     /// Whether a record of `tp` polled in `generation` was polled before
     /// the partition's last revoke.
-    pub fn is_stale(&self, tp: &Tp, generation: u64) -> bool {
+    pub fn is_stale(&self, tp: &Tp, generation: Generation) -> bool {
         self.revoked_at.get(tp).is_some_and(|g| generation < *g)
     }
 
@@ -286,10 +286,15 @@ mod tests {
     async fn a_revoke_is_answered_once_drained_or_at_its_deadline() {
         let mut revokes = Revokes::default();
         let (done, answers) = std::sync::mpsc::channel();
-        revokes.start(vec![tp(0), tp(1)], 3, Duration::from_secs(2), done);
-        assert!(revokes.is_stale(&tp(0), 2));
-        assert!(!revokes.is_stale(&tp(0), 3));
-        assert!(!revokes.is_stale(&tp(2), 0));
+        revokes.start(
+            vec![tp(0), tp(1)],
+            Generation(3),
+            Duration::from_secs(2),
+            done,
+        );
+        assert!(revokes.is_stale(&tp(0), Generation(2)));
+        assert!(!revokes.is_stale(&tp(0), Generation(3)));
+        assert!(!revokes.is_stale(&tp(2), Generation(0)));
         // Partition 1 still has events in flight: not yet.
         assert!(
             revokes

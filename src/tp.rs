@@ -44,3 +44,17 @@ impl From<(Tp, i64)> for Position {
 
 /// Positions of some partitions.
 pub type Positions = Vec<Position>;
+
+/// The consumer's rebalance generation: modstream counts one per rebalance
+/// (not Kafka's group generation) and stamps every polled record with it,
+/// and a partition's state with the one it was created in. Records polled
+/// before their partition was revoked or rewound are stale.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Generation(pub u64);
+
+/// A partition's lag: how many records are left to read there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lag {
+    pub tp: Tp,
+    pub records: i64,
+}

@@ -135,6 +135,33 @@ fn env_vars_override_the_file_and_topics_may_be_one_string() {
     assert!(!String::from_utf8_lossy(&out.stdout).contains("hunter2"));
 }
 
+/// A value of the wrong type from the environment names its key (found by
+/// its path in the settings, not by reading the configuration library's
+/// error text).
+#[test]
+fn an_env_value_of_the_wrong_type_names_its_key() {
+    for (var, value, key) in [
+        (
+            "MODSTREAM__BATCHING__MAX_BATCH_SIZE",
+            "lots",
+            "batching.max_batch_size",
+        ),
+        ("MODSTREAM__KAFKA__DELIVERY", "twice", "kafka.delivery"),
+    ] {
+        let out = modstream()
+            .args(["run", "--config", "config/modstream.toml", "--print-config"])
+            .env(var, value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(&format!("invalid configuration: {key}: ")),
+            "{var}={value}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn a_corrupt_model_fails_at_start_with_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();

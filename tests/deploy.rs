@@ -32,13 +32,43 @@ fn the_image_builds_the_same_binary_as_the_tests() {
     assert_eq!(
         builds,
         ["RUN cargo build --release --locked -p modstream"],
-        "default features, locked dependencies, the service's package"
+        "default features (no charts), locked dependencies, the service's package"
     );
     assert!(
         dockerfile.contains("scripts/fetch-onnxruntime.sh"),
         "ONNX Runtime from the same wheel as the tests"
     );
     assert!(dockerfile.contains("ORT_DYLIB_PATH=/opt/onnxruntime/libonnxruntime.so.1.31.1"));
+}
+
+/// The image's package, as the image builds it, links no chart library
+/// (`prevalence --chart` is behind the `charts` feature, which only the
+/// workspace's build turns on, through the bench).
+#[test]
+fn the_service_package_links_no_chart_library() {
+    let tree = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO"))
+            .args([
+                "tree",
+                "--offline",
+                "--locked",
+                "-e",
+                "normal",
+                "-p",
+                "modstream",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert!(!tree(&[]).contains("plotters"));
+    assert!(tree(&["--features", "charts"]).contains("plotters"));
 }
 
 /// `promtool check KIND FILE` passes.

@@ -98,7 +98,7 @@ async fn cached_scores_equal_the_models_own() {
             for round in 0..rounds {
                 pool.jobs()
                     .send(InferenceJob {
-                        id: round as u64,
+                        id: modstream::inference::JobId(round as u64),
                         texts: posts.clone(),
                     })
                     .await

@@ -129,12 +129,13 @@ pub(super) async fn service_process(
     let dir = tempfile_dir("modstream-baseline")?;
     let path = dir.join("modstream.toml");
     std::fs::write(&path, config(&cell)?)?;
+    let reader = TimedReader::start(&cell, events.len()).await?;
     let mut child = Command::new(&exe)
         .args(["run", "--config"])
         .arg(&path)
         .stdout(Stdio::null())
         .spawn()?;
-    let watched = watch(&mut child, &cell, events.len(), false, opts.broker_pid).await;
+    let watched = watch(&mut child, reader, false, opts.broker_pid).await;
     let pid = child.id().to_string();
     let _ = Command::new("kill").args(["-TERM", &pid]).status();
     let _ = tokio::task::spawn_blocking(move || child.wait()).await?;
@@ -151,6 +152,7 @@ pub(super) async fn python_job(
 ) -> anyhow::Result<ProcessRun> {
     let cell = Cell::new(opts).await?;
     send::produce_all(&cell.bootstrap, &cell.input, events).await?;
+    let reader = TimedReader::start(&cell, events.len()).await?;
     let mut child = Command::new(python)
         .arg(script)
         .args([
@@ -163,7 +165,7 @@ pub(super) async fn python_job(
         .arg(events.len().to_string())
         .stdout(Stdio::null())
         .spawn()?;
-    let run = watch(&mut child, &cell, events.len(), true, opts.broker_pid).await?;
+    let run = watch(&mut child, reader, true, opts.broker_pid).await?;
     anyhow::ensure!(
         run.peak_rss_bytes > 0,
         "could not read the Python consumer's peak RSS"
@@ -180,21 +182,19 @@ struct Sample {
     verdicts: usize,
 }
 
-/// Reads `want` verdicts of `cell` while sampling the process (and the
-/// broker's, `broker_pid`) every 50 ms; `exits_itself`: the process ends on
-/// its own once done (its last sample is the last taken while it lived),
-/// else it must outlive the reading.
+/// Samples the process (and the broker, `broker_pid`) every 50 ms while
+/// `reader` reads its verdicts; `exits_itself`: the process ends on its own
+/// once done (its last sample is the last taken while it lived), else it
+/// must outlive the reading.
 async fn watch(
     child: &mut Child,
-    cell: &Cell,
-    want: usize,
+    reader: TimedReader,
     exits_itself: bool,
     broker_pid: Option<u32>,
 ) -> anyhow::Result<ProcessRun> {
     let pid = child.id().to_string();
     let broker = broker_pid.map(|p| p.to_string());
-    let read = Arc::new(AtomicUsize::new(0));
-    let reader = spawn_timed_reader(cell, want, read.clone());
+    let TimedReader { read, task: reader } = reader;
     let (mut peak, mut first, mut last): (u64, Option<Sample>, Sample) =
         (0, None, Sample::default());
     loop {
@@ -234,32 +234,49 @@ async fn watch(
     })
 }
 
+/// A reader of a cell's verdicts, counting them as they come; its task
+/// answers verdicts per second from their own timestamps.
+struct TimedReader {
+    read: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<anyhow::Result<f64>>,
+}
+
+impl TimedReader {
+    /// Reads `want` verdicts of `cell`, its consumer made (metadata read,
+    /// partitions assigned) before this returns: started before the process
+    /// it watches, it counts verdicts as they are written, not in one late
+    /// first fetch that would leave no span to measure CPU time over.
+    async fn start(cell: &Cell, want: usize) -> anyhow::Result<TimedReader> {
+        let (bootstrap, topic) = (cell.bootstrap.clone(), cell.verdicts.clone());
+        let reader = tokio::task::spawn_blocking(move || {
+            TopicReader::from_beginning(&bootstrap, &topic, None)
+        })
+        .await??;
+        let read = Arc::new(AtomicUsize::new(0));
+        let counted = read.clone();
+        let task = tokio::task::spawn_blocking(move || timed_read(&reader, want, &counted));
+        Ok(TimedReader { read, task })
+    }
+}
+
 /// Reads `want` verdicts, counting them in `read`; verdicts per second
 /// from their own timestamps.
-fn spawn_timed_reader(
-    cell: &Cell,
-    want: usize,
-    read: Arc<AtomicUsize>,
-) -> tokio::task::JoinHandle<anyhow::Result<f64>> {
-    let (bootstrap, topic) = (cell.bootstrap.clone(), cell.verdicts.clone());
-    tokio::task::spawn_blocking(move || {
-        let reader = TopicReader::from_beginning(&bootstrap, &topic, None)?;
-        let (mut first, mut last) = (i64::MAX, i64::MIN);
-        let records = reader.read(want, Duration::from_secs(600), |r| {
-            read.fetch_add(1, Ordering::SeqCst);
-            if let Some(t) = r.timestamp_ms {
-                first = first.min(t);
-                last = last.max(t);
-            }
-        })?;
-        anyhow::ensure!(
-            records.len() == want,
-            "only {} of {want} verdicts",
-            records.len()
-        );
-        anyhow::ensure!(last > first, "verdict timestamps do not span any time");
-        Ok((want - 1) as f64 * 1000.0 / (last - first) as f64)
-    })
+fn timed_read(reader: &TopicReader, want: usize, read: &AtomicUsize) -> anyhow::Result<f64> {
+    let (mut first, mut last) = (i64::MAX, i64::MIN);
+    let records = reader.read(want, Duration::from_secs(600), |r| {
+        read.fetch_add(1, Ordering::SeqCst);
+        if let Some(t) = r.timestamp_ms {
+            first = first.min(t);
+            last = last.max(t);
+        }
+    })?;
+    anyhow::ensure!(
+        records.len() == want,
+        "only {} of {want} verdicts",
+        records.len()
+    );
+    anyhow::ensure!(last > first, "verdict timestamps do not span any time");
+    Ok((want - 1) as f64 * 1000.0 / (last - first) as f64)
 }
 
 fn tempfile_dir(name: &str) -> anyhow::Result<PathBuf> {

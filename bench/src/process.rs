@@ -6,6 +6,16 @@
 //! (`inference-*`, and the ONNX Runtime threads they start, which inherit
 //! the name) and the rest.
 
+use procfs::process::Process;
+
+/// A process by its `/proc` name: "self" or a pid.
+fn process(pid: &str) -> Option<Process> {
+    match pid {
+        "self" => Process::myself().ok(),
+        pid => Process::new(pid.parse().ok()?).ok(),
+    }
+}
+
 /// Peak resident set size of this process, bytes.
 pub fn peak_rss_bytes() -> u64 {
     peak_rss_of("self")
@@ -14,21 +24,14 @@ pub fn peak_rss_bytes() -> u64 {
 /// Peak resident set size of a process (`/proc/<pid>/status` VmHWM), bytes;
 /// 0 once it is gone.
 pub fn peak_rss_of(pid: &str) -> u64 {
-    status_field(pid, "VmHWM:")
+    let status = process(pid).and_then(|p| p.status().ok());
+    status.and_then(|s| s.vmhwm).map_or(0, |kb| kb * 1024)
 }
 
 /// Resident set size of this process now, bytes.
 pub fn rss_bytes() -> u64 {
-    status_field("self", "VmRSS:")
-}
-
-/// A `/proc/<pid>/status` field in kB, as bytes (0 if unreadable).
-fn status_field(pid: &str, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with(field)).map(str::to_string))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+    let status = process("self").and_then(|p| p.status().ok());
+    status.and_then(|s| s.vmrss).map_or(0, |kb| kb * 1024)
 }
 
 /// CPU seconds (user + system) of a process: all of it (threads that ended
@@ -51,45 +54,45 @@ impl CpuTime {
     }
 }
 
-/// The clock ticks of `/proc/*/stat` (USER_HZ, 100 on Linux whatever the
-/// kernel's own tick rate).
-const TICKS_PER_S: f64 = 100.0;
+/// User + system CPU seconds of one `stat` (the kernel counts in clock
+/// ticks, USER_HZ).
+fn seconds(stat: &procfs::process::Stat) -> f64 {
+    (stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64
+}
 
-/// (name, utime + stime in seconds) from one `stat` line; the name is in
-/// parentheses and may hold spaces, the fields after it are counted from
-/// its closing one (utime and stime are fields 14 and 15).
-fn parse_stat(line: &str) -> Option<(String, f64)> {
-    let open = line.find('(')?;
-    let close = line.rfind(')')?;
-    let name = line.get(open + 1..close)?.to_string();
-    let fields: Vec<&str> = line.get(close + 1..)?.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
-    Some((name, (ticks(11)? + ticks(12)?) as f64 / TICKS_PER_S))
+/// Which part of the service a thread of its belongs to, by its name.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ThreadKind {
+    Kafka,
+    Inference,
+    Other,
+}
+
+fn thread_kind(name: &str) -> ThreadKind {
+    if name.starts_with("rdk:") || name == "kafka-consumer" || name.starts_with("producer poll") {
+        ThreadKind::Kafka
+    } else if name.starts_with("inference-") {
+        ThreadKind::Inference
+    } else {
+        ThreadKind::Other
+    }
 }
 
 /// The CPU time of a process now; None once it is gone.
 pub fn cpu_time_of(pid: &str) -> Option<CpuTime> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, total_s) = parse_stat(&stat)?;
+    let process = process(pid)?;
     let mut cpu = CpuTime {
-        total_s,
+        total_s: seconds(&process.stat().ok()?),
         ..CpuTime::default()
     };
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .ok()?
-        .flatten()
-    {
-        let Some((name, s)) = std::fs::read_to_string(task.path().join("stat"))
-            .ok()
-            .and_then(|l| parse_stat(&l))
-        else {
+    for task in process.tasks().ok()?.flatten() {
+        let Ok(stat) = task.stat() else {
             continue;
         };
-        if name.starts_with("rdk:") || name == "kafka-consumer" || name.starts_with("producer poll")
-        {
-            cpu.kafka_s += s;
-        } else if name.starts_with("inference-") {
-            cpu.inference_s += s;
+        match thread_kind(&stat.comm) {
+            ThreadKind::Kafka => cpu.kafka_s += seconds(&stat),
+            ThreadKind::Inference => cpu.inference_s += seconds(&stat),
+            ThreadKind::Other => {}
         }
     }
     Some(cpu)
@@ -112,9 +115,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stat_line_with_spaces_in_the_name() {
-        let line = "4242 (rdk:broker 1) S 1 2 3 4 5 6 7 8 9 10 250 75 0 0 20 0 9";
-        assert_eq!(parse_stat(line), Some(("rdk:broker 1".to_string(), 3.25)));
+    fn threads_by_their_names() {
+        assert_eq!(thread_kind("rdk:broker1"), ThreadKind::Kafka);
+        assert_eq!(thread_kind("kafka-consumer"), ThreadKind::Kafka);
+        assert_eq!(thread_kind("inference-0"), ThreadKind::Inference);
+        assert_eq!(thread_kind("tokio-runtime-w"), ThreadKind::Other);
     }
 
     #[test]
@@ -128,6 +133,15 @@ mod tests {
         std::hint::black_box(x);
         let spent = cpu_time_of("self").unwrap().since(&before);
         assert!(spent.total_s >= 0.2, "{spent:?}");
-        assert!(peak_rss_bytes() > 0);
+        // The threads' time is within the process's.
+        let now = cpu_time_of("self").unwrap();
+        assert!(now.kafka_s + now.inference_s <= now.total_s);
+        let rss = rss_bytes();
+        assert!(
+            rss > 0 && peak_rss_bytes() >= rss,
+            "{rss} {}",
+            peak_rss_bytes()
+        );
+        assert_eq!(peak_rss_of("999999999"), 0);
     }
 }

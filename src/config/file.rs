@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{ConfigError, Settings, UNKNOWN_VALUE, invalid};
+use super::{ConfigError, Settings, invalid};
 
 impl Settings {
     /// Load from an optional file, then `MODSTREAM__*` env vars, then validate.
@@ -43,7 +43,7 @@ impl Settings {
                     .separator("__"),
             )
             .build()?;
-        let mut settings: Settings = built.try_deserialize().map_err(with_key)?;
+        let mut settings = deserialize(built, None)?;
         settings.validate()?;
         settings.source = source;
         Ok(settings)
@@ -55,7 +55,7 @@ impl Settings {
         let built = config::Config::builder()
             .add_source(config::File::from_str(text, config::FileFormat::Toml))
             .build()?;
-        let settings: Settings = built.try_deserialize().map_err(with_key)?;
+        let settings = deserialize(built, None)?;
         settings.validate()?;
         Ok(settings)
     }
@@ -96,26 +96,40 @@ pub(super) fn check_file(path: Option<&Path>, text: &str) -> Result<(), ConfigEr
         t.entry(name)
             .or_insert_with(|| toml::Value::String("stand-in".into()));
     }
-    serde_path_to_error::deserialize::<_, Settings>(toml::Value::Table(table))
-        .map(|_| ())
-        .map_err(|e| {
-            // The key as written (`inference.execution_providers`, not its
-            // element `[1]`).
-            let path = e.path().to_string();
-            let key = path.trim_end_matches(|c: char| c == ']' || c == '[' || c.is_ascii_digit());
-            // A type error shows the value: not where it may be a secret.
-            let message = if super::is_secret(key) {
-                "a value of the wrong type (not shown: it may be a secret)".to_string()
-            } else {
-                e.into_inner().message().trim().to_string()
-            };
-            let reason = if file.is_empty() {
-                message
-            } else {
-                format!("{message} (in {file})")
-            };
-            invalid(key, reason)
-        })
+    deserialize(toml::Value::Table(table), path).map(|_| ())
+}
+
+/// Settings from the file's table or the merged configuration, an error
+/// naming the key by its path (serde_path_to_error: no error text read),
+/// and the file where there is one.
+fn deserialize<'de, D>(from: D, file: Option<&Path>) -> Result<Settings, ConfigError>
+where
+    D: serde::Deserializer<'de>,
+    D::Error: std::fmt::Display,
+{
+    serde_path_to_error::deserialize::<_, Settings>(from).map_err(|e| {
+        // The key as written (`inference.execution_providers`, not its
+        // element `[1]`); "." where the error is about no one key.
+        let path = e.path().to_string();
+        let key = path
+            .trim_end_matches(|c: char| c == ']' || c == '[' || c.is_ascii_digit())
+            .to_string();
+        // A type error shows the value: not where it may be a secret.
+        let message = if super::is_secret(&key) {
+            "a value of the wrong type (not shown: it may be a secret)".to_string()
+        } else {
+            e.into_inner().to_string().trim().to_string()
+        };
+        let reason = match file {
+            Some(file) => format!("{message} (in {})", file.display()),
+            None => message,
+        };
+        if key == "." {
+            ConfigError::Unreadable(reason)
+        } else {
+            invalid(&key, reason)
+        }
+    })
 }
 
 /// A required key that neither the file nor the environment sets.
@@ -146,35 +160,4 @@ pub(super) fn missing_required(
         }
     }
     None
-}
-
-/// A value that does not fit its key (wrong type, unknown variant) names
-/// the key, like the checks in [`Settings::validate`]; the index of a list
-/// element is left out. Other errors (an unknown or missing key) stay as
-/// the configuration library words them.
-fn with_key(e: config::ConfigError) -> ConfigError {
-    let key_of = |key: &str| match key.find('[') {
-        Some(i) => key[..i].to_string(),
-        None => key.to_string(),
-    };
-    let about_value = |e: &config::ConfigError| match e {
-        config::ConfigError::Type { .. } => true,
-        config::ConfigError::Message(m) => {
-            m.starts_with(UNKNOWN_VALUE)
-                || m.starts_with("unknown variant")
-                || m.contains("does not have variant constructor")
-        }
-        _ => false,
-    };
-    match e {
-        config::ConfigError::At {
-            error,
-            key: Some(key),
-            ..
-        } if about_value(&error) => invalid(&key_of(&key), error.to_string()),
-        config::ConfigError::Type {
-            key: Some(ref key), ..
-        } => invalid(&key_of(key), e.to_string()),
-        other => ConfigError::Load(other),
-    }
 }

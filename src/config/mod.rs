@@ -38,6 +38,9 @@ pub enum ConfigError {
     Load(#[from] config::ConfigError),
     #[error("invalid configuration: {key}: {reason}")]
     Invalid { key: String, reason: String },
+    /// Settings that do not deserialize, with no one key to blame.
+    #[error("invalid configuration: {0}")]
+    Unreadable(String),
     /// The file itself: not readable, not TOML.
     #[error("invalid configuration file {path}: {reason}")]
     File { path: String, reason: String },

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use crate::tp::Tp;
+use crate::tp::{Generation, Tp};
 
 /// One consumed record, owned.
 #[derive(Debug)]
@@ -18,7 +18,7 @@ pub struct Ingested {
     pub headers: Vec<(String, Option<Vec<u8>>)>,
     /// The record's Kafka timestamp, ms since the epoch.
     pub timestamp_ms: Option<i64>,
-    pub generation: u64,
+    pub generation: Generation,
     pub received_at: tokio::time::Instant,
     /// Its share of `limits.max_in_flight_bytes`, held until its verdict or
     /// DLQ record is acknowledged (or it is dropped): released on drop.
@@ -113,7 +113,7 @@ mod tests {
             payload: Some(vec![b'x'; value_len]),
             headers: vec![("h".to_string(), None)],
             timestamp_ms: None,
-            generation: 0,
+            generation: Generation::default(),
             received_at: tokio::time::Instant::now(),
             bytes: None,
         }

@@ -20,7 +20,7 @@ use super::{commit, is_fatal, store};
 use crate::rebalance::{self, Control, SealFailure};
 use crate::telemetry::Health;
 use crate::telemetry::metric::{self, CommitOutcome, ErrorKind, RebalanceKind, TxnOutcome};
-use crate::tp::{Position, Positions, Tp};
+use crate::tp::{Generation, Lag, Position, Positions, Tp};
 use crate::transaction::TransactionError;
 use tokio::time::Instant;
 
@@ -32,7 +32,7 @@ pub struct ModstreamContext {
     pub(super) membership: Membership,
     pub(super) hub: HubLink,
     /// Records not yet polled, per partition, from each statistics report.
-    pub(super) lags_tx: std::sync::mpsc::Sender<Vec<(Tp, i64)>>,
+    pub(super) lags_tx: std::sync::mpsc::Sender<Vec<Lag>>,
     /// With `kafka.delivery = "exactly_once"`: the transactions, ended on
     /// this thread ([`super::exactly_once`]). Locked only by this thread.
     pub(super) txn: Option<std::sync::Mutex<TxnDriver>>,
@@ -104,14 +104,14 @@ pub(super) struct Membership {
 
 impl Membership {
     /// A rebalance: the next generation.
-    fn rebalance(&self) -> u64 {
+    fn rebalance(&self) -> Generation {
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         self.rebalanced.store(true, Ordering::SeqCst);
-        generation
+        Generation(generation)
     }
 
-    pub(super) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::SeqCst)
+    pub(super) fn generation(&self) -> Generation {
+        Generation(self.generation.load(Ordering::SeqCst))
     }
 
     /// Whether a rebalance happened since the last call.
@@ -160,7 +160,10 @@ impl ClientContext for ModstreamContext {
                         p.lo_offset.max(0)
                     };
                     let tp = Tp::new(topic, *partition);
-                    lags.push((tp, (p.hi_offset - from).max(0)));
+                    lags.push(Lag {
+                        tp,
+                        records: (p.hi_offset - from).max(0),
+                    });
                 }
             }
         }
@@ -355,7 +358,7 @@ impl ModstreamContext {
             .into_iter()
             .filter(|tp| !end.revoked().contains(tp))
             .collect();
-        for (tp, target) in d.rewind_targets(&owned) {
+        for Position { tp, next: target } in d.rewind_targets(&owned) {
             let sought = consumer.seek(
                 &tp.topic,
                 tp.partition,

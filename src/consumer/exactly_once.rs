@@ -190,12 +190,15 @@ impl TxnDriver {
     /// Where each of `owned` goes back to after an abort: this member's last
     /// commit, else where it started; partitions nothing was read from
     /// stay where they are.
-    pub(super) fn rewind_targets(&self, owned: &[Tp]) -> Vec<(Tp, i64)> {
+    pub(super) fn rewind_targets(&self, owned: &[Tp]) -> Positions {
         owned
             .iter()
             .filter_map(|tp| {
                 let target = self.committed.get(tp).or(self.started_at.get(tp))?;
-                Some((tp.clone(), *target))
+                Some(Position {
+                    tp: tp.clone(),
+                    next: *target,
+                })
             })
             .collect()
     }

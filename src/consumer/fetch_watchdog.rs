@@ -8,7 +8,7 @@ use rdkafka::consumer::Consumer;
 
 use super::{KafkaConsumer, partitions_of};
 use crate::telemetry::{Health, Stall, StallKind, StallReporter};
-use crate::tp::Tp;
+use crate::tp::{Lag, Tp};
 
 /// The fetch watchdog: an assigned partition that lags behind its end
 /// (librdkafka statistics) yet gave no record for `limits.stall_after`,
@@ -19,7 +19,7 @@ use crate::tp::Tp;
 /// pushes back, partitions wait for it: that is the hub's watchdog's
 /// business.
 pub(super) struct FetchWatchdog {
-    lags_rx: std::sync::mpsc::Receiver<Vec<(Tp, i64)>>,
+    lags_rx: std::sync::mpsc::Receiver<Vec<Lag>>,
     lags: HashMap<Tp, i64>,
     /// Written per record (foldhash: see the hub's partitions).
     last_record: foldhash::HashMap<Tp, Instant>,
@@ -32,7 +32,7 @@ pub(super) struct FetchWatchdog {
 
 impl FetchWatchdog {
     pub fn new(
-        lags_rx: std::sync::mpsc::Receiver<Vec<(Tp, i64)>>,
+        lags_rx: std::sync::mpsc::Receiver<Vec<Lag>>,
         health: Arc<Health>,
         stall_after: Duration,
     ) -> Self {
@@ -72,7 +72,7 @@ impl FetchWatchdog {
         }
         self.next_check = now + Duration::from_secs(1);
         while let Ok(lags) = self.lags_rx.try_recv() {
-            self.lags = lags.into_iter().collect();
+            self.lags = lags.into_iter().map(|l| (l.tp, l.records)).collect();
         }
         let assigned = consumer
             .assignment()

@@ -29,7 +29,7 @@ use crate::client::{self, ConsumerRole};
 use crate::config::Settings;
 use crate::rebalance::Control;
 use crate::telemetry::Health;
-use crate::tp::{Position, Positions, Tp};
+use crate::tp::{Lag, Position, Positions};
 
 mod budget;
 mod context;
@@ -202,7 +202,7 @@ fn create(
     settings: &Settings,
     control_tx: mpsc::Sender<Control>,
     positions_rx: async_channel::Receiver<Positions>,
-    lags_tx: std::sync::mpsc::Sender<Vec<(Tp, i64)>>,
+    lags_tx: std::sync::mpsc::Sender<Vec<Lag>>,
     exactly_once: Option<ExactlyOnce>,
     health: Arc<Health>,
 ) -> Result<KafkaConsumer, ConsumerError> {

@@ -15,7 +15,7 @@ use super::exactly_once::End;
 use super::fetch_watchdog::FetchWatchdog;
 use super::{KafkaConsumer, commit, is_fatal, partitions_of};
 use crate::telemetry::metric::{self, ErrorKind};
-use crate::tp::Tp;
+use crate::tp::{Generation, Tp};
 
 /// How long the pipeline may stay full before the partitions are paused.
 /// Well below `max.poll.interval.ms`: polling is suspended meanwhile.
@@ -230,7 +230,7 @@ fn consumer_note(consumer: &KafkaConsumer, record: &Ingested) {
 }
 
 /// A polled message, owned, stamped with the rebalance generation.
-fn ingested(m: &BorrowedMessage<'_>, tp: Tp, generation: u64) -> Ingested {
+fn ingested(m: &BorrowedMessage<'_>, tp: Tp, generation: Generation) -> Ingested {
     Ingested {
         tp,
         offset: m.offset(),

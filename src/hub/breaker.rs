@@ -3,7 +3,7 @@
 use tokio::time::Instant;
 
 use super::{Deliver, Hub};
-use crate::inference::{InferenceJob, InferenceResult};
+use crate::inference::{InferenceJob, InferenceResult, JobId};
 use crate::partition::ReadyBatch;
 use crate::policy::ModelId;
 use crate::telemetry::metric;
@@ -29,7 +29,7 @@ pub(super) struct Breaker {
     dead_runs: u32,
     open: bool,
     /// The probe's job id while it runs.
-    probe: Option<u64>,
+    probe: Option<JobId>,
     next_probe: Option<Instant>,
     delay: std::time::Duration,
     /// The last text the model scored.
@@ -113,12 +113,12 @@ impl Breaker {
     }
 
     /// The probe went to the model as job `id`.
-    pub(super) fn probe_sent(&mut self, id: u64) {
+    pub(super) fn probe_sent(&mut self, id: JobId) {
         self.probe = Some(id);
     }
 
     /// Whether job `id` is this breaker's probe.
-    pub(super) fn is_probe(&self, id: u64) -> bool {
+    pub(super) fn is_probe(&self, id: JobId) -> bool {
         self.probe == Some(id)
     }
 
@@ -162,8 +162,7 @@ impl<D: Deliver> Hub<D> {
         let Some(text) = self.lanes[l].probe_due(Instant::now()) else {
             return;
         };
-        let id = self.next_job_id;
-        self.next_job_id += 1;
+        let id = self.next_job_id.take();
         let job = InferenceJob {
             id,
             texts: vec![text],
@@ -294,8 +293,8 @@ mod tests {
         assert_eq!(b.next_probe(), Some(start + FIRST_PROBE_DELAY));
         let at = start + FIRST_PROBE_DELAY;
         assert_eq!(b.probe_due(at).as_deref(), Some("last good"));
-        b.probe_sent(7);
-        assert!(b.is_probe(7) && !b.is_probe(8));
+        b.probe_sent(JobId(7));
+        assert!(b.is_probe(JobId(7)) && !b.is_probe(JobId(8)));
         assert_eq!(b.probe_due(at), None, "one probe at a time");
         assert_eq!(b.next_probe(), None);
         let mut waits = Vec::new();

@@ -9,7 +9,7 @@ use crate::policy::ModelId;
 use crate::producer::ProducerError;
 use crate::record::{self, OutRecord, RecordKind};
 use crate::telemetry::metric;
-use crate::tp::{Source, Tp};
+use crate::tp::{Generation, Source, Tp};
 use crate::verdict::{self, Answer, Judged, ScoredBy, Timing};
 use tokio::time::Instant;
 
@@ -195,7 +195,7 @@ impl<D: Deliver> Hub<D> {
     /// given back after it.
     pub(super) fn deliver(&mut self, ready: ReadyOutput) {
         let epoch = match self.txn.as_mut() {
-            None => 0,
+            None => super::transaction::TxnEpoch::default(),
             Some(txn) => match txn.hand_over() {
                 HandOver::Hold => {
                     txn.hold(ready);
@@ -368,7 +368,7 @@ impl<D: Deliver> Hub<D> {
     }
 
     /// An offset is done: move its partition's position if it can.
-    pub(super) fn advance(&mut self, tp: &Tp, generation: u64, offset: i64) {
+    pub(super) fn advance(&mut self, tp: &Tp, generation: Generation, offset: i64) {
         let Some(partition) = self.partitions.get_mut(tp) else {
             return;
         };
@@ -380,8 +380,10 @@ impl<D: Deliver> Hub<D> {
         }
     }
 
-    fn partition_generation(&self, tp: &Tp) -> u64 {
-        self.partitions.get(tp).map_or(0, Partition::generation)
+    fn partition_generation(&self, tp: &Tp) -> Generation {
+        self.partitions
+            .get(tp)
+            .map_or(Generation::default(), Partition::generation)
     }
 
     pub(super) fn release(&mut self, events: usize) {

@@ -49,8 +49,7 @@ impl<D: Deliver> Hub<D> {
                         .map(|p| std::mem::take(&mut p.event.text))
                 })
                 .collect();
-            let id = self.next_job_id;
-            self.next_job_id += 1;
+            let id = self.next_job_id.take();
             metrics::histogram!(metric::BATCH_SIZE).record(size as f64);
             let sizes = &mut self.summary.run_sizes;
             if sizes.len() <= size {

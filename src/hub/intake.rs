@@ -10,7 +10,7 @@ use crate::policy::ModelId;
 use crate::record::{self, Original};
 use crate::schema::SchemaError;
 use crate::telemetry::metric;
-use crate::tp::Tp;
+use crate::tp::{Generation, Tp};
 use tokio::time::Instant;
 
 impl<D: Deliver> Hub<D> {
@@ -132,7 +132,7 @@ impl<D: Deliver> Hub<D> {
     /// An invalid event's dead-letter record goes out at once; with
     /// exactly-once in offset order with the verdicts, behind its
     /// partition's open batch (see [`super::transaction`]).
-    fn on_invalid(&mut self, tp: Tp, generation: u64, rejected: Rejected) {
+    fn on_invalid(&mut self, tp: Tp, generation: Generation, rejected: Rejected) {
         if self.txn.is_some() {
             let Some(partition) = self.partitions.get_mut(&tp) else {
                 return;

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::breaker::{Breaker, BreakerAction, ProbeOutcome, RunOutcome};
 use super::queue::RunQueue;
 use super::{Deliver, Hub};
-use crate::inference::InferenceJob;
+use crate::inference::{InferenceJob, JobId};
 use crate::partition::ReadyBatch;
 use crate::policy::ModelId;
 use crate::slo::{self, Choice};
@@ -298,7 +298,7 @@ impl Lane {
     }
 
     /// Whether job `id` is its breaker's probe.
-    pub(super) fn is_probe(&self, id: u64) -> bool {
+    pub(super) fn is_probe(&self, id: JobId) -> bool {
         self.breaker.is_probe(id)
     }
 

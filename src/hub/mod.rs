@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::consumer::Ingested;
 use crate::event::RejectReason;
-use crate::inference::InferenceResult;
+use crate::inference::{InferenceResult, JobId};
 use crate::partition::{Partition, ReadyBatch};
 use crate::policy::{ModelId, RuleId, Ruleset};
 use crate::producer::{ProducerError, ServiceFailure};
@@ -37,7 +37,7 @@ use crate::record::{OutRecord, RecordKind};
 use crate::shutdown::Shutdown;
 use crate::slo::Choice;
 use crate::telemetry::{Health, StallKind, StallReporter, metric};
-use crate::tp::{Source, Tp};
+use crate::tp::{Generation, Source, Tp};
 use crate::verdict::{NewScorer, Verdict};
 use std::sync::Arc;
 
@@ -128,7 +128,7 @@ pub trait Deliver: Send + 'static {
 /// What an offset's delivery resolves to.
 pub struct Ack {
     tp: Tp,
-    generation: u64,
+    generation: Generation,
     offset: i64,
     outcome: Result<Outcome, ProducerError>,
     kind: RecordKind,
@@ -138,9 +138,8 @@ pub struct Ack {
     took: std::time::Duration,
     /// When the consumer thread polled the input record.
     received_at: Instant,
-    /// With exactly-once: the transaction it was handed over in (see
-    /// [`transaction::TxnState::epoch`]).
-    txn: u64,
+    /// With exactly-once: the transaction it was handed over in.
+    txn: transaction::TxnEpoch,
 }
 
 enum Outcome {
@@ -160,7 +159,7 @@ struct Running {
 #[derive(Debug, Clone)]
 struct InputOffset {
     tp: Tp,
-    generation: u64,
+    generation: Generation,
     offset: i64,
 }
 
@@ -243,8 +242,8 @@ pub struct Hub<D: Deliver> {
     /// The positions for the consumer thread to store.
     positions: PositionBook,
     /// Runs in inference: the lane and the batches whose events it scores.
-    in_inference: foldhash::HashMap<u64, Running>,
-    next_job_id: u64,
+    in_inference: foldhash::HashMap<JobId, Running>,
+    next_job_id: JobId,
     /// Events accepted and not yet acknowledged (or abandoned).
     in_flight: usize,
     /// Offsets handed to the producer since the loop last looked, each
@@ -318,7 +317,7 @@ impl<D: Deliver> Hub<D> {
             revokes: Revokes::default(),
             positions: PositionBook::new(positions_tx),
             in_inference: Default::default(),
-            next_job_id: 0,
+            next_job_id: JobId::default(),
             in_flight: 0,
             outgoing: Vec::new(),
             summary,

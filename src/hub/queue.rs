@@ -102,11 +102,12 @@ impl RunQueue {
 mod tests {
     use super::*;
     use crate::partition::tests::tp;
+    use crate::tp::Generation;
 
     fn batch(partition: i32, seq: u64, urgent: bool) -> ReadyBatch {
         ReadyBatch {
             tp: tp(partition),
-            generation: 0,
+            generation: Generation::default(),
             seq,
             items: Vec::new(),
             urgent,

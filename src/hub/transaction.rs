@@ -19,7 +19,7 @@ use std::collections::HashSet;
 
 use super::{Deliver, Hub};
 use crate::rebalance::Sealed;
-use crate::tp::{Positions, Tp};
+use crate::tp::{Generation, Positions, Tp};
 use tokio::time::Instant;
 
 /// Where the open transaction is.
@@ -54,15 +54,21 @@ pub(super) struct TxnBoundary {
     /// Counts the transactions begun: an acknowledgement of an earlier one
     /// (a record of an aborted transaction, failed or purged late) is
     /// not the open transaction's.
-    epoch: u64,
+    epoch: TxnEpoch,
 }
+
+/// Which transaction of this hub's a record was handed over in (counted
+/// from 0 with at-least-once, where there is one): not Kafka's producer
+/// epoch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct TxnEpoch(u64);
 
 /// Where a record's outputs go now.
 pub(super) enum HandOver {
     /// Sealed: they wait until the unseal ([`TxnBoundary::hold`]).
     Hold,
     /// To the producer, as records of the transaction `epoch` (counted).
-    Send { epoch: u64 },
+    Send { epoch: TxnEpoch },
 }
 
 impl TxnBoundary {
@@ -84,7 +90,7 @@ impl TxnBoundary {
     /// A record of transaction `epoch` was acknowledged, or failed with
     /// `failed`. One of an earlier transaction (its partition was rewound)
     /// concerns neither the open transaction's count nor its fate.
-    pub fn acknowledged(&mut self, epoch: u64, failed: Option<&str>) {
+    pub fn acknowledged(&mut self, epoch: TxnEpoch, failed: Option<&str>) {
         if epoch != self.epoch {
             return;
         }
@@ -144,7 +150,7 @@ impl TxnBoundary {
         self.seal = Seal::Open;
         // What the last transaction handed over is acknowledged (a commit)
         // or aborted with it; from here on only this one's records count.
-        self.epoch += 1;
+        self.epoch.0 += 1;
         self.outstanding = 0;
         self.failed = None;
         std::mem::take(&mut self.held)
@@ -194,7 +200,7 @@ impl<D: Deliver> Hub<D> {
     pub(super) fn on_rewind(
         &mut self,
         partitions: Vec<Tp>,
-        generation: u64,
+        generation: Generation,
         done: std::sync::mpsc::Sender<()>,
     ) {
         let rewound: HashSet<&Tp> = partitions.iter().collect();

@@ -73,10 +73,24 @@ impl From<ort::Error> for InferenceError {
     }
 }
 
+/// A job's number, given by the hub in order: what a result is matched
+/// against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct JobId(pub u64);
+
+impl JobId {
+    /// This one, and the number after it for the next job.
+    pub fn take(&mut self) -> JobId {
+        let id = *self;
+        self.0 += 1;
+        id
+    }
+}
+
 /// A batch of texts to score; `id` lets the pipeline find its events again.
 #[derive(Debug)]
 pub struct InferenceJob {
-    pub id: u64,
+    pub id: JobId,
     pub texts: Vec<String>,
 }
 
@@ -84,7 +98,7 @@ pub use crate::scores::{ScoreError, Scores};
 
 #[derive(Debug)]
 pub struct InferenceResult {
-    pub id: u64,
+    pub id: JobId,
     /// One entry per text, in job order.
     pub scores: Vec<Scores>,
     /// The job's texts, handed back (a batch whose run failed may be tried

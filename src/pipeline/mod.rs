@@ -20,6 +20,7 @@ use std::sync::atomic::Ordering;
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::Settings;
 use crate::consumer::{self, ConsumerError};
@@ -180,16 +181,16 @@ pub async fn run_loaded(
     // Hot reload: a new model (or, on SIGHUP, policy, lists) while
     // running; started last so that an early return leaves no task behind
     // (the list topic's reader, started before, stops with `lists`).
-    let reloading = spawn_reloader(&settings, &models, lists, &shutdown);
-    let watchdog = shutdown_watchdog(&shutdown, settings.kafka.shutdown_timeout);
-    let inputs_watch = start::watch_input_topics(&settings, &sink, &health, shutdown.stop.clone());
+    let mut tasks = SideTasks::start(&settings, &sink, &health, &shutdown);
+    let reloading = spawn_reloader(&settings, &models, lists, &shutdown, &mut tasks);
     let shadow = crate::shadow::Shadow::start(&settings);
     let records = schema_stage(
         &settings,
         schemas.clone(),
         channels.records,
         &health,
-        &shutdown,
+        &tasks.tracker,
+        &tasks.stages_stop,
     );
     let lanes = models.lanes();
     let hub = Hub::new(
@@ -213,9 +214,7 @@ pub async fn run_loaded(
         matching: reloading.lists,
     };
     let (mut summary, producer_fatal) = hub.run(inputs).await;
-    watchdog.abort();
-    inputs_watch.abort();
-    reloading.task.abort();
+    tasks.hub_stopped();
     health.consumer_ready.store(false, Ordering::SeqCst);
     let stopped = Stopped {
         aborted: shutdown.abort.is_cancelled(),
@@ -224,9 +223,60 @@ pub async fn run_loaded(
         consumer,
         consumer_done,
     };
-    stopped.close().await?;
+    let closed = stopped.close().await;
+    tasks.wait().await;
+    closed?;
     summary.faults = health.faults.counts();
     stopped_with(summary, producer_fatal)
+}
+
+/// The run's own tasks beside the hub (reload, the shutdown watchdog, the
+/// input topics' watch, the schema stage), on one tracker: the run waits
+/// for every one of them before it returns, none outlives it.
+struct SideTasks {
+    tracker: TaskTracker,
+    /// Stopped when the hub has stopped.
+    watchers: Vec<tokio::task::JoinHandle<()>>,
+    /// The schema stage ends once the consumer thread has closed its
+    /// channel, or at this when the registry cannot answer.
+    stages_stop: CancellationToken,
+}
+
+impl SideTasks {
+    /// With the shutdown watchdog and the input topics' watch running.
+    fn start(
+        settings: &Settings,
+        sink: &Sink,
+        health: &Arc<Health>,
+        shutdown: &Shutdown,
+    ) -> SideTasks {
+        let tracker = TaskTracker::new();
+        let watchers = vec![
+            shutdown_watchdog(shutdown, settings.kafka.shutdown_timeout, &tracker),
+            start::watch_input_topics(settings, sink, health, shutdown.stop.clone(), &tracker),
+        ];
+        SideTasks {
+            tracker,
+            watchers,
+            stages_stop: shutdown.stop.child_token(),
+        }
+    }
+
+    fn stop_with_hub(&mut self, task: tokio::task::JoinHandle<()>) {
+        self.watchers.push(task);
+    }
+
+    fn hub_stopped(&self) {
+        for task in &self.watchers {
+            task.abort();
+        }
+        self.stages_stop.cancel();
+    }
+
+    async fn wait(self) {
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
 }
 
 impl crate::schema::stage::HasPayload for consumer::Ingested {
@@ -243,7 +293,8 @@ fn schema_stage(
     schemas: Option<Arc<crate::schema::SchemaStore>>,
     records: mpsc::Receiver<consumer::Ingested>,
     health: &Arc<Health>,
-    shutdown: &Shutdown,
+    tasks: &TaskTracker,
+    stop: &CancellationToken,
 ) -> mpsc::Receiver<consumer::Ingested> {
     let Some(store) = schemas else {
         return records;
@@ -253,9 +304,9 @@ fn schema_stage(
         store,
         health: health.clone(),
         backoff: settings.schema_registry.retry_backoff,
-        stop: shutdown.stop.clone(),
+        stop: stop.clone(),
     };
-    tokio::spawn(stage.run(records, tx));
+    tasks.spawn(stage.run(records, tx));
     rx
 }
 
@@ -408,7 +459,6 @@ impl Models {
 /// The hot reload task, and where the hub learns each new model version
 /// and policy.
 struct Reloading {
-    task: tokio::task::JoinHandle<()>,
     scorers: mpsc::Receiver<crate::verdict::NewScorer>,
     policies: mpsc::Receiver<Arc<Ruleset>>,
     lists: mpsc::Receiver<crate::matching::Update>,
@@ -421,6 +471,7 @@ fn spawn_reloader(
     models: &Models,
     lists: Lists,
     shutdown: &Shutdown,
+    tasks: &mut SideTasks,
 ) -> Reloading {
     let Lists {
         tx: lists_tx,
@@ -455,8 +506,8 @@ fn spawn_reloader(
         (!settings.matching.lists.is_empty())
             .then(|| crate::matching::ListWatch::new(&settings.matching, lists_tx)),
     );
+    tasks.stop_with_hub(tasks.tracker.spawn(reloader.run(shutdown.stop.clone())));
     Reloading {
-        task: tokio::spawn(reloader.run(shutdown.stop.clone())),
         scorers,
         policies,
         lists,
@@ -483,9 +534,10 @@ async fn check_producer(sink: &Sink, timeout: std::time::Duration, health: &Heal
 fn shutdown_watchdog(
     shutdown: &Shutdown,
     timeout: std::time::Duration,
+    tasks: &TaskTracker,
 ) -> tokio::task::JoinHandle<()> {
     let (stop, abort) = (shutdown.stop.clone(), shutdown.abort.clone());
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         stop.cancelled().await;
         tokio::time::sleep(timeout).await;
         tracing::warn!(

@@ -115,9 +115,10 @@ pub(super) fn watch_input_topics(
     sink: &Sink,
     health: &Arc<Health>,
     stop: CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
 ) -> tokio::task::JoinHandle<()> {
     let (settings, sink, health) = (settings.clone(), sink.clone(), health.clone());
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,

@@ -24,7 +24,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::inference::{InferenceJob, InferencePool};
+use crate::inference::{InferenceJob, InferencePool, JobId};
 use crate::producer::{ProducerError, Sink};
 use crate::tools::range;
 use crate::tp::Tp;
@@ -271,8 +271,8 @@ impl Scoring {
         mut results: tokio::sync::mpsc::Receiver<crate::inference::InferenceResult>,
         report: &mut RescoreReport,
     ) -> anyhow::Result<()> {
-        let mut in_flight: HashMap<u64, Vec<Item>> = HashMap::new();
-        let mut next_id = 0u64;
+        let mut in_flight: HashMap<JobId, Vec<Item>> = HashMap::new();
+        let mut next_id = JobId::default();
         let mut pending: Vec<Item> = Vec::new();
         let mut input_open = true;
         let mut shown = Instant::now();
@@ -284,9 +284,9 @@ impl Scoring {
                 let take = pending.len().min(self.batch);
                 let items: Vec<Item> = pending.drain(..take).collect();
                 let texts = items.iter().map(|i| i.event.text.clone()).collect();
-                self.jobs.send(InferenceJob { id: next_id, texts }).await?;
-                in_flight.insert(next_id, items);
-                next_id += 1;
+                let id = next_id.take();
+                self.jobs.send(InferenceJob { id, texts }).await?;
+                in_flight.insert(id, items);
             }
             tokio::select! {
                 Some(result) = results.recv(), if !in_flight.is_empty() => {

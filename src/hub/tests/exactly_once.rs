@@ -53,7 +53,7 @@ async fn a_failed_delivery_asks_for_an_abort_and_a_rewind_reads_the_partition_ag
     let (done, rewound) = std::sync::mpsc::channel();
     h.hub.on_control(Control::Rewind {
         partitions: vec![tp(0)],
-        generation: 1,
+        generation: crate::tp::Generation(1),
         done,
     });
     rewound.try_recv().expect("answered");
@@ -107,7 +107,7 @@ async fn after_an_abort_nothing_of_a_revoked_partition_goes_out_in_the_next_tran
     let (done, rewound) = std::sync::mpsc::channel();
     h.hub.on_control(Control::Rewind {
         partitions: vec![tp(0)],
-        generation: 2,
+        generation: crate::tp::Generation(2),
         done,
     });
     rewound.try_recv().expect("answered");
@@ -139,7 +139,7 @@ async fn a_late_failure_of_an_aborted_transaction_does_not_abort_the_next_one() 
     let (done, _rewound) = std::sync::mpsc::channel();
     h.hub.on_control(Control::Rewind {
         partitions: vec![tp(0)],
-        generation: 1,
+        generation: crate::tp::Generation(1),
         done,
     });
     h.hub.on_control(Control::Unseal);

@@ -360,7 +360,7 @@ async fn a_wave_record_and_samples_rolled_back_by_an_abort_are_written_again() {
     let judge = |h: &mut Harness, generation: u64| {
         for i in 0..3 {
             let mut r = post(i, text, ["u1", "u2", "u1"][i as usize]);
-            r.generation = generation;
+            r.generation = crate::tp::Generation(generation);
             h.push(r);
             while let Ok(job) = h.jobs.try_recv() {
                 h.result(scored(&job));
@@ -385,7 +385,7 @@ async fn a_wave_record_and_samples_rolled_back_by_an_abort_are_written_again() {
     let (done, rewound) = std::sync::mpsc::channel();
     h.hub.on_control(Control::Rewind {
         partitions: vec![tp(0)],
-        generation: 1,
+        generation: crate::tp::Generation(1),
         done,
     });
     rewound.try_recv().expect("answered");

@@ -211,7 +211,7 @@ fn record(partition: i32, offset: i64, generation: u64) -> Ingested {
         payload: Some(format!(r#"{{"event_id":"e{offset}","text":"post {offset}"}}"#).into_bytes()),
         headers: Vec::new(),
         timestamp_ms: None,
-        generation,
+        generation: Generation(generation),
         received_at: Instant::now(),
         bytes: None,
     }
@@ -272,7 +272,7 @@ impl Harness {
         let (done, answer) = std::sync::mpsc::channel();
         self.hub.on_control(Control::Revoke {
             partitions: vec![tp],
-            generation,
+            generation: Generation(generation),
             done,
         });
         self.hub.after_event();

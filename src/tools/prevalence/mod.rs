@@ -21,6 +21,7 @@ use crate::config::Settings;
 use crate::sampling::records::{LabelEntry, LabelRecord, SamplesRecord};
 use crate::tools::range;
 
+#[cfg(feature = "charts")]
 pub mod chart;
 pub mod report;
 pub mod widths;
@@ -64,6 +65,12 @@ pub struct PrevalenceOptions {
 
 /// The text to print.
 pub fn run(opts: &PrevalenceOptions) -> anyhow::Result<String> {
+    if !cfg!(feature = "charts") && (opts.chart.is_some() || opts.widths.is_some()) {
+        anyhow::bail!(
+            "this modstream was built without charts (--chart, --widths): build it with `cargo build --release --features charts`, or build the workspace (`cargo build --release`)"
+        );
+    }
+    #[cfg(feature = "charts")]
     if let Some(dir) = &opts.widths {
         let rows = widths::simulate(&widths::Plan::default());
         std::fs::create_dir_all(dir)?;
@@ -104,6 +111,7 @@ pub fn run(opts: &PrevalenceOptions) -> anyhow::Result<String> {
     };
     let report = report::build(inputs, &scope);
     let mut out = report.render();
+    #[cfg(feature = "charts")]
     if let Some(path) = &opts.chart {
         chart::thresholds(&report, path)?;
         out.push_str(&format!("\nchart: {}\n", path.display()));
