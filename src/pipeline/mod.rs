@@ -237,8 +237,8 @@ struct SideTasks {
     tracker: TaskTracker,
     /// Stopped when the hub has stopped.
     watchers: Vec<tokio::task::JoinHandle<()>>,
-    /// The schema stage ends once the consumer thread has closed its
-    /// channel, or at this when the registry cannot answer.
+    /// Ends the schema stage's wait for a registry that does not answer;
+    /// otherwise it ends once the consumer thread has closed its channel.
     stages_stop: CancellationToken,
 }
 
