@@ -11,10 +11,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use super::Broker;
 
 impl Broker {
-    /// Creates a topic with the cluster's replication factor and waits until
-    /// every partition has a leader.
-    pub fn create_topic(&self, name: &str, partitions: i32) {
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+    /// An admin client of the cluster and a runtime to wait on it with.
+    fn admin(&self) -> (AdminClient<DefaultClientContext>, tokio::runtime::Runtime) {
+        let admin = ClientConfig::new()
             .set("bootstrap.servers", self.bootstrap())
             .create()
             .unwrap();
@@ -22,6 +21,23 @@ impl Broker {
             .enable_all()
             .build()
             .unwrap();
+        (admin, rt)
+    }
+
+    /// Waits (at most 30 s) until partitions 0 to `partitions` of `name`
+    /// have a leader.
+    fn wait_for_leaders(&self, name: &str, partitions: i32) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while (0..partitions).any(|p| self.leader(name, p) < 0) {
+            assert!(Instant::now() < deadline, "topic {name} has no leaders");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Creates a topic with the cluster's replication factor and waits until
+    /// every partition has a leader.
+    pub fn create_topic(&self, name: &str, partitions: i32) {
+        let (admin, rt) = self.admin();
         let replication = self.node_ids().len().min(3) as i32;
         let results = rt
             .block_on(admin.create_topics(
@@ -36,23 +52,12 @@ impl Broker {
         for r in results {
             r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while (0..partitions).any(|p| self.leader(name, p) < 0) {
-            assert!(Instant::now() < deadline, "topic {name} has no leaders");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.wait_for_leaders(name, partitions);
     }
 
     /// Grows a topic to `total` partitions and waits for their leaders.
     pub fn add_partitions(&self, name: &str, total: usize) {
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .create()
-            .unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let (admin, rt) = self.admin();
         let results = rt
             .block_on(admin.create_partitions(
                 &[rdkafka::admin::NewPartitions::new(name, total)],
@@ -62,23 +67,12 @@ impl Broker {
         for r in results {
             r.unwrap_or_else(|(t, e)| panic!("add partitions to {t}: {e}"));
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while (0..total as i32).any(|p| self.leader(name, p) < 0) {
-            assert!(Instant::now() < deadline, "topic {name} has no leaders");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.wait_for_leaders(name, total as i32);
     }
 
     /// Deletes a topic and waits until the cluster no longer lists it.
     pub fn delete_topic(&self, name: &str) {
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .create()
-            .unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let (admin, rt) = self.admin();
         let results = rt
             .block_on(admin.delete_topics(
                 &[name],

@@ -50,13 +50,7 @@ async fn a_failed_delivery_asks_for_an_abort_and_a_rewind_reads_the_partition_ag
         answer.positions.is_empty(),
         "no offset passed a failed record"
     );
-    let (done, rewound) = std::sync::mpsc::channel();
-    h.hub.on_control(Control::Rewind {
-        partitions: vec![tp(0)],
-        generation: crate::tp::Generation(1),
-        done,
-    });
-    rewound.try_recv().expect("answered");
+    h.rewind(tp(0), 1);
     h.hub.on_control(Control::Unseal);
     assert_eq!(h.hub.in_flight, 0);
     h.outbox.fail_all(None);
@@ -104,13 +98,7 @@ async fn after_an_abort_nothing_of_a_revoked_partition_goes_out_in_the_next_tran
     assert!(sealed.try_recv().is_ok(), "nothing was outstanding");
     // The consumer aborts (drain timed out) and rewinds what it owned and
     // what it lost.
-    let (done, rewound) = std::sync::mpsc::channel();
-    h.hub.on_control(Control::Rewind {
-        partitions: vec![tp(0)],
-        generation: crate::tp::Generation(2),
-        done,
-    });
-    rewound.try_recv().expect("answered");
+    h.rewind(tp(0), 2);
     h.hub.on_control(Control::Unseal);
     h.hub.after_event();
     assert!(

@@ -382,13 +382,7 @@ async fn a_wave_record_and_samples_rolled_back_by_an_abort_are_written_again() {
         !answer.positions.contains(&at(0, 3)),
         "no position passes the failed record: {answer:?}"
     );
-    let (done, rewound) = std::sync::mpsc::channel();
-    h.hub.on_control(Control::Rewind {
-        partitions: vec![tp(0)],
-        generation: crate::tp::Generation(1),
-        done,
-    });
-    rewound.try_recv().expect("answered");
+    h.rewind(tp(0), 1);
     h.hub.on_control(Control::Unseal);
     h.outbox.fail_all(None);
     h.outbox.fates.lock().unwrap().by_topic.clear();

@@ -279,6 +279,18 @@ impl Harness {
         answer
     }
 
+    /// Rewind one partition as the consumer thread does after an abort,
+    /// taking its answer.
+    fn rewind(&mut self, tp: Tp, generation: u64) {
+        let (done, rewound) = std::sync::mpsc::channel();
+        self.hub.on_control(Control::Rewind {
+            partitions: vec![tp],
+            generation: Generation(generation),
+            done,
+        });
+        rewound.try_recv().expect("answered");
+    }
+
     /// Everything the hub has for the consumer thread to store, taking
     /// one batch at a time as the consumer thread does.
     fn seal(&mut self) -> std::sync::mpsc::Receiver<crate::rebalance::Sealed> {
