@@ -4,7 +4,7 @@
 //! (see [`super::lanes::partition_choice`]).
 
 use super::lanes::{self, Adjusted};
-use super::{Deliver, Hub, MAX_BATCH_CHOICES};
+use super::{Deliver, Hub};
 use crate::slo::{self, Choice};
 use crate::telemetry::metric;
 use tokio::time::Instant;
@@ -52,15 +52,7 @@ impl<D: Deliver> Hub<D> {
         let choice = lanes::partition_choice(&self.lanes);
         if choice != self.batch {
             self.batch = choice;
-            // Kept when the size changes or the deadline by a tenth.
-            let noted = self.summary.batch_choices.last().is_some_and(|(_, last)| {
-                last.size == choice.size && last.delay.abs_diff(choice.delay) * 10 <= last.delay
-            });
-            if !noted && self.summary.batch_choices.len() < MAX_BATCH_CHOICES {
-                self.summary
-                    .batch_choices
-                    .push((std::time::Instant::now(), choice));
-            }
+            self.ledger.batching_chosen(choice);
             for partition in self.partitions.values_mut() {
                 partition.set_batching(choice.size, choice.delay);
             }

@@ -162,7 +162,7 @@ impl<D: Deliver> Hub<D> {
         let Some(text) = self.lanes[l].probe_due(Instant::now()) else {
             return;
         };
-        let id = self.next_job_id.take();
+        let id = self.jobs.new_id();
         let job = InferenceJob {
             id,
             texts: vec![text],
@@ -231,8 +231,7 @@ impl<D: Deliver> Hub<D> {
             held,
             "shutdown timeout with the model failing; held events stay uncommitted"
         );
-        self.summary.abandoned += held as u64;
-        self.release(held);
+        self.ledger.gave_up(held);
     }
 }
 

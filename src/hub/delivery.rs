@@ -271,8 +271,7 @@ impl<D: Deliver> Hub<D> {
             received_at,
             txn,
         } = ack;
-        self.release(1);
-        self.summary.produce_seconds += took.as_secs_f64();
+        self.ledger.acknowledged(took);
         if let Some(boundary) = self.txn.as_mut() {
             let failed = match &outcome {
                 Err(ProducerError::InTransaction(error)) => Some(error.as_str()),
@@ -285,11 +284,11 @@ impl<D: Deliver> Hub<D> {
             Err(ProducerError::InTransaction(_)) => {
                 // Its transaction will be aborted and the partition read
                 // again; the offset stays undelivered until then.
-                self.summary.aborted_records += 1;
+                self.ledger.aborted_in_transaction();
                 return;
             }
             Err(ProducerError::Fatal(message)) => {
-                self.summary.abandoned += 1;
+                self.ledger.abandoned();
                 if self.producer_fatal.is_none() {
                     tracing::error!(error = %message, "stopping: the producer cannot deliver any more");
                     self.producer_fatal = Some(ProducerError::Fatal(message));
@@ -312,14 +311,14 @@ impl<D: Deliver> Hub<D> {
                 return;
             }
             Err(_) => {
-                self.summary.abandoned += 1;
+                self.ledger.abandoned();
                 return;
             }
         };
         match outcome {
             Outcome::Verdict(decided) => self.verdict_delivered(&decided, received_at, took),
             Outcome::Dlq(reason) => {
-                self.summary.dlq += 1;
+                self.ledger.dead_letter_delivered();
                 metrics::counter!(metric::DLQ_TOTAL, "reason" => reason.code()).increment(1);
             }
         }
@@ -336,7 +335,7 @@ impl<D: Deliver> Hub<D> {
         took: std::time::Duration,
     ) {
         let label = decided.verdict;
-        self.summary.verdicts += 1;
+        self.ledger.verdict_delivered();
         self.meters.verdict(label, &decided.rules, decided.rule);
         let in_hub = received_at.elapsed();
         let end_to_end = decided.event_time_ms.map(|t| {
@@ -364,7 +363,7 @@ impl<D: Deliver> Hub<D> {
         let kind = refused.kind.as_str();
         metrics::counter!(metric::UNDELIVERABLE_TOTAL, "kind" => kind).increment(1);
         tracing::error!(topic = %tp.topic, partition = tp.partition, offset, kind, to = %refused.topic, error = %refused.error, "the broker refuses this record for good; its offset is committed");
-        self.summary.undeliverable += 1;
+        self.ledger.undeliverable();
     }
 
     /// An offset is done: move its partition's position if it can.
@@ -384,11 +383,6 @@ impl<D: Deliver> Hub<D> {
         self.partitions
             .get(tp)
             .map_or(Generation::default(), Partition::generation)
-    }
-
-    pub(super) fn release(&mut self, events: usize) {
-        self.in_flight = self.in_flight.saturating_sub(events);
-        self.meters.in_flight.set(self.in_flight as f64);
     }
 }
 

@@ -49,15 +49,9 @@ impl<D: Deliver> Hub<D> {
                         .map(|p| std::mem::take(&mut p.event.text))
                 })
                 .collect();
-            let id = self.next_job_id.take();
             metrics::histogram!(metric::BATCH_SIZE).record(size as f64);
-            let sizes = &mut self.summary.run_sizes;
-            if sizes.len() <= size {
-                sizes.resize(size + 1, 0);
-            }
-            sizes[size] += 1;
-            self.in_inference
-                .insert(id, super::Running { lane: l, segments });
+            self.ledger.run_started(size);
+            let id = self.jobs.started(l, segments);
             if let Err(e) = self.lanes[l].send(InferenceJob { id, texts }) {
                 // Cannot happen while `running` bounds the queue; keep the
                 // events anyway (scored as failed).
@@ -77,11 +71,7 @@ impl<D: Deliver> Hub<D> {
     }
 
     pub(super) fn on_inference_result(&mut self, result: InferenceResult) {
-        let run_lane = self
-            .in_inference
-            .get(&result.id)
-            .map(|r| r.lane)
-            .or_else(|| {
+        let run_lane = self.jobs.lane_of(result.id).or_else(|| {
                 let probe = |lane: &super::Lane| lane.is_probe(result.id);
                 self.lanes.iter().position(probe).map(ModelId)
             });
@@ -93,8 +83,7 @@ impl<D: Deliver> Hub<D> {
             self.on_probe(l, result);
             return;
         }
-        let Some(super::Running { lane: l, segments }) = self.in_inference.remove(&result.id)
-        else {
+        let Some(super::jobs::Running { lane: l, segments }) = self.jobs.finished(result.id) else {
             return;
         };
         let lane = &mut self.lanes[l];
@@ -112,10 +101,7 @@ impl<D: Deliver> Hub<D> {
         }
         metrics::histogram!(metric::INFERENCE_SECONDS).record(result.elapsed.as_secs_f64());
         lane.model_ran(result.scores.len(), result.elapsed);
-        self.summary.batches += 1;
-        self.summary.inference_seconds += result.elapsed.as_secs_f64();
-        self.summary.real_tokens += result.tokens.real;
-        self.summary.padded_tokens += result.tokens.padded;
+        self.ledger.run_scored(result.elapsed, result.tokens);
         metrics::counter!(metric::TOKENS_REAL_TOTAL).increment(result.tokens.real);
         metrics::counter!(metric::TOKENS_PADDED_TOTAL).increment(result.tokens.padded);
         // The model version that scored it (a reload may have switched it).

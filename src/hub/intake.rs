@@ -15,9 +15,9 @@ use tokio::time::Instant;
 
 impl<D: Deliver> Hub<D> {
     pub(super) fn on_record(&mut self, record: Ingested) {
-        self.summary.consumed += 1;
-        if self.revokes.is_stale(&record.tp, record.generation) {
-            self.summary.stale += 1;
+        let stale = self.revokes.is_stale(&record.tp, record.generation);
+        self.ledger.polled(stale);
+        if stale {
             metrics::counter!(metric::STALE_RECORDS_TOTAL).increment(1);
             return;
         }
@@ -38,8 +38,7 @@ impl<D: Deliver> Hub<D> {
             )
         });
         partition.track(record.offset);
-        self.in_flight += 1;
-        self.meters.in_flight.set(self.in_flight as f64);
+        self.ledger.accepted();
 
         // Acknowledgements are matched against this partition state's own
         // generation, not the (newer) one a later rebalance stamps on records.
@@ -161,10 +160,8 @@ impl<D: Deliver> Hub<D> {
     /// A closed batch goes to its first model's queue (urgent ones ahead of
     /// the others, see [`super::queue`]).
     pub(super) fn enqueue(&mut self, batch: ReadyBatch) {
-        let waited = batch.waited.as_secs_f64();
-        metrics::histogram!(metric::BATCH_WAIT_SECONDS).record(waited);
-        self.summary.batch_wait_seconds += waited;
-        self.summary.closed_batches += 1;
+        metrics::histogram!(metric::BATCH_WAIT_SECONDS).record(batch.waited.as_secs_f64());
+        self.ledger.batch_closed(batch.waited);
         self.send_on(batch, ModelId(0));
     }
 

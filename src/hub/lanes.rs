@@ -404,7 +404,7 @@ impl<D: Deliver> Hub<D> {
         if !current {
             // Revoked meanwhile and the drain gave up: the next owner
             // reprocesses these events.
-            self.release(batch.items.len());
+            self.ledger.dropped(batch.items.len());
             return;
         }
         let next = (self.lanes.ids())

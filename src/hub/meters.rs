@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use metrics::{Counter, Gauge, Histogram};
+use metrics::{Counter, Histogram};
 
 use crate::policy::{RuleId, Ruleset, Verdict};
 use crate::telemetry::metric;
@@ -25,7 +25,6 @@ fn index(v: Verdict) -> usize {
 }
 
 pub(super) struct Meters {
-    pub(super) in_flight: Gauge,
     pub(super) end_to_end: Histogram,
     verdicts: ByVerdict,
     /// The policy whose rules `by_rule` counts (indexed as its rules).
@@ -36,7 +35,6 @@ pub(super) struct Meters {
 impl Meters {
     pub(super) fn new(rules: &Arc<Ruleset>) -> Meters {
         Meters {
-            in_flight: metrics::gauge!(metric::IN_FLIGHT_EVENTS),
             end_to_end: metrics::histogram!(metric::END_TO_END_SECONDS),
             verdicts: by_verdict(
                 |v| metrics::counter!(metric::VERDICTS_TOTAL, "verdict" => v.as_str()),

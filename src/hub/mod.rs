@@ -28,8 +28,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::consumer::Ingested;
 use crate::event::RejectReason;
-use crate::inference::{InferenceResult, JobId};
-use crate::partition::{Partition, ReadyBatch};
+use crate::inference::InferenceResult;
+use crate::partition::Partition;
 use crate::policy::{ModelId, RuleId, Ruleset};
 use crate::producer::{ProducerError, ServiceFailure};
 use crate::rebalance::{Control, Positions, Revokes};
@@ -47,7 +47,9 @@ mod delivery;
 mod dispatch;
 mod formats;
 mod intake;
+mod jobs;
 mod lanes;
+mod ledger;
 mod matching;
 mod meters;
 mod positions;
@@ -147,13 +149,6 @@ enum Outcome {
     Dlq(RejectReason),
 }
 
-/// A run in inference: the model's lane and the batches whose events it
-/// scores.
-struct Running {
-    lane: ModelId,
-    segments: Vec<ReadyBatch>,
-}
-
 /// The input record an output answers: its partition, the generation of
 /// the partition state that accepted it, and its offset.
 #[derive(Debug, Clone)]
@@ -241,15 +236,13 @@ pub struct Hub<D: Deliver> {
     revokes: Revokes,
     /// The positions for the consumer thread to store.
     positions: PositionBook,
-    /// Runs in inference: the lane and the batches whose events it scores.
-    in_inference: foldhash::HashMap<JobId, Running>,
-    next_job_id: JobId,
-    /// Events accepted and not yet acknowledged (or abandoned).
-    in_flight: usize,
+    /// Runs in inference, matched to their results.
+    jobs: jobs::JobTable,
     /// Offsets handed to the producer since the loop last looked, each
     /// resolving to its acknowledgement (the loop polls them).
     outgoing: Vec<BoxFuture<'static, Ack>>,
-    summary: RunSummary,
+    /// Events in flight and the run's counts.
+    ledger: ledger::Ledger,
     /// The watchdog: partitions stalled now, and when it looks next.
     health: std::sync::Arc<Health>,
     stalls: StallReporter,
@@ -294,14 +287,6 @@ impl<D: Deliver> Hub<D> {
         let batch = lanes::partition_choice(&lanes);
         batching::export_choice(batch);
         metrics::gauge!(metric::LATENCY_TARGET_MISSED).set(0.0);
-        let summary = RunSummary {
-            batch_choices: settings
-                .batching
-                .target_p99
-                .map(|_| vec![(std::time::Instant::now(), batch)])
-                .unwrap_or_default(),
-            ..Default::default()
-        };
         let rules = Arc::new(rules);
         let meters = meters::Meters::new(&rules);
         policy_loaded_at();
@@ -316,11 +301,9 @@ impl<D: Deliver> Hub<D> {
             partitions: Default::default(),
             revokes: Revokes::default(),
             positions: PositionBook::new(positions_tx),
-            in_inference: Default::default(),
-            next_job_id: JobId::default(),
-            in_flight: 0,
+            jobs: jobs::JobTable::default(),
             outgoing: Vec::new(),
-            summary,
+            ledger: ledger::Ledger::new(settings.batching.target_p99.map(|_| batch)),
             stalls: StallReporter::new(StallKind::Undelivered, health.clone()),
             health,
             next_stall_check: Instant::now() + STALL_CHECK,
@@ -384,7 +367,7 @@ impl<D: Deliver> Hub<D> {
             }
             let open = self.any_breaker_open();
             let accepting =
-                input_open && self.in_flight < self.settings.limits.max_in_flight && !open;
+                input_open && self.ledger.in_flight() < self.settings.limits.max_in_flight && !open;
             let holding = open && self.queued() > 0;
             tokio::select! {
                 biased;
@@ -412,7 +395,7 @@ impl<D: Deliver> Hub<D> {
                 },
             }
             self.after_event();
-            if !input_open && self.in_flight == 0 {
+            if !input_open && self.ledger.in_flight() == 0 {
                 break;
             }
         }
@@ -420,7 +403,7 @@ impl<D: Deliver> Hub<D> {
         delivering.extend(self.outgoing.drain(..));
         while delivering.next().await.is_some() {}
         self.positions.flush().await;
-        (self.summary, self.producer_fatal)
+        (self.ledger.into_summary(), self.producer_fatal)
     }
 
     /// The work every event of the loop may have made possible.
@@ -446,7 +429,7 @@ impl<D: Deliver> Hub<D> {
             .filter_map(Partition::deadline)
             .min();
         let watchdog =
-            (self.in_flight > 0 || !self.stalls.is_empty()).then_some(self.next_stall_check);
+            (self.ledger.in_flight() > 0 || !self.stalls.is_empty()).then_some(self.next_stall_check);
         let slo = self.next_slo_tick();
         let probe = self.lanes.iter().filter_map(Lane::next_probe).min();
         // Positions waiting for the consumer thread to take the last batch.

@@ -17,12 +17,12 @@ impl<D: Deliver> Hub<D> {
                 generation,
                 done,
             } => {
-                self.summary.revokes += 1;
-                self.summary.revoked_in_flight += partitions
+                let in_flight = partitions
                     .iter()
                     .filter_map(|tp| self.partitions.get(tp))
                     .map(|p| p.in_flight() as u64)
                     .sum::<u64>();
+                self.ledger.revoke_started(in_flight);
                 self.flush(&partitions);
                 self.revokes.start(
                     partitions,
@@ -60,7 +60,7 @@ impl<D: Deliver> Hub<D> {
                 let mut last_of_state = None;
                 if let Some(mut partition) = self.partitions.remove(tp) {
                     last_of_state = partition.final_position();
-                    self.release(partition.held_back());
+                    self.ledger.dropped(partition.held_back());
                     metrics::gauge!(metric::OLDEST_PENDING_SECONDS, "topic" => tp.topic.to_string(), "partition" => tp.partition.to_string())
                         .set(0.0);
                 }
@@ -68,7 +68,7 @@ impl<D: Deliver> Hub<D> {
             }
             let revoked: HashSet<&Tp> = revoked.iter().collect();
             let dropped = self.drop_queued(&revoked);
-            self.release(dropped);
+            self.ledger.dropped(dropped);
             self.revokes.answer(answer, done);
         }
     }

@@ -216,9 +216,9 @@ impl<D: Deliver> Hub<D> {
             self.positions.forget(tp);
         }
         dropped += self.drop_queued(&rewound);
-        self.release(dropped);
+        self.ledger.dropped(dropped);
         self.revokes.rewound(&partitions, generation);
-        self.summary.rewinds += 1;
+        self.ledger.rewound();
         tracing::debug!(
             partitions = partitions.len(),
             dropped,

@@ -26,7 +26,7 @@ async fn a_model_that_fails_everything_is_retried_instead_of_flooding_the_dlq() 
     // One run in which every event failed: dead-lettered as before.
     h.result(failed(&first));
     h.acks(2).await;
-    assert_eq!(h.hub.summary.dlq, 2);
+    assert_eq!(h.summary().dlq, 2);
     let third = h.jobs.try_recv().expect("the next batch went out");
     // The second in a row opens the breaker: held, not dead-lettered,
     // and so is a failed run that was already under way.
@@ -74,13 +74,13 @@ async fn a_model_that_fails_everything_is_retried_instead_of_flooding_the_dlq() 
     h.result(scored(&a));
     h.result(scored(&b));
     h.acks(4).await;
-    assert_eq!((h.hub.summary.dlq, h.hub.summary.verdicts), (2, 6));
+    assert_eq!((h.summary().dlq, h.summary().verdicts), (2, 6));
     assert_eq!(
         h.outbox.offsets(),
         vec![0, 1, 2, 3, 4, 5],
         "in offset order"
     );
-    assert_eq!(h.hub.in_flight, 0);
+    assert_eq!(h.in_flight(), 0);
     let stored = h.stored().concat();
     assert!(stored.contains(&at(0, 6)), "{stored:?}");
 }
@@ -94,12 +94,12 @@ async fn events_held_by_the_breaker_are_given_up_uncommitted_at_the_shutdown_tim
     let job = h.jobs.try_recv().unwrap();
     h.result(failed(&job));
     assert!(h.hub.lanes[ModelId(0)].breaker_open());
-    assert_eq!(h.hub.in_flight, 2);
+    assert_eq!(h.in_flight(), 2);
     // kafka.shutdown_timeout passed: the watchdog cancelled `abort`.
     h.hub.give_up_held();
-    assert_eq!(h.hub.in_flight, 0, "the run can end");
-    assert_eq!(h.hub.summary.abandoned, 2, "reported as abandoned");
-    assert_eq!(h.hub.summary.dlq, 0);
+    assert_eq!(h.in_flight(), 0, "the run can end");
+    assert_eq!(h.summary().abandoned, 2, "reported as abandoned");
+    assert_eq!(h.summary().dlq, 0);
     assert!(
         h.stored().concat().iter().all(|p| p.next == 0),
         "nothing committed past them"

@@ -40,7 +40,7 @@ async fn deliver(verdict: Option<Fate>, copy: Option<Fate>) -> Fared {
     let job = h.jobs.try_recv().unwrap();
     h.result(scored(&job));
     h.acks(2).await;
-    assert_eq!(h.hub.in_flight, 0, "both offsets answered");
+    assert_eq!(h.in_flight(), 0, "both offsets answered");
     let sent = h.outbox.sent();
     assert_eq!(
         sent.iter().filter(|r| r.topic == DECISIONS).count(),
@@ -59,7 +59,7 @@ async fn deliver(verdict: Option<Fate>, copy: Option<Fate>) -> Fared {
     Fared {
         committed,
         abort,
-        summary: h.hub.summary.clone(),
+        summary: h.summary().clone(),
         fatal: h.hub.producer_fatal.is_some(),
     }
 }

@@ -32,7 +32,7 @@ async fn a_seal_answers_once_what_was_handed_over_is_acknowledged_and_holds_the_
     h.hub.on_control(Control::Unseal);
     assert_eq!(h.outbox.offsets(), vec![0, 1, 2, 3], "the next transaction");
     h.acks(2).await;
-    assert_eq!(h.hub.in_flight, 0);
+    assert_eq!(h.in_flight(), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -52,10 +52,10 @@ async fn a_failed_delivery_asks_for_an_abort_and_a_rewind_reads_the_partition_ag
     );
     h.rewind(tp(0), 1);
     h.hub.on_control(Control::Unseal);
-    assert_eq!(h.hub.in_flight, 0);
+    assert_eq!(h.in_flight(), 0);
     h.outbox.fail_all(None);
     h.push(record(0, 1, 0));
-    assert_eq!(h.hub.summary.stale, 1, "polled before the seek: stale");
+    assert_eq!(h.summary().stale, 1, "polled before the seek: stale");
     h.push(record(0, 0, 1));
     h.push(record(0, 1, 1));
     let again = h.jobs.try_recv().expect("read again, scored again");
@@ -105,7 +105,7 @@ async fn after_an_abort_nothing_of_a_revoked_partition_goes_out_in_the_next_tran
         h.outbox.offsets().is_empty(),
         "the new owner reads partition 0 again: its held verdicts must not be in this member's next transaction"
     );
-    assert_eq!(h.hub.in_flight, 0);
+    assert_eq!(h.in_flight(), 0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -309,7 +309,7 @@ async fn a_backlogs_wave_posts_take_the_kept_scores_at_their_models_turn() {
         "post 1 ran before any scores were kept"
     );
     h.acks(6).await;
-    assert_eq!(h.hub.in_flight, 0);
+    assert_eq!(h.in_flight(), 0);
     assert_eq!(h.stored().concat().last(), Some(&at(0, 6)));
 }
 

@@ -246,6 +246,16 @@ fn failed(job: &InferenceJob) -> InferenceResult {
 }
 
 impl Harness {
+    /// The ledger's answer: events accepted and not yet answered.
+    fn in_flight(&self) -> usize {
+        self.hub.ledger.in_flight()
+    }
+
+    /// The ledger's answer: the run's counts so far.
+    fn summary(&self) -> &RunSummary {
+        self.hub.ledger.summary()
+    }
+
     fn push(&mut self, record: Ingested) {
         self.hub.on_record(record);
         self.hub.after_event();
@@ -319,7 +329,7 @@ async fn verdicts_keep_offset_order_when_model_runs_finish_out_of_order() {
     for offset in 0..4 {
         h.push(record(0, offset, 0));
     }
-    assert_eq!(h.hub.in_flight, 4);
+    assert_eq!(h.in_flight(), 4);
     let first = h.jobs.try_recv().unwrap();
     let second = h.jobs.try_recv().unwrap();
     // The later batch comes back first: nothing may be produced yet.
@@ -327,10 +337,10 @@ async fn verdicts_keep_offset_order_when_model_runs_finish_out_of_order() {
     assert!(h.outbox.offsets().is_empty());
     h.result(scored(&first));
     assert_eq!(h.outbox.offsets(), vec![0, 1, 2, 3]);
-    assert_eq!(h.hub.in_flight, 4, "in flight until acknowledged");
+    assert_eq!(h.in_flight(), 4, "in flight until acknowledged");
     h.acks(4).await;
-    assert_eq!(h.hub.in_flight, 0);
-    assert_eq!(h.hub.summary.verdicts, 4);
+    assert_eq!(h.in_flight(), 0);
+    assert_eq!(h.summary().verdicts, 4);
     let stored: Vec<Position> = h.stored().into_iter().flatten().collect();
     assert_eq!(stored.last(), Some(&at(0, 4)), "one past the last");
 }
@@ -344,7 +354,7 @@ async fn a_malformed_record_is_dead_lettered_in_its_place() {
     h.push(bad);
     // The DLQ record goes out at once; the position waits for offset 0.
     h.acks(1).await;
-    assert_eq!(h.hub.summary.dlq, 1);
+    assert_eq!(h.summary().dlq, 1);
     assert_eq!(
         h.stored().concat(),
         vec![at(0, 0)],
@@ -355,7 +365,7 @@ async fn a_malformed_record_is_dead_lettered_in_its_place() {
     let job = h.jobs.try_recv().expect("closed at the deadline");
     h.result(scored(&job));
     h.acks(1).await;
-    assert_eq!(h.hub.in_flight, 0);
+    assert_eq!(h.in_flight(), 0);
     assert_eq!(h.stored().concat(), vec![at(0, 2)]);
 }
 
@@ -410,12 +420,12 @@ async fn a_revoke_during_inference_waits_for_the_verdicts_then_answers_the_posit
     assert!(answer.try_recv().is_err(), "two events still in flight");
     // A record polled before the revoke is left to the next owner.
     h.push(record(0, 2, 0));
-    assert_eq!(h.hub.summary.stale, 1);
-    assert_eq!(h.hub.in_flight, 2);
+    assert_eq!(h.summary().stale, 1);
+    assert_eq!(h.in_flight(), 2);
     h.result(scored(&job));
     h.acks(2).await;
     assert_eq!(answer.try_recv().unwrap(), vec![at(0, 2)]);
-    assert_eq!(h.hub.in_flight, 0);
+    assert_eq!(h.in_flight(), 0);
     // The partition comes straight back: the hub knows where it was.
     let (reply, resume) = std::sync::mpsc::channel();
     h.hub.on_control(Control::Assign {
@@ -442,11 +452,11 @@ async fn a_drain_that_times_out_leaves_the_events_to_the_next_owner() {
         vec![at(0, 0)],
         "nothing delivered: the position stays at the first offset"
     );
-    assert_eq!(h.hub.in_flight, 3);
+    assert_eq!(h.in_flight(), 3);
     // The late result produces nothing and is no longer in flight.
     h.result(scored(&job));
     assert!(h.outbox.offsets().is_empty());
-    assert_eq!(h.hub.in_flight, 1);
+    assert_eq!(h.in_flight(), 1);
     // Partition 1 carries on.
     let job = h
         .jobs
@@ -454,7 +464,7 @@ async fn a_drain_that_times_out_leaves_the_events_to_the_next_owner() {
         .expect("partition 1 closed at its deadline");
     h.result(scored(&job));
     h.acks(1).await;
-    assert_eq!(h.hub.in_flight, 0);
+    assert_eq!(h.in_flight(), 0);
     assert_eq!(h.stored().concat(), vec![at(1, 1)]);
 }
 
@@ -470,9 +480,9 @@ async fn a_record_the_broker_refuses_for_good_does_not_pin_its_partition() {
     let job = h.jobs.try_recv().unwrap();
     h.result(scored(&job));
     h.acks(3).await;
-    assert_eq!(h.hub.summary.undeliverable, 1);
-    assert_eq!(h.hub.summary.verdicts, 2);
-    assert_eq!(h.hub.in_flight, 0);
+    assert_eq!(h.summary().undeliverable, 1);
+    assert_eq!(h.summary().verdicts, 2);
+    assert_eq!(h.in_flight(), 0);
     let stored: Vec<Position> = h.stored().concat();
     assert_eq!(stored.last(), Some(&at(0, 3)), "the position passes it");
 }

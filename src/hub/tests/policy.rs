@@ -179,7 +179,7 @@ async fn each_event_is_scored_by_the_models_of_its_rule_and_says_why() {
         "keyed by event id"
     );
     assert_eq!(
-        h.hub.in_flight, 0,
+        h.in_flight(), 0,
         "an offset is done when all its records are"
     );
 }
@@ -247,7 +247,7 @@ async fn a_failure_of_the_second_model_dead_letters_the_event_and_keeps_order() 
     let second = big.try_recv().unwrap();
     h.result(failed(&second));
     h.acks(2).await;
-    assert_eq!((h.hub.summary.dlq, h.hub.summary.verdicts), (1, 1));
+    assert_eq!((h.summary().dlq, h.summary().verdicts), (1, 1));
     let kinds: Vec<_> = h
         .outbox
         .sent()
