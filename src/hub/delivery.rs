@@ -1,16 +1,14 @@
 //! Delivery: verdicts (or dead-letter records) produced in offset order,
 //! acknowledgements, and the positions they let the consumer store.
 
+use super::outputs::{Decided, Outcome};
 use super::transaction::HandOver;
-use super::{Ack, Decided, Deliver, Hold, Hub, InputOffset, Outcome, Outgoing, ReadyOutput};
-use crate::event::{self, RejectReason};
-use crate::partition::{Finished, Partition, Pending};
-use crate::policy::ModelId;
+use super::{Ack, Deliver, Hold, Hub, InputOffset, ReadyOutput};
+use crate::partition::{Finished, Partition};
 use crate::producer::ProducerError;
-use crate::record::{self, OutRecord, RecordKind};
+use crate::record::RecordKind;
 use crate::telemetry::metric;
 use crate::tp::{Generation, Source, Tp};
-use crate::verdict::{self, Answer, Judged, ScoredBy, Timing};
 use tokio::time::Instant;
 
 impl<D: Deliver> Hub<D> {
@@ -52,7 +50,7 @@ impl<D: Deliver> Hub<D> {
                     bytes: pending.bytes.take(),
                 };
                 self.remember_scores(&pending);
-                let (out, outcome) = self.outcome(pending);
+                let (out, outcome) = self.outputs.compose(pending);
                 self.deliver(ReadyOutput {
                     at,
                     out,
@@ -60,133 +58,6 @@ impl<D: Deliver> Hub<D> {
                     hold,
                 });
             }
-        }
-    }
-
-    /// The records of a scored event (its verdict, the copies its rule
-    /// routes, its decision record), or its dead-letter record.
-    pub(super) fn outcome(&mut self, mut pending: Pending) -> (Outgoing, Outcome) {
-        if let Some(failure) = pending.failed.take() {
-            metrics::counter!(metric::INFERENCE_FAILURES_TOTAL).increment(1);
-            let rejection = event::Rejection {
-                reason: RejectReason::InferenceFailed,
-                message: failure.to_string(),
-            };
-            return self.dead_letter_of_scored(pending, rejection);
-        }
-        let rules = pending.rules.clone();
-        let rule = &rules.rules[pending.rule.0];
-        let decision = match pending.matching.marks.as_ref().and_then(|m| m.deciding()) {
-            Some(item) => rule.decided_by(item.verdict),
-            None => rule.judge(|m| pending.scores_of(m)),
-        };
-        let judged = Judged {
-            rules: &pending.rules,
-            rule: pending.rule,
-            decision: &decision,
-            models: pending
-                .scores
-                .iter()
-                .map(|m| ScoredBy {
-                    model: m.model,
-                    scorer: &m.scorer,
-                    probabilities: &m.probabilities,
-                })
-                .collect(),
-            marks: pending.matching.marks.as_deref(),
-        };
-        let answer = Answer {
-            source: &pending.tp,
-            offset: pending.offset,
-            key: pending.original.key.as_deref(),
-            event: &pending.event,
-            timestamp_ms: pending.original.timestamp_ms,
-        };
-        let live = |topic: &str, priority| {
-            verdict::verdict_record(topic, &answer, &judged, priority, Timing::Live)
-        };
-        let mut main = live(&self.settings.output.topic, None);
-        let event_id = &pending.event.event_id;
-        if let Err(e) = self.dress(&mut main, event_id, &pending.tp, pending.offset) {
-            tracing::error!(error = %e, "a verdict does not fit the output format; dead-lettered");
-            let rejection = event::Rejection {
-                reason: RejectReason::Undecodable,
-                message: format!("the verdict could not be written as output.format: {e}"),
-            };
-            return self.dead_letter_of_scored(pending, rejection);
-        }
-        let mut also = Vec::new();
-        for route in rule.routes_for(decision.verdict) {
-            let mut copy = live(&route.topic, route.priority.as_deref());
-            // The same format as the verdict, which just fitted it.
-            let _ = self.dress(&mut copy, event_id, &pending.tp, pending.offset);
-            also.push(copy);
-        }
-        if let Some(topic) = &self.settings.output.decisions_topic {
-            also.push(verdict::decision_record(topic, &answer, &judged));
-        }
-        also.extend(self.sample(&pending, &answer, &judged));
-        let wave = pending.matching.wave_record.take();
-        also.extend(wave.map(|w| *w));
-        let decided = Decided {
-            verdict: decision.verdict,
-            event_time_ms: event::event_time_ms(pending.original.timestamp_ms, &pending.event),
-            rules: pending.rules.clone(),
-            rule: pending.rule,
-            models: (pending.scores.iter())
-                .filter(|m| !m.reused)
-                .map(|m| m.model)
-                .collect(),
-        };
-        // Last: the shadow takes the event's text.
-        self.offer_shadow(&mut pending);
-        (Outgoing { main, also }, Outcome::Verdict(decided))
-    }
-
-    /// A valid event's dead letter (its model failed, or its verdict does
-    /// not fit the output format), with its wave record: the wave grew by
-    /// this post either way.
-    fn dead_letter_of_scored(
-        &self,
-        mut pending: Pending,
-        rejection: event::Rejection,
-    ) -> (Outgoing, Outcome) {
-        let wave = pending.matching.wave_record.take();
-        let mut out: Outgoing = self.dead_letter(pending, &rejection).into();
-        out.also.extend(wave.map(|w| *w));
-        (out, Outcome::Dlq(rejection.reason))
-    }
-
-    fn dead_letter(&self, pending: Pending, rejection: &event::Rejection) -> OutRecord {
-        record::dead_letter(
-            &self.settings.output.dlq_topic,
-            &pending.tp,
-            pending.offset,
-            pending.original,
-            rejection,
-        )
-    }
-
-    /// The shadow model gets a sample of the first model's live verdicts
-    /// (by `[policy]`, as it judges its own).
-    fn offer_shadow(&self, pending: &mut Pending) {
-        let Some(shadow) = &self.shadow else {
-            return;
-        };
-        let Some(first) = pending.scores.iter().find(|m| m.model == ModelId(0)) else {
-            return;
-        };
-        if shadow.samples(&pending.event.event_id) {
-            shadow.offer(crate::shadow::ShadowJob {
-                event_id: pending.event.event_id.clone(),
-                text: std::mem::take(&mut pending.event.text),
-                source: Source {
-                    tp: pending.tp.clone(),
-                    offset: pending.offset,
-                },
-                live_probabilities: first.probabilities.clone(),
-                live: first.scorer.clone(),
-            });
         }
     }
 

@@ -72,9 +72,9 @@ impl<D: Deliver> Hub<D> {
 
     pub(super) fn on_inference_result(&mut self, result: InferenceResult) {
         let run_lane = self.jobs.lane_of(result.id).or_else(|| {
-                let probe = |lane: &super::Lane| lane.is_probe(result.id);
-                self.lanes.iter().position(probe).map(ModelId)
-            });
+            let probe = |lane: &super::Lane| lane.is_probe(result.id);
+            self.lanes.iter().position(probe).map(ModelId)
+        });
         if let Some(lane) = run_lane.and_then(|l| self.lanes.get_mut(l)) {
             lane.ran_version(result.worker, result.version);
         }

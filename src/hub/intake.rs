@@ -7,7 +7,7 @@ use crate::consumer::Ingested;
 use crate::event::{self, Priority, RejectReason};
 use crate::partition::{Partition, Pending, ReadyBatch, Rejected};
 use crate::policy::ModelId;
-use crate::record::{self, Original};
+use crate::record::Original;
 use crate::schema::SchemaError;
 use crate::telemetry::metric;
 use crate::tp::{Generation, Tp};
@@ -75,13 +75,7 @@ impl<D: Deliver> Hub<D> {
                 self.accept(pending, urgent);
             }
             Err(rejection) => {
-                let out = record::dead_letter(
-                    &self.settings.output.dlq_topic,
-                    &record.tp,
-                    record.offset,
-                    original,
-                    &rejection,
-                );
+                let out = (self.outputs).rejected(&record.tp, record.offset, original, &rejection);
                 let rejected = Rejected {
                     offset: record.offset,
                     out,

@@ -27,10 +27,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::consumer::Ingested;
-use crate::event::RejectReason;
 use crate::inference::InferenceResult;
 use crate::partition::Partition;
-use crate::policy::{ModelId, RuleId, Ruleset};
+use crate::policy::Ruleset;
 use crate::producer::{ProducerError, ServiceFailure};
 use crate::rebalance::{Control, Positions, Revokes};
 use crate::record::{OutRecord, RecordKind};
@@ -38,29 +37,29 @@ use crate::shutdown::Shutdown;
 use crate::slo::Choice;
 use crate::telemetry::{Health, StallKind, StallReporter, metric};
 use crate::tp::{Generation, Source, Tp};
-use crate::verdict::{NewScorer, Verdict};
+use crate::verdict::NewScorer;
 use std::sync::Arc;
 
 mod batching;
 mod breaker;
 mod delivery;
 mod dispatch;
-mod formats;
 mod intake;
 mod jobs;
 mod lanes;
 mod ledger;
 mod matching;
 mod meters;
+mod outputs;
 mod positions;
 mod queue;
 mod revoke;
-mod sampling;
 mod transaction;
 mod watchdog;
 
 pub use lanes::ModelLane;
 use lanes::{Lane, Lanes};
+use outputs::{Outcome, Outgoing};
 use positions::PositionBook;
 use watchdog::STALL_CHECK;
 
@@ -144,11 +143,6 @@ pub struct Ack {
     txn: transaction::TxnEpoch,
 }
 
-enum Outcome {
-    Verdict(Decided),
-    Dlq(RejectReason),
-}
-
 /// The input record an output answers: its partition, the generation of
 /// the partition state that accepted it, and its offset.
 #[derive(Debug, Clone)]
@@ -174,34 +168,6 @@ struct ReadyOutput {
     hold: Hold,
 }
 
-/// The records that answer one input offset: the verdict (or dead-letter
-/// record) and what goes with it (routed copies, the decision record).
-#[derive(Debug)]
-struct Outgoing {
-    main: OutRecord,
-    also: Vec<OutRecord>,
-}
-
-impl From<OutRecord> for Outgoing {
-    fn from(main: OutRecord) -> Self {
-        Outgoing {
-            main,
-            also: Vec::new(),
-        }
-    }
-}
-
-/// What a delivered verdict counts in: its verdict and rule (metrics by
-/// rule), when the event happened (ms; see [`crate::event::event_time_ms`]),
-/// and the models that scored it (their latency controllers).
-struct Decided {
-    verdict: Verdict,
-    event_time_ms: Option<i64>,
-    rules: Arc<Ruleset>,
-    rule: RuleId,
-    models: Vec<ModelId>,
-}
-
 /// The hub's inputs.
 pub struct Inputs {
     pub records: mpsc::Receiver<Ingested>,
@@ -223,8 +189,6 @@ pub struct Hub<D: Deliver> {
     lanes: Lanes,
     /// The policy new events are judged by.
     rules: Arc<Ruleset>,
-    /// The candidate model offered the live verdicts, if one is configured.
-    shadow: Option<crate::shadow::Shadow>,
     outbox: D,
     abort: CancellationToken,
     stop: CancellationToken,
@@ -256,14 +220,12 @@ pub struct Hub<D: Deliver> {
     decoder: crate::event::Decoder,
     /// With a Schema Registry input format: the schemas the stage fetched.
     schemas: Option<Arc<crate::schema::SchemaStore>>,
-    /// With `output.format = "avro"`: the registered verdict schema.
-    verdict_encoder: Option<crate::schema::verdict::VerdictEncoder>,
     /// Per-event metric handles.
     meters: meters::Meters,
     /// With `[matching]`: the known-bad lists and the wave clusters.
     matcher: Option<crate::matching::Matcher>,
-    /// With `output.samples_topic`: risk-weighted samples of the verdicts.
-    sampling: Option<sampling::Sampling>,
+    /// Composes the records that answer an event.
+    outputs: outputs::Composer,
 }
 
 impl<D: Deliver> Hub<D> {
@@ -293,7 +255,6 @@ impl<D: Deliver> Hub<D> {
         Hub {
             lanes: Lanes::new(lanes),
             rules,
-            shadow: None,
             outbox,
             abort: shutdown.abort.clone(),
             stop: shutdown.stop.clone(),
@@ -311,10 +272,9 @@ impl<D: Deliver> Hub<D> {
             txn: settings_eos.then(transaction::TxnBoundary::default),
             decoder,
             schemas: None,
-            verdict_encoder: None,
             meters,
             matcher: None,
-            sampling: sampling::Sampling::new(&settings),
+            outputs: outputs::Composer::new(&settings),
             settings,
         }
     }
@@ -327,7 +287,7 @@ impl<D: Deliver> Hub<D> {
         verdict_encoder: Option<crate::schema::verdict::VerdictEncoder>,
     ) -> Self {
         self.schemas = schemas;
-        self.verdict_encoder = verdict_encoder;
+        self.outputs.set_encoder(verdict_encoder);
         self
     }
 
@@ -339,7 +299,7 @@ impl<D: Deliver> Hub<D> {
 
     /// Offer every (sampled) live verdict to this shadow model.
     pub fn with_shadow(mut self, shadow: Option<crate::shadow::Shadow>) -> Self {
-        self.shadow = shadow;
+        self.outputs.set_shadow(shadow);
         self
     }
 
@@ -428,8 +388,8 @@ impl<D: Deliver> Hub<D> {
             .values()
             .filter_map(Partition::deadline)
             .min();
-        let watchdog =
-            (self.ledger.in_flight() > 0 || !self.stalls.is_empty()).then_some(self.next_stall_check);
+        let watchdog = (self.ledger.in_flight() > 0 || !self.stalls.is_empty())
+            .then_some(self.next_stall_check);
         let slo = self.next_slo_tick();
         let probe = self.lanes.iter().filter_map(Lane::next_probe).min();
         // Positions waiting for the consumer thread to take the last batch.

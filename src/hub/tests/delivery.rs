@@ -23,12 +23,14 @@ struct Fared {
 /// `verdict` says, their decision records as `copy` says.
 async fn deliver(verdict: Option<Fate>, copy: Option<Fate>) -> Fared {
     let exactly_once = verdict == Some(Fate::InTransaction);
-    let mut h = if exactly_once {
-        harness_with(r#"delivery = "exactly_once""#)
+    let kafka = if exactly_once {
+        r#"delivery = "exactly_once""#
     } else {
-        harness()
+        ""
     };
-    h.hub.settings.output.decisions_topic = Some(DECISIONS.to_string());
+    let mut h = harness_adjusted(kafka, |s| {
+        s.output.decisions_topic = Some(DECISIONS.to_string());
+    });
     if let Some(fate) = verdict {
         h.outbox.fail_topic(VERDICTS, fate);
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::inference::{InferenceJob, ScoreError, TokenStats};
 use crate::manifest::Manifest;
 use crate::partition::tests::tp;
+use crate::policy::ModelId;
 use crate::tp::Position;
 use crate::verdict::Scorer;
 
@@ -132,7 +133,13 @@ fn harness() -> Harness {
 
 /// `kafka` lines added to the harness's settings.
 fn harness_with(kafka: &str) -> Harness {
-    let settings = Settings::from_toml(&format!(
+    harness_adjusted(kafka, |_| {})
+}
+
+/// `kafka` lines added to the harness's settings, then `adjust` applied
+/// (before the hub is made: its parts take their settings then).
+fn harness_adjusted(kafka: &str, adjust: impl FnOnce(&mut Settings)) -> Harness {
+    let mut settings = Settings::from_toml(&format!(
         r#"
         [kafka]
         {kafka}
@@ -148,6 +155,7 @@ fn harness_with(kafka: &str) -> Harness {
         "#
     ))
     .unwrap();
+    adjust(&mut settings);
     harness_of_settings(settings)
 }
 
@@ -373,8 +381,7 @@ async fn a_malformed_record_is_dead_lettered_in_its_place() {
 async fn verdicts_go_out_as_cloudevents_in_either_mode() {
     use crate::config::CloudEventsOutput;
     for mode in [CloudEventsOutput::Binary, CloudEventsOutput::Structured] {
-        let mut h = harness();
-        h.hub.settings.output.cloudevents = mode;
+        let mut h = harness_adjusted("", |s| s.output.cloudevents = mode);
         h.push(record(0, 0, 0));
         h.push(record(0, 1, 0));
         let job = h.jobs.try_recv().unwrap();

@@ -179,7 +179,8 @@ async fn each_event_is_scored_by_the_models_of_its_rule_and_says_why() {
         "keyed by event id"
     );
     assert_eq!(
-        h.in_flight(), 0,
+        h.in_flight(),
+        0,
         "an offset is done when all its records are"
     );
 }

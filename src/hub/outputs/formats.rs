@@ -3,13 +3,13 @@
 //! wire format; optionally as a CloudEvent (binary mode: `ce_*` headers;
 //! structured mode: a JSON envelope) with the input's event id as subject.
 
-use super::{Deliver, Hub};
+use super::Composer;
 use crate::config::CloudEventsOutput;
 use crate::event::cloudevents::{Outgoing, STRUCTURED_CONTENT_TYPE};
 use crate::record::OutRecord;
 use crate::tp::Tp;
 
-impl<D: Deliver> Hub<D> {
+impl Composer {
     /// Put a JSON verdict record into the configured format; `Err` when it
     /// does not fit the Avro schema (a bug: the record is dead-lettered).
     pub(super) fn dress(
@@ -19,20 +19,19 @@ impl<D: Deliver> Hub<D> {
         tp: &Tp,
         offset: i64,
     ) -> Result<(), crate::schema::verdict::EncodeError> {
-        let output = &self.settings.output;
-        if output.cloudevents == CloudEventsOutput::Off && self.verdict_encoder.is_none() {
+        let output = &self.output;
+        if output.cloudevents == CloudEventsOutput::Off && self.encoder.is_none() {
             return Ok(());
         }
         let json = out.payload.take().unwrap_or_default();
-        let source = format!("/modstream/{}", self.settings.kafka.group_id);
         let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         let ce = Outgoing {
             id: format!("{}-{}-{offset}", tp.topic, tp.partition),
-            source: &source,
+            source: &self.ce_source,
             subject: event_id,
             time: &time,
         };
-        let (payload, content_type) = match &self.verdict_encoder {
+        let (payload, content_type) = match &self.encoder {
             Some(encoder) => (encoder.encode(&json)?, "application/avro"),
             None => (json, "application/json"),
         };

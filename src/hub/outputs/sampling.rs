@@ -3,7 +3,6 @@
 //! of the labels its rule judges by that model; 0 when that model did not
 //! score it), the draw, and the sample record written with the verdict.
 
-use super::{Deliver, Hub};
 use crate::config::Settings;
 use crate::partition::{ModelScores, Pending};
 use crate::policy::{ModelId, Rule};
@@ -71,7 +70,7 @@ impl Sampling {
     }
 }
 
-impl<D: Deliver> Hub<D> {
+impl Sampling {
     /// The sample record of a judged event if it is drawn, or its drop
     /// record if the rate bound dropped it.
     pub(super) fn sample(
@@ -80,7 +79,7 @@ impl<D: Deliver> Hub<D> {
         answer: &Answer<'_>,
         judged: &Judged<'_>,
     ) -> Option<OutRecord> {
-        let sampling = self.sampling.as_mut()?;
+        let sampling = self;
         let rule = pending.rules.rule(pending.rule)?;
         let source = Source {
             tp: pending.tp.clone(),

@@ -1,0 +1,222 @@
+//! The outputs composer: given a scored event, the records that answer it
+//! (its verdict in the output format, the copies its rule routes, its
+//! decision record, its sample, its wave record) or its dead-letter
+//! record; and what the delivered verdict counts in. It owns what those
+//! records are written with: the output topics, the Avro encoder, the
+//! sampler and the shadow model it offers live verdicts to.
+
+use std::sync::Arc;
+
+use crate::config::{OutputSettings, Settings};
+use crate::event::{self, RejectReason};
+use crate::partition::Pending;
+use crate::policy::{ModelId, RuleId, Ruleset};
+use crate::record::{self, OutRecord};
+use crate::schema::verdict::VerdictEncoder;
+use crate::shadow::Shadow;
+use crate::telemetry::metric;
+use crate::tp::{Source, Tp};
+use crate::verdict::{self, Answer, Judged, ScoredBy, Timing, Verdict};
+
+mod formats;
+mod sampling;
+
+use sampling::Sampling;
+
+/// The records that answer one input offset: the verdict (or dead-letter
+/// record) and what goes with it (routed copies, the decision record).
+#[derive(Debug)]
+pub(super) struct Outgoing {
+    pub(super) main: OutRecord,
+    pub(super) also: Vec<OutRecord>,
+}
+
+impl From<OutRecord> for Outgoing {
+    fn from(main: OutRecord) -> Self {
+        Outgoing {
+            main,
+            also: Vec::new(),
+        }
+    }
+}
+
+/// What an input offset's records are, for what their delivery counts in.
+pub(super) enum Outcome {
+    Verdict(Decided),
+    Dlq(RejectReason),
+}
+
+/// What a delivered verdict counts in: its verdict and rule (metrics by
+/// rule), when the event happened (ms; see [`crate::event::event_time_ms`]),
+/// and the models that scored it (their latency controllers).
+pub(super) struct Decided {
+    pub(super) verdict: Verdict,
+    pub(super) event_time_ms: Option<i64>,
+    pub(super) rules: Arc<Ruleset>,
+    pub(super) rule: RuleId,
+    pub(super) models: Vec<ModelId>,
+}
+
+pub(super) struct Composer {
+    output: OutputSettings,
+    /// The CloudEvents `source` of the verdicts.
+    ce_source: String,
+    /// With `output.format = "avro"`: the registered verdict schema.
+    encoder: Option<VerdictEncoder>,
+    /// With `output.samples_topic`: risk-weighted samples of the verdicts.
+    sampling: Option<Sampling>,
+    /// The candidate model offered the live verdicts, if one is configured.
+    shadow: Option<Shadow>,
+}
+
+impl Composer {
+    pub(super) fn new(settings: &Settings) -> Composer {
+        Composer {
+            output: settings.output.clone(),
+            ce_source: format!("/modstream/{}", settings.kafka.group_id),
+            encoder: None,
+            sampling: Sampling::new(settings),
+            shadow: None,
+        }
+    }
+
+    pub(super) fn set_encoder(&mut self, encoder: Option<VerdictEncoder>) {
+        self.encoder = encoder;
+    }
+
+    pub(super) fn set_shadow(&mut self, shadow: Option<Shadow>) {
+        self.shadow = shadow;
+    }
+
+    /// The dead-letter record of a record whose event could not be read.
+    pub(super) fn rejected(
+        &self,
+        tp: &Tp,
+        offset: i64,
+        original: record::Original,
+        rejection: &event::Rejection,
+    ) -> OutRecord {
+        record::dead_letter(&self.output.dlq_topic, tp, offset, original, rejection)
+    }
+
+    /// The records of a scored event (its verdict, the copies its rule
+    /// routes, its decision record, its sample, its wave record), or its
+    /// dead-letter record.
+    pub(super) fn compose(&mut self, mut pending: Pending) -> (Outgoing, Outcome) {
+        if let Some(failure) = pending.failed.take() {
+            metrics::counter!(metric::INFERENCE_FAILURES_TOTAL).increment(1);
+            let rejection = event::Rejection {
+                reason: RejectReason::InferenceFailed,
+                message: failure.to_string(),
+            };
+            return self.dead_letter_of_scored(pending, rejection);
+        }
+        let rules = pending.rules.clone();
+        let rule = &rules.rules[pending.rule.0];
+        let decision = match pending.matching.marks.as_ref().and_then(|m| m.deciding()) {
+            Some(item) => rule.decided_by(item.verdict),
+            None => rule.judge(|m| pending.scores_of(m)),
+        };
+        let judged = Judged {
+            rules: &pending.rules,
+            rule: pending.rule,
+            decision: &decision,
+            models: pending
+                .scores
+                .iter()
+                .map(|m| ScoredBy {
+                    model: m.model,
+                    scorer: &m.scorer,
+                    probabilities: &m.probabilities,
+                })
+                .collect(),
+            marks: pending.matching.marks.as_deref(),
+        };
+        let answer = Answer {
+            source: &pending.tp,
+            offset: pending.offset,
+            key: pending.original.key.as_deref(),
+            event: &pending.event,
+            timestamp_ms: pending.original.timestamp_ms,
+        };
+        let live = |topic: &str, priority| {
+            verdict::verdict_record(topic, &answer, &judged, priority, Timing::Live)
+        };
+        let mut main = live(&self.output.topic, None);
+        let event_id = &pending.event.event_id;
+        if let Err(e) = self.dress(&mut main, event_id, &pending.tp, pending.offset) {
+            tracing::error!(error = %e, "a verdict does not fit the output format; dead-lettered");
+            let rejection = event::Rejection {
+                reason: RejectReason::Undecodable,
+                message: format!("the verdict could not be written as output.format: {e}"),
+            };
+            return self.dead_letter_of_scored(pending, rejection);
+        }
+        let mut also = Vec::new();
+        for route in rule.routes_for(decision.verdict) {
+            let mut copy = live(&route.topic, route.priority.as_deref());
+            // The same format as the verdict, which just fitted it.
+            let _ = self.dress(&mut copy, event_id, &pending.tp, pending.offset);
+            also.push(copy);
+        }
+        if let Some(topic) = &self.output.decisions_topic {
+            also.push(verdict::decision_record(topic, &answer, &judged));
+        }
+        if let Some(sampling) = &mut self.sampling {
+            also.extend(sampling.sample(&pending, &answer, &judged));
+        }
+        let wave = pending.matching.wave_record.take();
+        also.extend(wave.map(|w| *w));
+        let decided = Decided {
+            verdict: decision.verdict,
+            event_time_ms: event::event_time_ms(pending.original.timestamp_ms, &pending.event),
+            rules: pending.rules.clone(),
+            rule: pending.rule,
+            models: (pending.scores.iter())
+                .filter(|m| !m.reused)
+                .map(|m| m.model)
+                .collect(),
+        };
+        // Last: the shadow takes the event's text.
+        self.offer_shadow(&mut pending);
+        (Outgoing { main, also }, Outcome::Verdict(decided))
+    }
+
+    /// A valid event's dead letter (its model failed, or its verdict does
+    /// not fit the output format), with its wave record: the wave grew by
+    /// this post either way.
+    fn dead_letter_of_scored(
+        &self,
+        mut pending: Pending,
+        rejection: event::Rejection,
+    ) -> (Outgoing, Outcome) {
+        let wave = pending.matching.wave_record.take();
+        let record = self.rejected(&pending.tp, pending.offset, pending.original, &rejection);
+        let mut out: Outgoing = record.into();
+        out.also.extend(wave.map(|w| *w));
+        (out, Outcome::Dlq(rejection.reason))
+    }
+
+    /// The shadow model gets a sample of the first model's live verdicts
+    /// (by `[policy]`, as it judges its own).
+    fn offer_shadow(&self, pending: &mut Pending) {
+        let Some(shadow) = &self.shadow else {
+            return;
+        };
+        let Some(first) = pending.scores.iter().find(|m| m.model == ModelId(0)) else {
+            return;
+        };
+        if shadow.samples(&pending.event.event_id) {
+            shadow.offer(crate::shadow::ShadowJob {
+                event_id: pending.event.event_id.clone(),
+                text: std::mem::take(&mut pending.event.text),
+                source: Source {
+                    tp: pending.tp.clone(),
+                    offset: pending.offset,
+                },
+                live_probabilities: first.probabilities.clone(),
+                live: first.scorer.clone(),
+            });
+        }
+    }
+}
