@@ -23,12 +23,19 @@ pub mod file;
 pub use file::{ModelLabels, PolicyError};
 
 /// A verdict, in order of severity (`Ord`: the most severe is the greatest).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Verdict {
     Allow,
     Review,
     Block,
+}
+
+/// Written as its name (`"allow"`): a string in JSON and in the Avro
+/// verdict schema alike.
+impl serde::Serialize for Verdict {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
 }
 
 impl Verdict {

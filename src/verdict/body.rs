@@ -11,7 +11,7 @@ use crate::policy::Verdict;
 pub(super) struct VerdictBody<'a> {
     pub event_id: &'a str,
     pub latency_ms: Option<i64>,
-    pub model: ModelRef<'a>,
+    pub model: ModelOf<'a>,
     pub processed_at: &'a str,
     pub reason: Reason<'a>,
     /// Only in a routed copy: the priority its rule gives it.
@@ -103,6 +103,13 @@ pub(super) struct ModelRef<'a> {
     pub version: &'a str,
 }
 
+/// The model a verdict's scores are from.
+#[derive(serde::Serialize)]
+pub(super) struct ModelOf<'a> {
+    pub name: &'a str,
+    pub version: &'a str,
+}
+
 #[derive(serde::Serialize)]
 pub(super) struct SourceRef<'a> {
     pub offset: i64,
@@ -128,7 +135,7 @@ pub(super) struct Reason<'a> {
 
 #[derive(serde::Serialize)]
 pub(super) struct ModelReason<'a> {
-    pub crossed: Vec<CrossedRef<'a>>,
+    pub crossed: Vec<Crossing<'a>>,
     /// Its thresholds were not applied: a later model of a cascade ran
     /// where it was unsure, and decided.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -139,12 +146,20 @@ pub(super) struct ModelReason<'a> {
     pub version: &'a str,
 }
 
+/// A threshold crossed, in a decision record: naming its model.
 #[derive(serde::Serialize)]
 pub(super) struct CrossedRef<'a> {
     pub label: &'a str,
-    /// Only in decision records (a verdict's reason sits under its model).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<&'a str>,
+    pub model: &'a str,
+    pub score: f64,
+    pub threshold: f64,
+    pub verdict: Verdict,
+}
+
+/// A threshold crossed, in a verdict's reason (under its model).
+#[derive(serde::Serialize)]
+pub(super) struct Crossing<'a> {
+    pub label: &'a str,
     pub score: f64,
     pub threshold: f64,
     pub verdict: Verdict,
@@ -175,22 +190,33 @@ impl serde::Serialize for Scores<'_> {
 }
 
 impl<'a> Judged<'a> {
-    /// The crossings of one model (or, `model` = None, of all, each
-    /// naming its model).
-    pub(super) fn crossed(&self, model: Option<ModelId>) -> Vec<CrossedRef<'a>> {
+    /// The crossings of all models, each naming its model.
+    pub(super) fn crossed(&self) -> Vec<CrossedRef<'a>> {
         self.decision
             .crossings
             .iter()
-            .filter(|c| model.is_none_or(|m| m == c.model))
             .filter_map(|c| {
                 let scorer = self.models.iter().find(|m| m.model == c.model)?.scorer;
                 Some(CrossedRef {
                     label: &c.label,
-                    model: model.is_none().then_some(scorer.id.as_str()),
+                    model: &scorer.id,
                     score: f64::from(c.score),
                     threshold: f64::from(c.threshold),
                     verdict: c.verdict,
                 })
+            })
+            .collect()
+    }
+
+    /// The crossings of one model.
+    fn crossings_of(&self, model: ModelId) -> Vec<Crossing<'a>> {
+        (self.decision.crossings.iter())
+            .filter(|c| c.model == model)
+            .map(|c| Crossing {
+                label: &c.label,
+                score: f64::from(c.score),
+                threshold: f64::from(c.threshold),
+                verdict: c.verdict,
             })
             .collect()
     }
@@ -207,7 +233,7 @@ impl<'a> Judged<'a> {
                          scorer,
                          probabilities,
                      }| ModelReason {
-                        crossed: self.crossed(Some(model)),
+                        crossed: self.crossings_of(model),
                         deferred: self.decision.deferred.contains(&model),
                         id: &scorer.id,
                         name: &scorer.model_name,

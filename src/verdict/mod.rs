@@ -31,7 +31,7 @@ mod body;
 mod marks;
 
 use body::{
-    DecisionBody, DrawnRef, DropBody, EventRef, ModelRef, SampleBody, Scores, SourceRef,
+    DecisionBody, DrawnRef, DropBody, EventRef, ModelOf, ModelRef, SampleBody, Scores, SourceRef,
     VerdictBody,
 };
 
@@ -210,6 +210,21 @@ impl Scorer {
         answer: Answer<'_>,
         probabilities: &[f32],
     ) -> (OutRecord, Verdict) {
+        let json = |body: &VerdictPayload<'_>| Ok::<_, std::convert::Infallible>(to_json(body));
+        match self.verdict_record_with(topic, answer, probabilities, json) {
+            Ok(done) => done,
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`Scorer::verdict_record`], its body written by `write`.
+    pub fn verdict_record_with<E>(
+        &self,
+        topic: &str,
+        answer: Answer<'_>,
+        probabilities: &[f32],
+        write: impl FnOnce(&VerdictPayload<'_>) -> Result<Vec<u8>, E>,
+    ) -> Result<(OutRecord, Verdict), E> {
         let decision = self.decision(probabilities);
         let judged = Judged {
             rules: &self.alone,
@@ -222,10 +237,8 @@ impl Scorer {
             }],
             marks: None,
         };
-        (
-            verdict_record(topic, &answer, &judged, None, Timing::Rejudged),
-            decision.verdict,
-        )
+        let record = verdict_record_with(topic, &answer, &judged, None, Timing::Rejudged, write)?;
+        Ok((record, decision.verdict))
     }
 }
 
@@ -237,7 +250,19 @@ pub enum Timing {
     Rejudged,
 }
 
-/// The verdict record (`priority`: the route's, in a routed copy).
+/// A verdict's body, the one definition of the verdict: written as JSON,
+/// or in Avro straight from it by the verdict schema
+/// ([`crate::schema::verdict`], whose fields are its fields in the same
+/// order; a test there holds the two together).
+pub struct VerdictPayload<'a>(VerdictBody<'a>);
+
+impl serde::Serialize for VerdictPayload<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+/// The verdict record in JSON (`priority`: the route's, in a routed copy).
 pub fn verdict_record(
     topic: &str,
     answer: &Answer<'_>,
@@ -245,6 +270,22 @@ pub fn verdict_record(
     priority: Option<&str>,
     timing: Timing,
 ) -> OutRecord {
+    let json = |body: &VerdictPayload<'_>| Ok::<_, std::convert::Infallible>(to_json(body));
+    match verdict_record_with(topic, answer, judged, priority, timing, json) {
+        Ok(record) => record,
+        Err(never) => match never {},
+    }
+}
+
+/// The verdict record, its body written by `write` (JSON, or Avro).
+pub fn verdict_record_with<E>(
+    topic: &str,
+    answer: &Answer<'_>,
+    judged: &Judged<'_>,
+    priority: Option<&str>,
+    timing: Timing,
+    write: impl FnOnce(&VerdictPayload<'_>) -> Result<Vec<u8>, E>,
+) -> Result<OutRecord, E> {
     let now = chrono::Utc::now();
     let latency_ms = match timing {
         Timing::Live => event::event_time_ms(answer.timestamp_ms, answer.event)
@@ -253,8 +294,7 @@ pub fn verdict_record(
     };
     let processed_at = now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let first = judged.models.first();
-    let model = ModelRef {
-        id: None,
+    let model = ModelOf {
         name: first.map_or("", |m| &m.scorer.model_name),
         version: first.map_or("", |m| &m.scorer.model_version),
     };
@@ -279,12 +319,15 @@ pub fn verdict_record(
             .map(ToString::to_string)
             .collect(),
     };
-    record(
-        topic,
-        answer.key.map(<[u8]>::to_vec),
-        &body,
-        RecordKind::Verdict,
-    )
+    let payload = write(&VerdictPayload(body))?;
+    Ok(OutRecord {
+        topic: topic.to_string(),
+        key: answer.key.map(<[u8]>::to_vec),
+        payload: Some(payload),
+        headers: Vec::new(),
+        timestamp_ms: None,
+        kind: RecordKind::Verdict,
+    })
 }
 
 /// The compact audit record for `output.decisions_topic`, keyed by event id
@@ -306,7 +349,7 @@ pub fn decision_record(topic: &str, answer: &Answer<'_>, judged: &Judged<'_>) ->
             })
             .collect(),
         policy: &judged.rules.version,
-        reasons: judged.crossed(None),
+        reasons: judged.crossed(),
         rule: judged.rule_id(),
         source: source_ref(answer),
         tenant: answer.event.tenant.as_deref(),
@@ -408,27 +451,30 @@ fn record(
     body: &impl serde::Serialize,
     kind: RecordKind,
 ) -> OutRecord {
+    OutRecord {
+        topic: topic.to_string(),
+        key,
+        payload: Some(to_json(body)),
+        headers: Vec::new(),
+        timestamp_ms: None,
+        kind,
+    }
+}
+
+fn to_json(body: &impl serde::Serialize) -> Vec<u8> {
     thread_local! {
         /// Grown once to the largest record written on this thread, so that
         /// serializing does not reallocate as the record grows.
         static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     // Serializing these structs cannot fail; an empty body would be a bug.
-    let payload = BUFFER.with_borrow_mut(|buffer| {
+    BUFFER.with_borrow_mut(|buffer| {
         buffer.clear();
         match serde_json::to_writer(&mut *buffer, body) {
             Ok(()) => buffer.clone(),
             Err(_) => Vec::new(),
         }
-    });
-    OutRecord {
-        topic: topic.to_string(),
-        key,
-        payload: Some(payload),
-        headers: Vec::new(),
-        timestamp_ms: None,
-        kind,
-    }
+    })
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use crate::schema::verdict::VerdictEncoder;
 use crate::shadow::Shadow;
 use crate::telemetry::metric;
 use crate::tp::{Source, Tp};
-use crate::verdict::{self, Answer, Judged, ScoredBy, Timing, Verdict};
+use crate::verdict::{self, Answer, Judged, ScoredBy, Verdict};
 
 mod formats;
 mod sampling;
@@ -139,25 +139,24 @@ impl Composer {
             event: &pending.event,
             timestamp_ms: pending.original.timestamp_ms,
         };
-        let live = |topic: &str, priority| {
-            verdict::verdict_record(topic, &answer, &judged, priority, Timing::Live)
+        let main = match self.verdict(&self.output.topic, &answer, &judged, None) {
+            Ok(main) => main,
+            Err(e) => {
+                tracing::error!(error = %e, "a verdict does not fit the output format; dead-lettered");
+                let rejection = event::Rejection {
+                    reason: RejectReason::Undecodable,
+                    message: format!("the verdict could not be written as output.format: {e}"),
+                };
+                return self.dead_letter_of_scored(pending, rejection);
+            }
         };
-        let mut main = live(&self.output.topic, None);
-        let event_id = &pending.event.event_id;
-        if let Err(e) = self.dress(&mut main, event_id, &pending.tp, pending.offset) {
-            tracing::error!(error = %e, "a verdict does not fit the output format; dead-lettered");
-            let rejection = event::Rejection {
-                reason: RejectReason::Undecodable,
-                message: format!("the verdict could not be written as output.format: {e}"),
-            };
-            return self.dead_letter_of_scored(pending, rejection);
-        }
         let mut also = Vec::new();
         for route in rule.routes_for(decision.verdict) {
-            let mut copy = live(&route.topic, route.priority.as_deref());
             // The same format as the verdict, which just fitted it.
-            let _ = self.dress(&mut copy, event_id, &pending.tp, pending.offset);
-            also.push(copy);
+            also.extend(
+                self.verdict(&route.topic, &answer, &judged, route.priority.as_deref())
+                    .ok(),
+            );
         }
         if let Some(topic) = &self.output.decisions_topic {
             also.push(verdict::decision_record(topic, &answer, &judged));
