@@ -15,14 +15,11 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
 use super::exactly_once::TxnDriver;
-use super::exactly_once::{Decision, End};
 use super::{commit, is_fatal, store};
-use crate::rebalance::{self, Control, SealFailure};
+use crate::rebalance::{self, Control};
 use crate::telemetry::Health;
-use crate::telemetry::metric::{self, CommitOutcome, ErrorKind, RebalanceKind, TxnOutcome};
+use crate::telemetry::metric::{self, CommitOutcome, ErrorKind, RebalanceKind};
 use crate::tp::{Generation, Lag, Position, Positions, Tp};
-use crate::transaction::TransactionError;
-use tokio::time::Instant;
 
 /// The consumer's context: librdkafka's callbacks (statistics, errors,
 /// rebalances, commits) run here, on the consumer thread, inside a poll.
@@ -65,7 +62,7 @@ impl ClientFaults {
         let _ = self.fatal.set(message);
     }
 
-    fn set_transaction_fatal(&self, message: String) {
+    pub(super) fn set_transaction_fatal(&self, message: String) {
         self.transaction_fatal.store(true, Ordering::SeqCst);
         self.set_fatal(message);
     }
@@ -104,7 +101,7 @@ pub(super) struct Membership {
 
 impl Membership {
     /// A rebalance: the next generation.
-    fn rebalance(&self) -> Generation {
+    pub(super) fn rebalance(&self) -> Generation {
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         self.rebalanced.store(true, Ordering::SeqCst);
         Generation(generation)
@@ -255,153 +252,6 @@ impl ModstreamContext {
     }
 }
 
-/// Exactly-once: the end of each transaction (see [`super::exactly_once`]).
-impl ModstreamContext {
-    pub(super) fn note_polled(&self, tp: &Tp, offset: i64) {
-        if let Some(Ok(mut d)) = self.txn.as_ref().map(|t| t.lock()) {
-            d.note_polled(tp, offset);
-        }
-    }
-
-    /// Keep positions for the next transaction's commit; false without
-    /// exactly-once (the caller stores them).
-    fn keep_positions(&self, positions: Positions) -> bool {
-        let Some(driver) = &self.txn else {
-            return false;
-        };
-        if let Ok(mut d) = driver.lock() {
-            d.keep(positions);
-        }
-        true
-    }
-
-    /// End the open transaction: commit what the hub sealed, or abort and
-    /// rewind; then let the hub hand records to the next transaction.
-    pub(super) fn end_transaction(&self, consumer: &BaseConsumer<Self>, end: End<'_>) {
-        let Some(driver) = &self.txn else {
-            return;
-        };
-        let busy = driver.lock().map(|d| d.busy.clone()).ok();
-        let _busy = busy.as_deref().map(Busy::start);
-        let shutdown = matches!(end, End::Shutdown);
-        let sealed = if shutdown {
-            None
-        } else {
-            let timeout = driver.lock().map(|d| d.eo.timeout).unwrap_or_default();
-            match rebalance::request_seal(&self.hub.control_tx, Instant::now() + timeout) {
-                // The hub stopped: the shutdown's end commits what it sent.
-                Err(SealFailure::Gone) => return,
-                other => Some(other),
-            }
-        };
-        self.store_sent_positions(consumer);
-        let Ok(mut d) = driver.lock() else {
-            return;
-        };
-        let (why, error) = match d.decide(&end, sealed) {
-            Decision::Commit { records } => match d.commit(consumer.group_metadata(), records) {
-                Ok(()) => {
-                    d.eo.health.set_transaction_failing(None);
-                    (None, None)
-                }
-                Err(e @ TransactionError::TimedOut { .. }) => {
-                    (Some(TxnOutcome::AbortedTimeout), Some(e))
-                }
-                Err(e) => (Some(TxnOutcome::AbortedFailed), Some(e)),
-            },
-            Decision::Abort { why, reason } => {
-                (Some(why), Some(TransactionError::Abortable(reason)))
-            }
-        };
-        match (why, error) {
-            (_, Some(e @ (TransactionError::Fenced(_) | TransactionError::Fatal(_)))) => {
-                tracing::error!(error = %e, "stopping: the transactional producer cannot go on");
-                self.faults.set_transaction_fatal(e.to_string());
-            }
-            (Some(why), Some(e)) => self.abort_and_rewind(consumer, &mut d, why, &e, &end),
-            _ => {}
-        }
-        d.forget(end.revoked());
-        drop(d);
-        if !shutdown {
-            let _ = self.hub.control_tx.blocking_send(Control::Unseal);
-        }
-    }
-
-    fn abort_and_rewind(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        d: &mut TxnDriver,
-        why: TxnOutcome,
-        error: &TransactionError,
-        end: &End<'_>,
-    ) {
-        if why == TxnOutcome::AbortedTimeout {
-            tracing::error!(error = %error, "transaction aborted: it could not commit in time; its events are read again");
-            d.eo.health.set_transaction_failing(Some(error.to_string()));
-        } else {
-            tracing::warn!(error = %error, outcome = why.as_str(), "transaction aborted; its events are read again");
-        }
-        if let Err(e) = d.abort(why) {
-            tracing::error!(error = %e, "stopping: the transaction cannot be aborted");
-            self.faults.set_transaction_fatal(e.to_string());
-            return;
-        }
-        if matches!(end, End::Shutdown) {
-            // Nothing is read any more: the next owner starts at the commit.
-            return;
-        }
-        let owned: Vec<Tp> = consumer
-            .assignment()
-            .map(|a| partitions_of(&a))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|tp| !end.revoked().contains(tp))
-            .collect();
-        for Position { tp, next: target } in d.rewind_targets(&owned) {
-            let sought = consumer.seek(
-                &tp.topic,
-                tp.partition,
-                Offset::Offset(target),
-                Duration::from_secs(5),
-            );
-            if let Err(e) = sought {
-                // Going on would skip the aborted events: stop instead (a
-                // restart reads from the committed offsets).
-                tracing::error!(topic = %tp.topic, partition = tp.partition, error = %e, "cannot seek back after an abort");
-                self.faults
-                    .set_transaction_fatal(format!("cannot seek {tp:?} back after an abort: {e}"));
-                return;
-            }
-        }
-        let generation = self.membership.rebalance();
-        let dropped = end.dropped_after_abort(owned);
-        rebalance::request_rewind(&self.hub.control_tx, dropped, generation, d.eo.timeout);
-        // Positions the hub sent before the rewind are of the aborted records.
-        while self.hub.positions_rx.try_recv().is_ok() {}
-    }
-}
-
-/// Marks a transaction's end as running until dropped (for the watchdog).
-struct Busy<'a>(&'a std::sync::Mutex<Option<std::time::Instant>>);
-
-impl<'a> Busy<'a> {
-    fn start(slot: &'a std::sync::Mutex<Option<std::time::Instant>>) -> Busy<'a> {
-        if let Ok(mut b) = slot.lock() {
-            *b = Some(std::time::Instant::now());
-        }
-        Busy(slot)
-    }
-}
-
-impl Drop for Busy<'_> {
-    fn drop(&mut self) {
-        if let Ok(mut b) = self.0.lock() {
-            *b = None;
-        }
-    }
-}
-
 pub(super) fn partitions_of(tpl: &TopicPartitionList) -> Vec<Tp> {
     tpl.elements()
         .iter()
@@ -481,30 +331,16 @@ impl ConsumerContext for ModstreamContext {
                     generation,
                     self.hub.drain_timeout,
                 );
-                if self.txn.is_some() {
-                    let revoked = partitions_of(tpl);
-                    let answered = drained.is_some();
-                    // Positions the hub sent before answering come first.
-                    self.store_sent_positions(consumer);
-                    if let Some(positions) = drained {
-                        self.keep_positions(positions);
-                    }
-                    self.end_transaction(
-                        consumer,
-                        End::Revoke {
-                            revoked: &revoked,
-                            drained: answered,
-                        },
-                    );
-                    self.membership.mark_revoked();
-                    return;
-                }
                 // Positions the hub sent before answering come first.
                 self.store_sent_positions(consumer);
-                if let Some(positions) = drained {
-                    store(consumer, &positions);
+                if self.txn.is_some() {
+                    self.end_transaction_at_revoke(consumer, &partitions_of(tpl), drained);
+                } else {
+                    if let Some(positions) = drained {
+                        store(consumer, &positions);
+                    }
+                    commit(consumer, CommitMode::Sync);
                 }
-                commit(consumer, CommitMode::Sync);
                 // Also for lost partitions (eviction): the assignment checks
                 // the positions against the group's committed offsets.
                 self.membership.mark_revoked();

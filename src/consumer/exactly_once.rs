@@ -1,6 +1,11 @@
-//! Exactly-once on the consumer thread: the state of the transactions and
-//! the decision at the end of each (the callbacks that drive it are in
-//! [`super::context`], `ModstreamContext::end_transaction`).
+//! Exactly-once on the consumer thread: the state of the transactions, the
+//! decision at the end of each, and the end itself (seal, commit, or abort,
+//! seek back and rewind the hub). The consumer context only calls in: at a
+//! revoke ([`ModstreamContext::end_transaction_at_revoke`]); the poll loop
+//! at each commit interval and at shutdown. The hub's side (handing records
+//! over, the seal's answer, dropping rewound partitions) is
+//! `hub::transaction`; the producer's transactional calls are
+//! [`crate::transaction`].
 //!
 //! Every `kafka.commit_interval`, after a revoke's drain, and at shutdown,
 //! the consumer thread asks the hub to seal (nothing more goes to the
@@ -19,10 +24,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::Offset;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use tokio_util::sync::CancellationToken;
 
-use crate::rebalance::{SealFailure, Sealed};
+use super::context::{ModstreamContext, partitions_of};
+use crate::rebalance::{self, Control, SealFailure, Sealed};
 use crate::telemetry::Health;
 use crate::telemetry::metric::TxnOutcome;
 use crate::tp::{Position, Positions, Tp};
@@ -216,6 +223,177 @@ impl TxnDriver {
 /// How many `kafka.transaction_timeout`s a transaction's end may block
 /// before the process stops.
 const HUNG_AFTER_TIMEOUTS: u32 = 3;
+
+/// Exactly-once's side of the consumer context: librdkafka's callbacks
+/// (a revoke) and the poll loop (the commit interval, shutdown) end the
+/// open transaction here.
+impl ModstreamContext {
+    pub(super) fn note_polled(&self, tp: &Tp, offset: i64) {
+        if let Some(Ok(mut d)) = self.txn.as_ref().map(|t| t.lock()) {
+            d.note_polled(tp, offset);
+        }
+    }
+
+    /// Keep positions for the next transaction's commit; false without
+    /// exactly-once (the caller stores them).
+    pub(super) fn keep_positions(&self, positions: Positions) -> bool {
+        let Some(driver) = &self.txn else {
+            return false;
+        };
+        if let Ok(mut d) = driver.lock() {
+            d.keep(positions);
+        }
+        true
+    }
+
+    /// A revoke's drain ended (`drained`: the hub's answer, if it came in
+    /// time): the transaction ends with it.
+    pub(super) fn end_transaction_at_revoke(
+        &self,
+        consumer: &BaseConsumer<ModstreamContext>,
+        revoked: &[Tp],
+        drained: Option<Positions>,
+    ) {
+        let answered = drained.is_some();
+        if let Some(positions) = drained {
+            self.keep_positions(positions);
+        }
+        let end = End::Revoke {
+            revoked,
+            drained: answered,
+        };
+        self.end_transaction(consumer, end);
+    }
+
+    /// End the open transaction: commit what the hub sealed, or abort and
+    /// rewind; then let the hub hand records to the next transaction.
+    pub(super) fn end_transaction(&self, consumer: &BaseConsumer<ModstreamContext>, end: End<'_>) {
+        let Some(driver) = &self.txn else {
+            return;
+        };
+        let busy = driver.lock().map(|d| d.busy.clone()).ok();
+        let _busy = busy.as_deref().map(Busy::start);
+        let shutdown = matches!(end, End::Shutdown);
+        let sealed = if shutdown {
+            None
+        } else {
+            let timeout = driver.lock().map(|d| d.eo.timeout).unwrap_or_default();
+            match rebalance::request_seal(
+                &self.hub.control_tx,
+                tokio::time::Instant::now() + timeout,
+            ) {
+                // The hub stopped: the shutdown's end commits what it sent.
+                Err(SealFailure::Gone) => return,
+                other => Some(other),
+            }
+        };
+        self.store_sent_positions(consumer);
+        let Ok(mut d) = driver.lock() else {
+            return;
+        };
+        let (why, error) = match d.decide(&end, sealed) {
+            Decision::Commit { records } => match d.commit(consumer.group_metadata(), records) {
+                Ok(()) => {
+                    d.eo.health.set_transaction_failing(None);
+                    (None, None)
+                }
+                Err(e @ TransactionError::TimedOut { .. }) => {
+                    (Some(TxnOutcome::AbortedTimeout), Some(e))
+                }
+                Err(e) => (Some(TxnOutcome::AbortedFailed), Some(e)),
+            },
+            Decision::Abort { why, reason } => {
+                (Some(why), Some(TransactionError::Abortable(reason)))
+            }
+        };
+        match (why, error) {
+            (_, Some(e @ (TransactionError::Fenced(_) | TransactionError::Fatal(_)))) => {
+                tracing::error!(error = %e, "stopping: the transactional producer cannot go on");
+                self.faults.set_transaction_fatal(e.to_string());
+            }
+            (Some(why), Some(e)) => self.abort_and_rewind(consumer, &mut d, why, &e, &end),
+            _ => {}
+        }
+        d.forget(end.revoked());
+        drop(d);
+        if !shutdown {
+            let _ = self.hub.control_tx.blocking_send(Control::Unseal);
+        }
+    }
+
+    fn abort_and_rewind(
+        &self,
+        consumer: &BaseConsumer<ModstreamContext>,
+        d: &mut TxnDriver,
+        why: TxnOutcome,
+        error: &TransactionError,
+        end: &End<'_>,
+    ) {
+        if why == TxnOutcome::AbortedTimeout {
+            tracing::error!(error = %error, "transaction aborted: it could not commit in time; its events are read again");
+            d.eo.health.set_transaction_failing(Some(error.to_string()));
+        } else {
+            tracing::warn!(error = %error, outcome = why.as_str(), "transaction aborted; its events are read again");
+        }
+        if let Err(e) = d.abort(why) {
+            tracing::error!(error = %e, "stopping: the transaction cannot be aborted");
+            self.faults.set_transaction_fatal(e.to_string());
+            return;
+        }
+        if matches!(end, End::Shutdown) {
+            // Nothing is read any more: the next owner starts at the commit.
+            return;
+        }
+        let owned: Vec<Tp> = consumer
+            .assignment()
+            .map(|a| partitions_of(&a))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|tp| !end.revoked().contains(tp))
+            .collect();
+        for Position { tp, next: target } in d.rewind_targets(&owned) {
+            let sought = consumer.seek(
+                &tp.topic,
+                tp.partition,
+                Offset::Offset(target),
+                Duration::from_secs(5),
+            );
+            if let Err(e) = sought {
+                // Going on would skip the aborted events: stop instead (a
+                // restart reads from the committed offsets).
+                tracing::error!(topic = %tp.topic, partition = tp.partition, error = %e, "cannot seek back after an abort");
+                self.faults
+                    .set_transaction_fatal(format!("cannot seek {tp:?} back after an abort: {e}"));
+                return;
+            }
+        }
+        let generation = self.membership.rebalance();
+        let dropped = end.dropped_after_abort(owned);
+        rebalance::request_rewind(&self.hub.control_tx, dropped, generation, d.eo.timeout);
+        // Positions the hub sent before the rewind are of the aborted records.
+        while self.hub.positions_rx.try_recv().is_ok() {}
+    }
+}
+
+/// Marks a transaction's end as running until dropped (for the watchdog).
+struct Busy<'a>(&'a std::sync::Mutex<Option<std::time::Instant>>);
+
+impl<'a> Busy<'a> {
+    fn start(slot: &'a std::sync::Mutex<Option<std::time::Instant>>) -> Busy<'a> {
+        if let Ok(mut b) = slot.lock() {
+            *b = Some(std::time::Instant::now());
+        }
+        Busy(slot)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut b) = self.0.lock() {
+            *b = None;
+        }
+    }
+}
 
 /// librdkafka bounds every transaction call by its timeout, except where it
 /// does not: `send_offsets_to_transaction` can block past it while the
