@@ -14,8 +14,8 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
-use super::exactly_once::TxnDriver;
-use super::{commit, is_fatal, store};
+use super::exactly_once::{End, Thread, Txn, TxnFatal};
+use super::{commit, is_fatal, partitions_of, store};
 use crate::rebalance::{self, Control};
 use crate::telemetry::Health;
 use crate::telemetry::metric::{self, CommitOutcome, ErrorKind, RebalanceKind};
@@ -32,7 +32,7 @@ pub struct ModstreamContext {
     pub(super) lags_tx: std::sync::mpsc::Sender<Vec<Lag>>,
     /// With `kafka.delivery = "exactly_once"`: the transactions, ended on
     /// this thread ([`super::exactly_once`]). Locked only by this thread.
-    pub(super) txn: Option<std::sync::Mutex<TxnDriver>>,
+    pub(super) txn: Option<Txn>,
     /// This run's health, for its fault tally.
     pub(super) health: Arc<Health>,
 }
@@ -197,9 +197,42 @@ impl ModstreamContext {
     /// exactly-once keep them for the next transaction's commit instead.
     pub(super) fn store_sent_positions(&self, consumer: &BaseConsumer<Self>) {
         while let Ok(positions) = self.hub.positions_rx.try_recv() {
-            if !self.keep_positions(positions.clone()) {
-                store(consumer, &positions);
+            match &self.txn {
+                Some(txn) => txn.keep(positions),
+                None => {
+                    store(consumer, &positions);
+                }
             }
+        }
+    }
+
+    /// Exactly-once: where an owned partition started (its first offset
+    /// polled).
+    pub(super) fn note_polled(&self, tp: &Tp, offset: i64) {
+        if let Some(txn) = &self.txn {
+            txn.note_polled(tp, offset);
+        }
+    }
+
+    /// Exactly-once: end the open transaction (see [`super::exactly_once`]).
+    pub(super) fn end_transaction(&self, consumer: &BaseConsumer<Self>, end: End<'_>) {
+        if let Some(txn) = &self.txn {
+            let ended = txn.end(&self.thread(consumer), end);
+            self.on_transaction_fatal(ended);
+        }
+    }
+
+    /// The parts of this context a transaction's end uses.
+    fn thread<'a>(&'a self, consumer: &'a BaseConsumer<Self>) -> OnThread<'a> {
+        OnThread {
+            context: self,
+            consumer,
+        }
+    }
+
+    fn on_transaction_fatal(&self, ended: Result<(), TxnFatal>) {
+        if let Err(TxnFatal(message)) = ended {
+            self.faults.set_transaction_fatal(message);
         }
     }
 
@@ -252,11 +285,34 @@ impl ModstreamContext {
     }
 }
 
-pub(super) fn partitions_of(tpl: &TopicPartitionList) -> Vec<Tp> {
-    tpl.elements()
-        .iter()
-        .map(|e| Tp::new(e.topic(), e.partition()))
-        .collect()
+/// The consumer thread, as a transaction's end sees it.
+struct OnThread<'a> {
+    context: &'a ModstreamContext,
+    consumer: &'a BaseConsumer<ModstreamContext>,
+}
+
+impl Thread for OnThread<'_> {
+    type Context = ModstreamContext;
+
+    fn consumer(&self) -> &BaseConsumer<ModstreamContext> {
+        self.consumer
+    }
+
+    fn control_tx(&self) -> &mpsc::Sender<Control> {
+        &self.context.hub.control_tx
+    }
+
+    fn take_sent(&self) {
+        self.context.store_sent_positions(self.consumer);
+    }
+
+    fn discard_sent(&self) {
+        while self.context.hub.positions_rx.try_recv().is_ok() {}
+    }
+
+    fn new_generation(&self) -> Generation {
+        self.context.membership.rebalance()
+    }
 }
 
 impl ConsumerContext for ModstreamContext {
@@ -333,8 +389,10 @@ impl ConsumerContext for ModstreamContext {
                 );
                 // Positions the hub sent before answering come first.
                 self.store_sent_positions(consumer);
-                if self.txn.is_some() {
-                    self.end_transaction_at_revoke(consumer, &partitions_of(tpl), drained);
+                if let Some(txn) = &self.txn {
+                    let ended =
+                        txn.end_at_revoke(&self.thread(consumer), &partitions_of(tpl), drained);
+                    self.on_transaction_fatal(ended);
                 } else {
                     if let Some(positions) = drained {
                         store(consumer, &positions);

@@ -1,7 +1,7 @@
 //! Exactly-once on the consumer thread: the state of the transactions, the
 //! decision at the end of each, and the end itself (seal, commit, or abort,
 //! seek back and rewind the hub). The consumer context only calls in: at a
-//! revoke ([`ModstreamContext::end_transaction_at_revoke`]); the poll loop
+//! revoke ([`Txn::end_at_revoke`]); the poll loop
 //! at each commit interval and at shutdown. The hub's side (handing records
 //! over, the seal's answer, dropping rewound partitions) is
 //! `hub::transaction`; the producer's transactional calls are
@@ -25,14 +25,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::Offset;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, ConsumerGroupMetadata};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::context::{ModstreamContext, partitions_of};
+use super::partitions_of;
 use crate::rebalance::{self, Control, SealFailure, Sealed};
 use crate::telemetry::Health;
 use crate::telemetry::metric::TxnOutcome;
-use crate::tp::{Position, Positions, Tp};
+use crate::tp::{Generation, Position, Positions, Tp};
 use crate::transaction::{TransactionError, Transactions};
 
 /// What the consumer thread needs for exactly-once.
@@ -224,155 +225,170 @@ impl TxnDriver {
 /// before the process stops.
 const HUNG_AFTER_TIMEOUTS: u32 = 3;
 
-/// Exactly-once's side of the consumer context: librdkafka's callbacks
-/// (a revoke) and the poll loop (the commit interval, shutdown) end the
-/// open transaction here.
-impl ModstreamContext {
+/// What ending a transaction uses of the consumer thread (the consumer
+/// context's parts; the context implements it for the call).
+pub(super) trait Thread {
+    type Context: ConsumerContext;
+    fn consumer(&self) -> &BaseConsumer<Self::Context>;
+    fn control_tx(&self) -> &mpsc::Sender<Control>;
+    /// Takes the positions the hub sent so far (kept for the commit).
+    fn take_sent(&self);
+    /// Drops the positions the hub sent before a rewind: they are of the
+    /// aborted records.
+    fn discard_sent(&self);
+    /// Starts a new membership generation (a rewind's).
+    fn new_generation(&self) -> Generation;
+}
+
+/// Exactly-once cannot go on (fenced, a transaction that cannot end, a
+/// partition that cannot be sought back): the pipeline stops on it.
+#[derive(Debug)]
+pub(super) struct TxnFatal(pub(super) String);
+
+/// Exactly-once on the consumer thread: the transactions' state, locked
+/// only by that thread (the watchdog reads `busy`).
+pub struct Txn(std::sync::Mutex<TxnDriver>);
+
+impl Txn {
+    pub fn new(eo: ExactlyOnce) -> Txn {
+        Txn(std::sync::Mutex::new(TxnDriver::new(eo)))
+    }
+
     pub(super) fn note_polled(&self, tp: &Tp, offset: i64) {
-        if let Some(Ok(mut d)) = self.txn.as_ref().map(|t| t.lock()) {
+        if let Ok(mut d) = self.0.lock() {
             d.note_polled(tp, offset);
         }
     }
 
-    /// Keep positions for the next transaction's commit; false without
-    /// exactly-once (the caller stores them).
-    pub(super) fn keep_positions(&self, positions: Positions) -> bool {
-        let Some(driver) = &self.txn else {
-            return false;
-        };
-        if let Ok(mut d) = driver.lock() {
+    /// Positions from the hub, for the next commit.
+    pub(super) fn keep(&self, positions: Positions) {
+        if let Ok(mut d) = self.0.lock() {
             d.keep(positions);
         }
-        true
     }
 
     /// A revoke's drain ended (`drained`: the hub's answer, if it came in
     /// time): the transaction ends with it.
-    pub(super) fn end_transaction_at_revoke(
+    pub(super) fn end_at_revoke(
         &self,
-        consumer: &BaseConsumer<ModstreamContext>,
+        thread: &impl Thread,
         revoked: &[Tp],
         drained: Option<Positions>,
-    ) {
+    ) -> Result<(), TxnFatal> {
         let answered = drained.is_some();
         if let Some(positions) = drained {
-            self.keep_positions(positions);
+            self.keep(positions);
         }
         let end = End::Revoke {
             revoked,
             drained: answered,
         };
-        self.end_transaction(consumer, end);
+        self.end(thread, end)
     }
 
     /// End the open transaction: commit what the hub sealed, or abort and
     /// rewind; then let the hub hand records to the next transaction.
-    pub(super) fn end_transaction(&self, consumer: &BaseConsumer<ModstreamContext>, end: End<'_>) {
-        let Some(driver) = &self.txn else {
-            return;
-        };
-        let busy = driver.lock().map(|d| d.busy.clone()).ok();
+    pub(super) fn end(&self, thread: &impl Thread, end: End<'_>) -> Result<(), TxnFatal> {
+        let busy = self.0.lock().map(|d| d.busy.clone()).ok();
         let _busy = busy.as_deref().map(Busy::start);
         let shutdown = matches!(end, End::Shutdown);
         let sealed = if shutdown {
             None
         } else {
-            let timeout = driver.lock().map(|d| d.eo.timeout).unwrap_or_default();
-            match rebalance::request_seal(
-                &self.hub.control_tx,
-                tokio::time::Instant::now() + timeout,
-            ) {
+            let timeout = self.0.lock().map(|d| d.eo.timeout).unwrap_or_default();
+            let deadline = tokio::time::Instant::now() + timeout;
+            match rebalance::request_seal(thread.control_tx(), deadline) {
                 // The hub stopped: the shutdown's end commits what it sent.
-                Err(SealFailure::Gone) => return,
+                Err(SealFailure::Gone) => return Ok(()),
                 other => Some(other),
             }
         };
-        self.store_sent_positions(consumer);
-        let Ok(mut d) = driver.lock() else {
-            return;
+        thread.take_sent();
+        let Ok(mut d) = self.0.lock() else {
+            return Ok(());
         };
         let (why, error) = match d.decide(&end, sealed) {
-            Decision::Commit { records } => match d.commit(consumer.group_metadata(), records) {
-                Ok(()) => {
-                    d.eo.health.set_transaction_failing(None);
-                    (None, None)
+            Decision::Commit { records } => {
+                match d.commit(thread.consumer().group_metadata(), records) {
+                    Ok(()) => {
+                        d.eo.health.set_transaction_failing(None);
+                        (None, None)
+                    }
+                    Err(e @ TransactionError::TimedOut { .. }) => {
+                        (Some(TxnOutcome::AbortedTimeout), Some(e))
+                    }
+                    Err(e) => (Some(TxnOutcome::AbortedFailed), Some(e)),
                 }
-                Err(e @ TransactionError::TimedOut { .. }) => {
-                    (Some(TxnOutcome::AbortedTimeout), Some(e))
-                }
-                Err(e) => (Some(TxnOutcome::AbortedFailed), Some(e)),
-            },
+            }
             Decision::Abort { why, reason } => {
                 (Some(why), Some(TransactionError::Abortable(reason)))
             }
         };
-        match (why, error) {
+        let ended = match (why, error) {
             (_, Some(e @ (TransactionError::Fenced(_) | TransactionError::Fatal(_)))) => {
                 tracing::error!(error = %e, "stopping: the transactional producer cannot go on");
-                self.faults.set_transaction_fatal(e.to_string());
+                Err(TxnFatal(e.to_string()))
             }
-            (Some(why), Some(e)) => self.abort_and_rewind(consumer, &mut d, why, &e, &end),
-            _ => {}
-        }
+            (Some(why), Some(e)) => abort_and_rewind(thread, &mut d, why, &e, &end),
+            _ => Ok(()),
+        };
         d.forget(end.revoked());
         drop(d);
         if !shutdown {
-            let _ = self.hub.control_tx.blocking_send(Control::Unseal);
+            let _ = thread.control_tx().blocking_send(Control::Unseal);
         }
+        ended
     }
+}
 
-    fn abort_and_rewind(
-        &self,
-        consumer: &BaseConsumer<ModstreamContext>,
-        d: &mut TxnDriver,
-        why: TxnOutcome,
-        error: &TransactionError,
-        end: &End<'_>,
-    ) {
-        if why == TxnOutcome::AbortedTimeout {
-            tracing::error!(error = %error, "transaction aborted: it could not commit in time; its events are read again");
-            d.eo.health.set_transaction_failing(Some(error.to_string()));
-        } else {
-            tracing::warn!(error = %error, outcome = why.as_str(), "transaction aborted; its events are read again");
-        }
-        if let Err(e) = d.abort(why) {
-            tracing::error!(error = %e, "stopping: the transaction cannot be aborted");
-            self.faults.set_transaction_fatal(e.to_string());
-            return;
-        }
-        if matches!(end, End::Shutdown) {
-            // Nothing is read any more: the next owner starts at the commit.
-            return;
-        }
-        let owned: Vec<Tp> = consumer
-            .assignment()
-            .map(|a| partitions_of(&a))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|tp| !end.revoked().contains(tp))
-            .collect();
-        for Position { tp, next: target } in d.rewind_targets(&owned) {
-            let sought = consumer.seek(
-                &tp.topic,
-                tp.partition,
-                Offset::Offset(target),
-                Duration::from_secs(5),
-            );
-            if let Err(e) = sought {
-                // Going on would skip the aborted events: stop instead (a
-                // restart reads from the committed offsets).
-                tracing::error!(topic = %tp.topic, partition = tp.partition, error = %e, "cannot seek back after an abort");
-                self.faults
-                    .set_transaction_fatal(format!("cannot seek {tp:?} back after an abort: {e}"));
-                return;
-            }
-        }
-        let generation = self.membership.rebalance();
-        let dropped = end.dropped_after_abort(owned);
-        rebalance::request_rewind(&self.hub.control_tx, dropped, generation, d.eo.timeout);
-        // Positions the hub sent before the rewind are of the aborted records.
-        while self.hub.positions_rx.try_recv().is_ok() {}
+fn abort_and_rewind(
+    thread: &impl Thread,
+    d: &mut TxnDriver,
+    why: TxnOutcome,
+    error: &TransactionError,
+    end: &End<'_>,
+) -> Result<(), TxnFatal> {
+    if why == TxnOutcome::AbortedTimeout {
+        tracing::error!(error = %error, "transaction aborted: it could not commit in time; its events are read again");
+        d.eo.health.set_transaction_failing(Some(error.to_string()));
+    } else {
+        tracing::warn!(error = %error, outcome = why.as_str(), "transaction aborted; its events are read again");
     }
+    if let Err(e) = d.abort(why) {
+        tracing::error!(error = %e, "stopping: the transaction cannot be aborted");
+        return Err(TxnFatal(e.to_string()));
+    }
+    if matches!(end, End::Shutdown) {
+        // Nothing is read any more: the next owner starts at the commit.
+        return Ok(());
+    }
+    let owned: Vec<Tp> = (thread.consumer().assignment())
+        .map(|a| partitions_of(&a))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|tp| !end.revoked().contains(tp))
+        .collect();
+    for Position { tp, next: target } in d.rewind_targets(&owned) {
+        let sought = thread.consumer().seek(
+            &tp.topic,
+            tp.partition,
+            Offset::Offset(target),
+            Duration::from_secs(5),
+        );
+        if let Err(e) = sought {
+            // Going on would skip the aborted events: stop instead (a
+            // restart reads from the committed offsets).
+            tracing::error!(topic = %tp.topic, partition = tp.partition, error = %e, "cannot seek back after an abort");
+            return Err(TxnFatal(format!(
+                "cannot seek {tp:?} back after an abort: {e}"
+            )));
+        }
+    }
+    let generation = thread.new_generation();
+    let dropped = end.dropped_after_abort(owned);
+    rebalance::request_rewind(thread.control_tx(), dropped, generation, d.eo.timeout);
+    thread.discard_sent();
+    Ok(())
 }
 
 /// Marks a transaction's end as running until dropped (for the watchdog).

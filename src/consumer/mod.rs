@@ -29,7 +29,7 @@ use crate::client::{self, ConsumerRole};
 use crate::config::Settings;
 use crate::rebalance::Control;
 use crate::telemetry::Health;
-use crate::tp::{Lag, Position, Positions};
+use crate::tp::{Lag, Position, Positions, Tp};
 
 mod budget;
 mod context;
@@ -42,7 +42,7 @@ pub use exactly_once::ExactlyOnce;
 pub use budget::{ByteBudget, Ingested};
 pub use context::ModstreamContext;
 
-use context::{ClientFaults, HubLink, Membership, partitions_of};
+use context::{ClientFaults, HubLink, Membership};
 use fetch_watchdog::FetchWatchdog;
 use poll::PollLoop;
 
@@ -217,7 +217,7 @@ fn create(
             drain_timeout: settings.kafka.drain_timeout,
         },
         lags_tx,
-        txn: exactly_once.map(|eo| std::sync::Mutex::new(exactly_once::TxnDriver::new(eo))),
+        txn: exactly_once.map(exactly_once::Txn::new),
         health,
     };
     cfg.create_with_context(context)
@@ -466,4 +466,12 @@ pub async fn connect(
             positions,
         },
     })
+}
+
+/// The partitions of a librdkafka list.
+fn partitions_of(tpl: &TopicPartitionList) -> Vec<Tp> {
+    tpl.elements()
+        .iter()
+        .map(|e| Tp::new(e.topic(), e.partition()))
+        .collect()
 }
