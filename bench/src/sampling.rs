@@ -53,8 +53,8 @@ pub(super) async fn row(opts: &BenchOptions) -> anyhow::Result<Option<SamplingRo
     }
     let row = SamplingRow {
         runs: off.len(),
-        off_per_s: median(&mut off),
-        on_per_s: median(&mut on),
+        off_per_s: median(&off),
+        on_per_s: median(&on),
         sampled_share: drawn.load(Ordering::Relaxed) as f64
             / verdicts.load(Ordering::Relaxed).max(1) as f64,
         draw_ns: draw_ns(&rates, &events),
@@ -63,9 +63,9 @@ pub(super) async fn row(opts: &BenchOptions) -> anyhow::Result<Option<SamplingRo
     Ok(Some(row))
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+/// The median of a row's runs (the options ask for at least one).
+fn median(values: &[f64]) -> f64 {
+    modstream::tools::stats::median(values).unwrap_or(f64::NAN)
 }
 
 /// The sampler alone: ns per verdict (a score of 0.1, one tenant).

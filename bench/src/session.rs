@@ -145,7 +145,6 @@ fn in_process(
         model = Some(Model::load(settings)?);
         loads.push(started.elapsed().as_secs_f64() * 1e3);
     }
-    loads.sort_by(f64::total_cmp);
     let mut model = model.ok_or_else(|| anyhow::anyhow!("no session loaded"))?;
     let texts: Vec<String> = events
         .iter()
@@ -163,7 +162,8 @@ fn in_process(
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
     let spent = cpu_time_of("self").unwrap_or_default().since(&before);
-    Ok((loads[1], spent.total_s / started.elapsed().as_secs_f64()))
+    let load_ms = modstream::tools::stats::median(&loads).unwrap_or_default();
+    Ok((load_ms, spent.total_s / started.elapsed().as_secs_f64()))
 }
 
 /// A token model: microseconds per post to tokenize (the model's own

@@ -244,10 +244,9 @@ fn simulate_with(
         .iter_mut()
         .take(total as usize)
         .map(|l| {
-            l.sort();
-            l.get((l.len() * 99 / 100).min(l.len().saturating_sub(1)))
-                .copied()
-                .unwrap_or_default()
+            let ms: Vec<f64> = l.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+            let p99 = crate::tools::stats::percentile(&ms, 0.99).unwrap_or_default();
+            Duration::from_secs_f64(p99 / 1e3)
         })
         .collect();
     out.done_by_second = done_by_second;

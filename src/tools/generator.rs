@@ -200,13 +200,13 @@ mod tests {
         });
         assert!((0.27..0.33).contains(&abusive_share), "{abusive_share}");
         assert!((0.08..0.12).contains(&urgent_share), "{urgent_share}");
-        let mut words: Vec<usize> = valid
+        let words: Vec<f64> = valid
             .iter()
-            .map(|e| e.text.as_deref().unwrap().split_whitespace().count())
+            .map(|e| e.text.as_deref().unwrap().split_whitespace().count() as f64)
             .collect();
-        words.sort();
-        let (median, p99) = (words[words.len() / 2], words[words.len() * 99 / 100]);
-        assert!(p99 > 5 * median, "median {median} words, p99 {p99}");
+        let median = crate::tools::stats::median(&words).unwrap();
+        let p99 = crate::tools::stats::percentile(&words, 0.99).unwrap();
+        assert!(p99 > 5.0 * median, "median {median} words, p99 {p99}");
         // Deterministic: the same stream every time.
         assert_eq!(
             generate_mix(100, &mix, "x-")[7].payload.len(),

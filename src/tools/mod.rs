@@ -1,7 +1,8 @@
 //! What runs around the pipeline rather than in it: `modstream demo`,
 //! `modstream plan` (sizing from a bench report, whose format is
 //! [`report`]), the event generator and sender behind `modstream produce`, a
-//! topic reader, and the embedded Kafka cluster. The integration tests and
+//! topic reader, the embedded Kafka cluster, and the median and percentile
+//! helpers ([`stats`]). The integration tests and
 //! the bench (the `modstream-bench` crate) use them too.
 
 pub mod campaign;
@@ -17,6 +18,7 @@ pub mod read;
 pub mod report;
 pub mod rescore;
 pub mod send;
+pub mod stats;
 
 /// A default path relative to the repository (`models/...`, `docs/...`):
 /// as given where it exists, else under the repository this binary was

@@ -6,6 +6,7 @@
 use std::fmt::Write;
 
 use modstream::tools::report::{Report, SaturationRow};
+use modstream::tools::stats::median;
 
 /// One run: the best fixed cell and the adaptive one, if it has both.
 fn cells(report: &Report) -> Option<(&SaturationRow, &SaturationRow)> {
@@ -71,27 +72,4 @@ pub fn render(runs: &[(String, Report)]) -> String {
         }
     }
     out
-}
-
-fn median(values: &[f64]) -> Option<f64> {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_median_of_odd_and_even_counts() {
-        assert_eq!(median(&[]), None);
-        assert_eq!(median(&[0.9, 0.7, 1.0]), Some(0.9));
-        assert_eq!(median(&[1.0, 0.5, 0.25, 0.75]), Some(0.625));
-    }
 }
