@@ -1,8 +1,12 @@
 """The moderation job written the usual way in Python, for the bench's
 baseline: confluent-kafka consume(128) -> json -> (token models: the Hugging Face
-tokenizer) -> onnxruntime (default session options) -> one verdict per event -> produce -> flush -> commit.
+tokenizer) -> onnxruntime (default session options, or INTRA_THREADS) -> one verdict per event -> produce -> flush -> commit.
 
-    python_consumer.py BOOTSTRAP INPUT OUTPUT GROUP MODEL_DIR EVENTS
+    python_consumer.py BOOTSTRAP INPUT OUTPUT GROUP MODEL_DIR EVENTS [INTRA_THREADS]
+
+INTRA_THREADS: ONNX Runtime's intra-op threads (0 or absent: its default
+session options, a thread per core spinning between runs; 1: one thread,
+the stronger baseline on a machine shared with the broker).
 
 Stops after EVENTS verdicts; prints {"verdicts": n}. (Its peak RSS is read by
 the bench from /proc/PID/status, as modstream's is.)
@@ -17,8 +21,13 @@ from confluent_kafka import Consumer, Producer
 
 bootstrap, input_topic, output_topic, group, model_dir, want = sys.argv[1:7]
 want = int(want)
+intra_threads = int(sys.argv[7]) if len(sys.argv) > 7 else 0
 manifest = json.load(open(f"{model_dir}/manifest.json"))
-session = ort.InferenceSession(f"{model_dir}/model.onnx", providers=["CPUExecutionProvider"])
+options = ort.SessionOptions()
+if intra_threads > 0:
+    options.intra_op_num_threads = intra_threads
+    options.inter_op_num_threads = 1
+session = ort.InferenceSession(f"{model_dir}/model.onnx", options, providers=["CPUExecutionProvider"])
 output = manifest["output"]
 input_name = manifest["inputs"][0]
 tokens = manifest.get("input_kind") == "tokens"

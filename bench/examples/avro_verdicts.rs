@@ -61,6 +61,8 @@ fn main() {
 /// encoder.
 fn write(scorer: &Scorer, encoder: &VerdictEncoder, answer: Answer<'_>, p: &[f32]) -> usize {
     let avro = |body: &VerdictPayload<'_>| encoder.encode(body);
-    let (record, _) = (scorer.verdict_record_with("verdicts", answer, p, avro)).expect("fits");
+    let (record, _) = scorer
+        .verdict_record_with("verdicts", answer, p, avro)
+        .expect("fits");
     record.payload.map_or(0, |b| b.len())
 }

@@ -21,7 +21,7 @@ use super::measure::inference_settings;
 use super::process::{CpuTime, cpu_time_of, peak_rss_of, service_binary};
 use modstream::tools::generator::{GeneratedEvent, generate};
 use modstream::tools::read::TopicReader;
-use modstream::tools::report::BaselineRow;
+use modstream::tools::report::{BaselineRow, PythonRun};
 use modstream::tools::send;
 
 /// What one process did with the events.
@@ -62,7 +62,24 @@ pub(super) async fn run(opts: &BenchOptions, python: &Path) -> anyhow::Result<Ba
     let events = generate(opts.events, 0, "b-");
     let model_dir = std::path::absolute(inference_settings(opts).model_dir)?;
     let m = modstream(opts, &events, &model_dir, "").await?;
-    let p = python_job(opts, &events, python, &script, &model_dir).await?;
+    let p = python_job(
+        opts,
+        &events,
+        python,
+        &script,
+        &model_dir,
+        IntraThreads::Default,
+    )
+    .await?;
+    let one = python_job(
+        opts,
+        &events,
+        python,
+        &script,
+        &model_dir,
+        IntraThreads::One,
+    )
+    .await?;
     Ok(BaselineRow {
         events: events.len(),
         modstream_per_s: m.per_s,
@@ -74,7 +91,33 @@ pub(super) async fn run(opts: &BenchOptions, python: &Path) -> anyhow::Result<Ba
         python_cpu_s_per_million: p.cpu_s_per_million(),
         modstream_broker_cpu_us_per_verdict: m.broker_cpu_us_per_verdict(),
         python_broker_cpu_us_per_verdict: p.broker_cpu_us_per_verdict(),
+        python_one_thread: Some(PythonRun {
+            per_s: one.per_s,
+            peak_rss_bytes: one.peak_rss_bytes,
+            cpu_s_per_million: one.cpu_s_per_million(),
+            broker_cpu_us_per_verdict: one.broker_cpu_us_per_verdict(),
+        }),
     })
+}
+
+/// ONNX Runtime's intra-op threads in the Python job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum IntraThreads {
+    /// Its default session options: one thread per core, spinning between
+    /// runs.
+    Default,
+    /// One thread: the stronger baseline on a loaded machine.
+    One,
+}
+
+impl IntraThreads {
+    /// The script's INTRA_THREADS argument (0: ONNX Runtime's default).
+    fn arg(self) -> &'static str {
+        match self {
+            IntraThreads::Default => "0",
+            IntraThreads::One => "1",
+        }
+    }
 }
 
 pub(super) fn python_script(opts: &BenchOptions) -> anyhow::Result<PathBuf> {
@@ -149,6 +192,7 @@ pub(super) async fn python_job(
     python: &Path,
     script: &Path,
     model_dir: &Path,
+    threads: IntraThreads,
 ) -> anyhow::Result<ProcessRun> {
     let cell = Cell::new(opts).await?;
     send::produce_all(&cell.bootstrap, &cell.input, events).await?;
@@ -163,6 +207,7 @@ pub(super) async fn python_job(
         ])
         .arg(model_dir)
         .arg(events.len().to_string())
+        .arg(threads.arg())
         .stdout(Stdio::null())
         .spawn()?;
     let run = watch(&mut child, reader, true, opts.broker_pid).await?;

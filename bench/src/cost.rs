@@ -96,7 +96,8 @@ async fn row(
     let python = match (&opts.python, contender) {
         (Some(python), Contender::Alone(_)) => {
             let script = baseline::python_script(opts)?;
-            Some(baseline::python_job(&o, events, python, &script, &model_dir).await?)
+            let threads = baseline::IntraThreads::Default;
+            Some(baseline::python_job(&o, events, python, &script, &model_dir, threads).await?)
         }
         _ => None,
     };

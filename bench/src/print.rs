@@ -94,6 +94,14 @@ impl Print for BaselineRow {
             self.python_peak_rss_bytes >> 20,
             self.modstream_per_s / self.python_per_s
         );
+        if let Some(one) = &self.python_one_thread {
+            eprintln!(
+                "  Python with onnxruntime on 1 intra-op thread: {:.0}/s, {} MiB peak ({:.2}×)",
+                one.per_s,
+                one.peak_rss_bytes >> 20,
+                self.modstream_per_s / one.per_s
+            );
+        }
     }
 }
 

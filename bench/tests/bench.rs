@@ -188,6 +188,12 @@ fn a_tiny_bench_writes_a_complete_report() {
     if let Some(cpu) = baseline.modstream_cpu_s_per_million {
         assert!(cpu > 0.0 && cpu < 1e6, "{cpu} CPU-s per million");
     }
+    // The stronger baseline (onnxruntime on one intra-op thread) ran too.
+    let one = baseline
+        .python_one_thread
+        .as_ref()
+        .expect("the 1-thread run");
+    assert!(one.per_s > 0.0 && one.peak_rss_bytes > 0);
 
     let shadow = report.shadow.as_ref().expect("a shadow row");
     assert!(shadow.off_per_s > 0.0 && shadow.on_per_s > 0.0);
@@ -199,6 +205,7 @@ fn a_tiny_bench_writes_a_complete_report() {
         "**Throughput at saturation**",
         "**Latency against offered load**",
         "**Against a plain Python consumer**",
+        "| Python, onnxruntime on 1 intra-op thread |",
         "**A shadow model's cost**",
     ] {
         assert!(md.contains(table), "bench.md has {table}");

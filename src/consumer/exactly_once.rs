@@ -362,7 +362,9 @@ fn abort_and_rewind(
         // Nothing is read any more: the next owner starts at the commit.
         return Ok(());
     }
-    let owned: Vec<Tp> = (thread.consumer().assignment())
+    let owned: Vec<Tp> = thread
+        .consumer()
+        .assignment()
         .map(|a| partitions_of(&a))
         .unwrap_or_default()
         .into_iter()

@@ -75,7 +75,9 @@ impl<D: Deliver> Hub<D> {
                 self.accept(pending, urgent);
             }
             Err(rejection) => {
-                let out = (self.outputs).rejected(&record.tp, record.offset, original, &rejection);
+                let out = self
+                    .outputs
+                    .rejected(&record.tp, record.offset, original, &rejection);
                 let rejected = Rejected {
                     offset: record.offset,
                     out,

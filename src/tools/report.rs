@@ -321,6 +321,21 @@ pub struct BaselineRow {
     pub modstream_broker_cpu_us_per_verdict: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python_broker_cpu_us_per_verdict: Option<f64>,
+    /// The same Python job with ONNX Runtime on one intra-op thread (no
+    /// threads spinning between runs): the stronger plain consumer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_one_thread: Option<PythonRun>,
+}
+
+/// One run of the Python job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PythonRun {
+    pub per_s: f64,
+    pub peak_rss_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_s_per_million: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker_cpu_us_per_verdict: Option<f64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

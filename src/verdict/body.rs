@@ -210,7 +210,9 @@ impl<'a> Judged<'a> {
 
     /// The crossings of one model.
     fn crossings_of(&self, model: ModelId) -> Vec<Crossing<'a>> {
-        (self.decision.crossings.iter())
+        self.decision
+            .crossings
+            .iter()
             .filter(|c| c.model == model)
             .map(|c| Crossing {
                 label: &c.label,

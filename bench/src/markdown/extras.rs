@@ -29,6 +29,23 @@ fn baseline(out: &mut String, b: &BaselineRow) {
             _ => "not recorded".to_string(),
         }
     );
+    if let Some(one) = &b.python_one_thread {
+        // Above the blank line that ends the table.
+        out.pop();
+        let _ = writeln!(
+            out,
+            "| Python, onnxruntime on 1 intra-op thread | {:.0} | {:.0} | {} |\n| modstream ÷ Python on 1 thread | {:.2} | {:.2} | {} |\n",
+            one.per_s,
+            one.peak_rss_bytes as f64 / MIB,
+            cpu(one.cpu_s_per_million),
+            b.modstream_per_s / one.per_s,
+            b.modstream_peak_rss_bytes as f64 / one.peak_rss_bytes as f64,
+            match (b.modstream_cpu_s_per_million, one.cpu_s_per_million) {
+                (Some(m), Some(p)) => format!("{:.2}", m / p),
+                _ => "not recorded".to_string(),
+            }
+        );
+    }
     if let (Some(m), Some(p)) = (
         b.modstream_broker_cpu_us_per_verdict,
         b.python_broker_cpu_us_per_verdict,

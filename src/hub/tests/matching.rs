@@ -417,7 +417,9 @@ async fn a_dead_lettered_verdict_keeps_its_wave_record() {
         }
     }
     // The third post starts the wave; its verdict does not fit the format.
-    (h.hub.outputs).set_encoder(Some(crate::schema::verdict::VerdictEncoder::refusing()));
+    h.hub
+        .outputs
+        .set_encoder(Some(crate::schema::verdict::VerdictEncoder::refusing()));
     h.push(post(2, text, "u1"));
     let sent = h.outbox.sent();
     let dlq = sent
