@@ -5,7 +5,7 @@
 //! Throughput comes from the verdict records' own timestamps (first to
 //! last, so start-up and the group join do not count); peak RSS and CPU
 //! time from each process, read the same way: `/proc/PID` sampled every
-//! 50 ms, VmHWM for the peak, and the CPU seconds it spent from the first
+//! 10 ms, VmHWM for the peak, and the CPU seconds it spent from the first
 //! sample after a verdict was read to the last, per verdict read between
 //! those two samples (its start-up does not count).
 
@@ -227,7 +227,7 @@ struct Sample {
     verdicts: usize,
 }
 
-/// Samples the process (and the broker, `broker_pid`) every 50 ms while
+/// Samples the process (and the broker, `broker_pid`) every 10 ms while
 /// `reader` reads its verdicts; `exits_itself`: the process ends on its own
 /// once done (its last sample is the last taken while it lived), else it
 /// must outlive the reading.
@@ -266,7 +266,8 @@ async fn watch(
             reader.abort();
             anyhow::bail!("the process exited before its last verdict: {status}");
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Fine enough that a run of a few hundred verdicts spans samples.
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let per_s = reader.await??;
     let first = first.unwrap_or_default();
