@@ -5,10 +5,11 @@
 
 use super::{FetchError, RegistryClient};
 
-/// The verdict record of the README, field for field, each record's fields
-/// in the order the verdict's body ([`crate::verdict::VerdictPayload`])
-/// writes them: the encoder writes that body straight into Avro, so the two
-/// must agree (a test below fails when a field is in one and not the other).
+/// The verdict record of the README, field for field: the fields of the
+/// verdict's body ([`crate::verdict::VerdictPayload`]), each record's in the
+/// body's order. The encoder resolves the body's value against it by name,
+/// so the order is for readers; a test in `verdict::tests` fails when a
+/// field is in one and not the other.
 pub const VERDICT_SCHEMA: &str = r#"{
   "type": "record", "name": "Verdict", "namespace": "dev.modstream",
   "fields": [
