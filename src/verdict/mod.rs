@@ -251,9 +251,9 @@ pub enum Timing {
 }
 
 /// A verdict's body, the one definition of the verdict: written as JSON,
-/// or in Avro straight from it by the verdict schema
-/// ([`crate::schema::verdict`], whose fields are its fields in the same
-/// order; a test there holds the two together).
+/// or in Avro from its value resolved against the verdict schema
+/// ([`crate::schema::verdict`], whose fields are its fields; a test in
+/// this module's tests holds the two together).
 pub struct VerdictPayload<'a>(VerdictBody<'a>);
 
 impl serde::Serialize for VerdictPayload<'_> {
