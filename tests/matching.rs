@@ -207,13 +207,18 @@ async fn instances_joining_and_leaving_mid_wave_lose_nothing() {
 }
 
 /// Issue 46's attack with the shipped profanity model: eight accounts post
-/// 40 variants of a benign text until it is a wave (reuse on), then 60
-/// variants with one or two words swapped for insults, and posts whose
-/// look-alike letters fool the model followed by the plain text. Every
-/// verdict is the model's own verdict of that post's text: no post takes
-/// a less strict verdict from the wave.
+/// 40 variants of a benign text until it is a wave (reuse on) and their
+/// verdicts are out; then 20 more benign repeats, 60 variants with one or
+/// two words swapped for insults, and posts whose look-alike letters fool
+/// the model followed by the plain text. Every verdict is the model's own
+/// verdict of that post's text: no post takes a less strict verdict from
+/// the wave, while every benign repeat after the wave was scored reuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spammer_cannot_make_insults_reuse_a_benign_waves_scores() {
+    // The benign posts that make the wave, then its benign repeats; the
+    // attack follows them.
+    const WAVE: usize = 40;
+    const REPEATS: usize = 20;
     support::init_logs();
     let broker = broker(2);
     let bootstrap = broker.bootstrap_servers().to_string();
@@ -224,7 +229,7 @@ async fn a_spammer_cannot_make_insults_reuse_a_benign_waves_scores() {
         "hey neighbor you did a wonderful job on the garden this spring it looks lovely",
     ];
     let insults = ["fucking", "shitty", "crappy", "stupid", "damn"];
-    let mut texts: Vec<String> = (0..40)
+    let mut texts: Vec<String> = (0..WAVE + REPEATS)
         .map(|i| benign[i % benign.len()].to_string())
         .collect();
     for i in 0..60 {
@@ -254,33 +259,43 @@ async fn a_spammer_cannot_make_insults_reuse_a_benign_waves_scores() {
             (id, user, payload.to_string().into_bytes())
         })
         .collect();
-    let b = bootstrap.clone();
-    tokio::task::spawn_blocking(move || support::produce(&b, &events))
-        .await
-        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let matching = "waves = true\nreuse = true\nwave_posts = 20\nwave_users = 5";
     let settings = settings(dir.path(), &bootstrap, "g-attack", matching);
     let shutdown = Shutdown::new();
     let pipeline = tokio::spawn(modstream::pipeline::run(settings.clone(), shutdown.clone()));
+    // The wave's verdicts first: its scores are then kept, whatever the
+    // batches were, so every repeat after it has scores to reuse.
+    let (first, rest) = events.split_at(WAVE);
+    let (b, first) = (bootstrap.clone(), first.to_vec());
+    tokio::task::spawn_blocking(move || support::produce(&b, &first))
+        .await
+        .unwrap();
+    support::read_records(&bootstrap, VERDICTS, 2, WAVE).await;
+    let (b, rest) = (bootstrap.clone(), rest.to_vec());
+    tokio::task::spawn_blocking(move || support::produce(&b, &rest))
+        .await
+        .unwrap();
     let verdicts = by_id(&support::read_records(&bootstrap, VERDICTS, 2, texts.len()).await);
     shutdown.stop.cancel();
     pipeline.await.unwrap().unwrap();
     let own = model_verdicts(&settings, &texts);
     let mut served_less_strict = Vec::new();
-    let (mut reused, mut in_wave, mut flagged) = (0, 0, 0);
+    let (mut repeats_reused, mut in_wave, mut flagged) = (0, 0, 0);
+    let attack = WAVE + REPEATS;
     for (i, want) in own.iter().enumerate() {
         let v = &verdicts[&format!("a-{i}")];
         let got = Verdict::parse(v["verdict"].as_str().unwrap()).unwrap();
         if got < *want {
             served_less_strict.push((i, texts[i].clone(), got, *want));
         }
-        reused += usize::from(v["reason"]["reused"] == true);
-        in_wave += usize::from(i >= 40 && v["reason"].get("wave").is_some());
-        flagged += usize::from(i >= 40 && *want > Verdict::Allow);
+        let reused = v["reason"]["reused"] == true;
+        repeats_reused += usize::from((WAVE..attack).contains(&i) && reused);
+        in_wave += usize::from(i >= attack && v["reason"].get("wave").is_some());
+        flagged += usize::from(i >= attack && *want > Verdict::Allow);
     }
     eprintln!(
-        "attack: {} posts, {reused} reused, {in_wave} of the 80 later posts in the wave, {flagged} of them flagged by the model",
+        "attack: {} posts, {repeats_reused} of {REPEATS} benign repeats reused, {in_wave} of the 80 attack posts in the wave, {flagged} of them flagged by the model",
         texts.len()
     );
     assert!(
@@ -289,5 +304,8 @@ async fn a_spammer_cannot_make_insults_reuse_a_benign_waves_scores() {
     );
     assert!(in_wave >= 30, "the insults joined the wave: {in_wave}");
     assert!(flagged > 40, "the model flags the insults: {flagged}");
-    assert!(reused > 20, "the benign repeats still reuse: {reused}");
+    assert_eq!(
+        repeats_reused, REPEATS,
+        "every benign repeat reuses the wave's scores"
+    );
 }
