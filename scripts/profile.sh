@@ -7,6 +7,8 @@
 #   scripts/profile.sh --bootstrap HOST:PORT [--events N] [--seconds S] [--out DIR]
 #       N events produced to fresh topics on that cluster first, then
 #       `modstream run` (the shipped defaults) recorded for S seconds.
+#   --model DIR   the model `modstream run` loads (e.g. models/null-text,
+#       from scripts/build-null-models.sh: the service's own cost alone).
 # Writes DIR/perf.data and DIR/profile.txt (default target/profile).
 # Needs perf (linux-perf) and kernel.perf_event_paranoid <= 2 for a process
 # of one's own.
@@ -16,12 +18,14 @@ events=100000
 seconds=15
 out=target/profile
 bootstrap=
+model=
 while [ $# -gt 0 ]; do
   case "$1" in
     --events) events=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --bootstrap) bootstrap=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
     *) echo "profile: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -50,6 +54,9 @@ dlq_topic = "$run-dlq"
 listen = "127.0.0.1:0"
 log_level = "warn"
 EOF
+  if [ -n "$model" ]; then
+    printf '[inference]\nmodel_dir = "%s"\n' "$(realpath "$model")" >> "$out/modstream.toml"
+  fi
   # Four partitions each (clusters like the tests' do not create topics on use).
   libs=$(scripts/fetch-kafka.sh | tail -n 1)
   for t in events verdicts dlq; do

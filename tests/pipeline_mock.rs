@@ -225,3 +225,39 @@ async fn clean_shutdown_mid_stream_then_restart_gives_every_event_one_verdict() 
         );
     }
 }
+
+/// The load generator (`modstream produce`, the bench) sends more records
+/// at once than librdkafka's queue holds (100,000 by default) while the
+/// broker takes none for a second: it waits for room instead of failing
+/// with a full queue, and every record is acknowledged once the broker is
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_generator_sends_more_records_at_once_than_the_producer_queue_holds() {
+    let broker = std::sync::Arc::new(start_broker());
+    let bootstrap = broker.bootstrap_servers().to_string();
+    let events = generator::generate(120_000, 0, "q-");
+    let producer = send::event_producer(&bootstrap).unwrap();
+    // The producer knows the partitions, then the broker goes away.
+    send::produce_with(&producer, DEMO_INPUT, &events[..1])
+        .await
+        .unwrap();
+    broker.with_cluster(|c| c.broker_down(1)).unwrap();
+    let b = broker.clone();
+    let back = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        b.with_cluster(|c| c.broker_up(1)).unwrap();
+    });
+    let schedule = send::Schedule {
+        start: Instant::now(),
+        rate: 0.0,
+        stamp_from_ms: None,
+    };
+    let pending = send::send_paced(&producer, DEMO_INPUT, &events, schedule, |_| {})
+        .await
+        .expect("a full queue is waited out");
+    assert_eq!(pending.len(), events.len());
+    back.await.unwrap();
+    send::await_deliveries(pending)
+        .await
+        .expect("every record acknowledged");
+}

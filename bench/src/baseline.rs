@@ -18,10 +18,11 @@ use std::time::Duration;
 use super::BenchOptions;
 use super::cell::Cell;
 use super::measure::inference_settings;
+use super::print::Print;
 use super::process::{CpuTime, cpu_time_of, peak_rss_of, service_binary};
 use modstream::tools::generator::{GeneratedEvent, generate};
 use modstream::tools::read::TopicReader;
-use modstream::tools::report::{BaselineRow, PythonRun};
+use modstream::tools::report::{BaselineRow, OwnRun, PythonRun};
 use modstream::tools::send;
 
 /// What one process did with the events.
@@ -98,6 +99,28 @@ pub(super) async fn run(opts: &BenchOptions, python: &Path) -> anyhow::Result<Ba
             broker_cpu_us_per_verdict: one.broker_cpu_us_per_verdict(),
         }),
     })
+}
+
+/// `--own-runs`: `modstream run` at its default configuration, the same
+/// events each time.
+pub(super) async fn own_runs(opts: &BenchOptions) -> anyhow::Result<Vec<OwnRun>> {
+    let events = generate(opts.events, 0, "o-");
+    let model_dir = std::path::absolute(inference_settings(opts).model_dir)?;
+    let mut runs = Vec::with_capacity(opts.own_runs);
+    for _ in 0..opts.own_runs {
+        let m = modstream(opts, &events, &model_dir, "").await?;
+        let run = OwnRun {
+            events: events.len(),
+            per_s: m.per_s,
+            cpu_us_per_verdict: m.cpu_s_per_million(),
+            kafka_cpu_share: m.kafka_share(),
+            peak_rss_bytes: m.peak_rss_bytes,
+            broker_cpu_us_per_verdict: m.broker_cpu_us_per_verdict(),
+        };
+        run.print();
+        runs.push(run);
+    }
+    Ok(runs)
 }
 
 /// ONNX Runtime's intra-op threads in the Python job.

@@ -92,6 +92,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let session = session::rows(&opts).await?;
     let tokenization = session::tokenization(&opts)?;
     let baseline = baseline_row(&opts).await?;
+    let own_runs = baseline::own_runs(&opts).await?;
     let report = Report {
         machine: format!(
             "{} cores",
@@ -124,6 +125,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         cost,
         session,
         tokenization,
+        own_runs,
     };
     write_report(&report, &opts.out_dir)?;
     Ok(report)

@@ -145,6 +145,11 @@ pub struct BenchOptions {
     /// spinning, graph optimization, memory arena).
     #[arg(long)]
     pub session_sweep: bool,
+    /// `modstream run` at its default configuration with the configured
+    /// model, its own process, this many runs on the same events (0: skip):
+    /// the service's own CPU per verdict, before and after a change.
+    #[arg(long, default_value_t = 0)]
+    pub own_runs: usize,
     /// What a sweep changes for its runs (not on the command line).
     #[arg(skip)]
     pub variant: Variant,

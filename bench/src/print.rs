@@ -3,8 +3,8 @@
 
 use modstream::tools::report::{
     BaselineRow, CascadeRow, CostRow, DeliveryRow, FloodRow, FloorRow, FormatRow, LatencyRow,
-    MatchRow, ModelRow, OverloadRow, RepeatRow, SamplingRow, SaturationRow, SessionRow, ShadowRow,
-    StepTrace,
+    MatchRow, ModelRow, OverloadRow, OwnRun, RepeatRow, SamplingRow, SaturationRow, SessionRow,
+    ShadowRow, StepTrace,
 };
 
 /// A row printed as one line (or a few) of the bench's running table.
@@ -271,6 +271,20 @@ impl Print for SessionRow {
             self.peak_rss_bytes >> 20,
             self.load_ms,
             self.light_load_cores
+        );
+    }
+}
+
+impl Print for OwnRun {
+    fn print(&self) {
+        eprintln!(
+            "modstream run (default config), {} events: {:.0}/s, {} µs CPU per verdict ({:.0} % in the Kafka client's threads), peak RSS {} MiB",
+            self.events,
+            self.per_s,
+            self.cpu_us_per_verdict
+                .map_or("—".to_string(), |v| format!("{v:.1}")),
+            self.kafka_cpu_share * 100.0,
+            self.peak_rss_bytes >> 20
         );
     }
 }

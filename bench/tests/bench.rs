@@ -37,6 +37,8 @@ fn bench_binary(out: &std::path::Path) -> Report {
             python.to_str().unwrap(),
             "--shadow-model",
             "models/profanity-check",
+            "--own-runs",
+            "2",
             "--out",
         ])
         .arg(out)
@@ -63,6 +65,16 @@ fn a_tiny_bench_writes_a_complete_report() {
         (16, 5),
         "bounded by the grid's largest size and delay"
     );
+    // `--own-runs`: the default configuration as its own process, twice on
+    // the same events, and its table.
+    assert_eq!(report.own_runs.len(), 2);
+    for run in &report.own_runs {
+        assert_eq!(run.events, 400);
+        assert!(run.per_s > 0.0 && run.peak_rss_bytes > 0, "{run:?}");
+    }
+    assert!(modstream_bench::markdown(&report).contains(
+        "**`modstream run` at its default configuration**, 2 runs on the same 400 events"
+    ));
     for row in &report.saturation {
         assert_eq!(row.events, 400);
         assert!(row.pipeline_per_s > 0.0 && row.raw_model_per_s > 0.0);

@@ -244,6 +244,7 @@ fn tiny_options() -> BenchOptions {
         match_runs: 1,
         match_floods: 0,
         sampling_runs: 0,
+        own_runs: 0,
         out_dir: PathBuf::new(),
     }
 }

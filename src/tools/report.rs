@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 mod sweep_rows;
 
-pub use sweep_rows::{CascadeRow, CostRow, SessionRow, TokenizationRow};
+pub use sweep_rows::{CascadeRow, CostRow, OwnRun, SessionRow, TokenizationRow};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SaturationRow {
@@ -191,6 +191,10 @@ pub struct Report {
     /// Sampling's cost (`--sampling-runs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling: Option<SamplingRow>,
+    /// `modstream run` at its default configuration, several runs
+    /// (`--own-runs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub own_runs: Vec<OwnRun>,
 }
 
 /// Sampling's cost: the default cell at saturation on the generated

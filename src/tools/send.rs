@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 
 use super::generator::GeneratedEvent;
@@ -36,7 +36,7 @@ pub async fn produce_with(
     // In chunks below librdkafka's queue (queue.buffering.max.messages,
     // 100,000 by default).
     for chunk in events.chunks(50_000) {
-        await_deliveries(enqueue(producer, topic, chunk, None)?).await?;
+        await_deliveries(enqueue(producer, topic, chunk, None).await?).await?;
     }
     Ok(())
 }
@@ -46,8 +46,10 @@ pub async fn produce_with(
 /// With `intended = (first_ms, ms_per_event)` each record's Kafka timestamp
 /// is its *intended* send time: a paced generator that falls behind then
 /// shows up in modstream's end-to-end latency instead of hiding it (no
-/// coordinated omission).
-pub fn enqueue(
+/// coordinated omission). A full local queue (more records than
+/// librdkafka holds unsent) waits for room: the broker is then the limit,
+/// and a generator cannot go faster than it anyway.
+pub async fn enqueue(
     producer: &FutureProducer,
     topic: &str,
     events: &[GeneratedEvent],
@@ -61,10 +63,30 @@ pub fn enqueue(
         if let Some((first_ms, step_ms)) = intended {
             record = record.timestamp(first_ms + (i as f64 * step_ms) as i64);
         }
-        pending.push(producer.send_result(record).map_err(|(e, _)| e)?);
+        let mut waited = Duration::ZERO;
+        let delivery = loop {
+            match producer.send_result(record) {
+                Ok(delivery) => break delivery,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                    if waited < QUEUE_FULL_PATIENCE =>
+                {
+                    record = back;
+                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
+                    waited += QUEUE_FULL_PAUSE;
+                }
+                Err((e, _)) => return Err(e),
+            }
+        };
+        pending.push(delivery);
     }
     Ok(pending)
 }
+
+/// How long a full local queue may keep one record waiting before the send
+/// fails (a broker that takes nothing for that long is down), and the
+/// pause between tries.
+const QUEUE_FULL_PATIENCE: Duration = Duration::from_secs(60);
+const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(1);
 
 /// Wait until the broker acknowledged every enqueued record.
 pub async fn await_deliveries(pending: Vec<DeliveryFuture>) -> Result<(), KafkaError> {
@@ -128,7 +150,7 @@ pub async fn send_paced(
                 let step = 1000.0 / schedule.rate;
                 (ms + (first as f64 * step) as i64, step)
             });
-        pending.extend(enqueue(producer, topic, chunk, intended)?);
+        pending.extend(enqueue(producer, topic, chunk, intended).await?);
         after_slice(pending.len());
     }
     Ok(pending)

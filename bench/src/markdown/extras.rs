@@ -8,6 +8,7 @@ use std::fmt::Write;
 use modstream::tools::report::{BaselineRow, Report};
 
 use super::{MIB, matching, sampling};
+use modstream::tools::stats::median;
 
 /// modstream at its default configuration against the plain Python consumer.
 fn baseline(out: &mut String, b: &BaselineRow) {
@@ -57,6 +58,41 @@ fn baseline(out: &mut String, b: &BaselineRow) {
     }
 }
 
+/// `--own-runs`: each run of the default configuration and their median.
+fn own_runs(out: &mut String, report: &Report) {
+    let runs = &report.own_runs;
+    let Some(first) = runs.first() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "**`modstream run` at its default configuration**, {} runs on the same {} events (its own process; CPU between its first and last verdict)\n\n| run | verdicts/s | CPU µs per verdict | Kafka client's share | peak RSS MiB | broker CPU µs per verdict |\n|---|---|---|---|---|---|",
+        runs.len(),
+        first.events
+    );
+    let or_dash = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.1}"));
+    for (i, r) in runs.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {} | {:.0} % | {:.0} | {} |",
+            i + 1,
+            r.per_s,
+            or_dash(r.cpu_us_per_verdict),
+            r.kafka_cpu_share * 100.0,
+            r.peak_rss_bytes as f64 / MIB,
+            or_dash(r.broker_cpu_us_per_verdict)
+        );
+    }
+    let per_s: Vec<f64> = runs.iter().map(|r| r.per_s).collect();
+    let cpu: Vec<f64> = runs.iter().filter_map(|r| r.cpu_us_per_verdict).collect();
+    let _ = writeln!(
+        out,
+        "| median | {:.0} | {} | | | |\n",
+        median(&per_s).unwrap_or(0.0),
+        or_dash(median(&cpu))
+    );
+}
+
 pub(super) fn extras(out: &mut String, report: &Report) {
     matching::render(out, report);
     matching::render_floods(out, report);
@@ -82,6 +118,7 @@ pub(super) fn extras(out: &mut String, report: &Report) {
     if let Some(b) = &report.baseline {
         baseline(out, b);
     }
+    own_runs(out, report);
     if let Some(s) = &report.shadow {
         let _ = writeln!(
             out,

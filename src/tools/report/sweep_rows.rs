@@ -75,3 +75,19 @@ pub struct TokenizationRow {
     /// Scoring with tokenizing included.
     pub score_us: f64,
 }
+
+/// One run of `modstream run` at its default configuration as its own
+/// process (`--own-runs`): the service's own cost on the configured model,
+/// the same command before and after a change to the hot path.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OwnRun {
+    pub events: usize,
+    pub per_s: f64,
+    /// None where the run was too short to say.
+    #[serde(default)]
+    pub cpu_us_per_verdict: Option<f64>,
+    pub kafka_cpu_share: f64,
+    pub peak_rss_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker_cpu_us_per_verdict: Option<f64>,
+}
