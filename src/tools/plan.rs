@@ -21,6 +21,9 @@
 //!   CPU-hours ÷ (the bench machine's cores × headroom), instances of that
 //!   machine's size.
 //!
+//! - with `--gpu-rate`, the service's own ceiling beside a GPU (see
+//!   [`gpu`]), from a report of a null model's runs (`--service-cost`).
+//!
 //! One model's figures throughout: with `--contender`, the capacity is that
 //! row's too (its `modstream run` at the default cell: saturation, and the
 //! p99 at half of it), never the report's main model's.
@@ -30,6 +33,10 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::tools::report::{CostRow, Report};
+
+mod gpu;
+
+pub use gpu::GpuCeiling;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct PlanOptions {
@@ -57,6 +64,14 @@ pub struct PlanOptions {
     /// report's main model).
     #[arg(long)]
     pub contender: Option<String>,
+    /// A GPU's inferences per second: the CPU cores and instances the
+    /// service needs beside it, from `--service-cost`.
+    #[arg(long)]
+    pub gpu_rate: Option<f64>,
+    /// The bench report of the service's own cost (a null model's
+    /// `--own-runs`; default: the shipped docs/bench-null/text/bench.json).
+    #[arg(long)]
+    pub service_cost: Option<PathBuf>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -85,6 +100,9 @@ pub struct Plan {
     pub bench: String,
     /// What a day at the rate costs, where the report measured CPU time.
     pub day: Option<DayCost>,
+    /// `--gpu-rate`: what a GPU at that rate needs beside it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuCeiling>,
 }
 
 /// A day of the rate in CPU-hours and instance-hours.
@@ -174,6 +192,7 @@ pub fn plan(report: &Report, opts: &PlanOptions) -> Result<Plan, PlanError> {
     let day = day_cost(report, row, opts)?;
     Ok(Plan {
         day,
+        gpu: None,
         rate_per_s: opts.rate,
         p99_ms: opts.p99_ms,
         per_instance_per_s: per_instance,
@@ -409,14 +428,19 @@ impl Plan {
                 "The report measured no CPU time for this model (bench with --python to cost a day, or choose a row of its cost table with --contender)."
             ),
         }
+        if let Some(gpu) = &self.gpu {
+            gpu.print(self.headroom);
+        }
         println!(
             "These numbers hold for the hardware, model and broker of that bench run only; bench yours."
         );
     }
 }
 
-/// Where the shipped report is (relative to the repository).
+/// Where the shipped reports are (relative to the repository): the main
+/// one, and the service's own cost with the null text model.
 pub const SHIPPED_REPORT: &str = "docs/bench/bench.json";
+pub const SHIPPED_SERVICE_COST: &str = "docs/bench-null/text/bench.json";
 
 pub fn run(opts: &PlanOptions) -> anyhow::Result<()> {
     let (path, source) = match &opts.report {
@@ -433,6 +457,13 @@ pub fn run(opts: &PlanOptions) -> anyhow::Result<()> {
     let report = load(&path)?;
     let mut plan = plan(&report, opts)?;
     plan.source = source;
+    if let Some(rate) = opts.gpu_rate {
+        let path = match &opts.service_cost {
+            Some(path) => path.clone(),
+            None => crate::tools::beside_the_binary(Path::new(SHIPPED_SERVICE_COST)),
+        };
+        plan.gpu = Some(gpu::ceiling(&load(&path)?, rate, opts.headroom)?);
+    }
     if opts.json {
         use std::io::Write;
         writeln!(
@@ -447,154 +478,4 @@ pub fn run(opts: &PlanOptions) -> anyhow::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A hand-made report: two fixed cells and their latency points.
-    fn report() -> Report {
-        serde_json::from_value(serde_json::json!({
-            "machine": "2 cores", "model": "m 1", "intra_threads": 1, "workers": 2,
-            "provider": "cpu", "broker": "embedded", "peak_rss_bytes": 1,
-            "saturation": [
-                {"max_batch_size": 8, "max_batch_delay_ms": 5, "events": 100,
-                 "pipeline_per_s": 10000.0, "raw_model_per_s": 1.0, "pipeline_over_raw": 1.0,
-                 "mean_batch_size": 8.0, "inference_share": 0.5, "run_sizes": {},
-                 "batch_wait_ms": 1.0, "inference_ms": 1.0, "produce_ms": 1.0},
-                {"max_batch_size": 64, "max_batch_delay_ms": 20, "events": 100,
-                 "pipeline_per_s": 20000.0, "raw_model_per_s": 1.0, "pipeline_over_raw": 1.0,
-                 "mean_batch_size": 60.0, "inference_share": 0.5, "run_sizes": {},
-                 "batch_wait_ms": 1.0, "inference_ms": 1.0, "produce_ms": 1.0}
-            ],
-            "latency": [
-                {"max_batch_size": 8, "max_batch_delay_ms": 5, "offered_fraction": 0.5,
-                 "offered_per_s": 5000.0, "achieved_per_s": 5000.0, "p50_ms": 10.0,
-                 "p90_ms": 15.0, "p99_ms": 20.0, "p999_ms": 25.0, "max_ms": 30.0},
-                {"max_batch_size": 64, "max_batch_delay_ms": 20, "offered_fraction": 0.5,
-                 "offered_per_s": 10000.0, "achieved_per_s": 10000.0, "p50_ms": 20.0,
-                 "p90_ms": 30.0, "p99_ms": 40.0, "p999_ms": 50.0, "max_ms": 60.0},
-                {"max_batch_size": 64, "max_batch_delay_ms": 20, "offered_fraction": 0.75,
-                 "offered_per_s": 15000.0, "achieved_per_s": 15000.0, "p50_ms": 30.0,
-                 "p90_ms": 60.0, "p99_ms": 90.0, "p999_ms": 99.0, "max_ms": 120.0}
-            ]
-        }))
-        .unwrap()
-    }
-
-    fn opts(rate: f64, p99: Option<f64>) -> PlanOptions {
-        PlanOptions {
-            rate,
-            p99_ms: p99,
-            report: None,
-            headroom: 0.7,
-            catch_up_seconds: 10.0,
-            contender: None,
-            json: false,
-        }
-    }
-
-    #[test]
-    fn the_arithmetic_on_a_hand_made_report() {
-        // p99 ≤ 50 ms: the 64/20 cell at half load holds 10,000/s (40 ms).
-        let p = plan(&report(), &opts(100_000.0, Some(50.0))).unwrap();
-        assert_eq!(p.per_instance_per_s, 10_000.0);
-        assert_eq!(p.measured_p99_ms, Some(40.0));
-        // 100,000 ÷ (10,000 × 0.7) = 14.3 → 15 instances.
-        assert_eq!(p.instances, 15);
-        // ≥ 30, a multiple of 6.
-        assert_eq!(p.partitions, 30);
-        // 20,000/s at saturation × 10 s × 0.5.
-        assert_eq!(p.lag_threshold, 100_000);
-        assert_eq!(p.one_more_instance_adds_per_s, 7_000.0);
-        assert!((p.per_instance_load_now - 100_000.0 / 15.0 / 10_000.0).abs() < 1e-12);
-        assert!((p.per_instance_load_with_one_more - 100_000.0 / 16.0 / 10_000.0).abs() < 1e-12);
-
-        // A looser p99 lets the 75 % point count: 15,000/s.
-        let p = plan(&report(), &opts(100_000.0, Some(100.0))).unwrap();
-        assert_eq!(p.per_instance_per_s, 15_000.0);
-        assert_eq!(p.instances, 10); // 100,000 ÷ 10,500 = 9.5
-        assert_eq!(p.partitions, 24);
-
-        // No p99: the best saturation throughput; a small rate needs one.
-        let p = plan(&report(), &opts(1_000.0, None)).unwrap();
-        assert_eq!(
-            (p.per_instance_per_s, p.instances, p.partitions),
-            (20_000.0, 1, 6)
-        );
-    }
-
-    #[test]
-    fn an_unreachable_p99_says_what_was_measured() {
-        let e = plan(&report(), &opts(1_000.0, Some(10.0))).unwrap_err();
-        let text = e.to_string();
-        assert!(text.contains("10 ms") && text.contains("20.0 ms"), "{text}");
-        assert!(plan(&report(), &opts(0.0, None)).is_err());
-    }
-
-    #[test]
-    fn a_day_in_cpu_hours_and_instance_hours() {
-        assert_eq!(plan(&report(), &opts(1_000.0, None)).unwrap().day, None);
-        let mut r = report();
-        r.cost = serde_json::from_value(serde_json::json!([
-            {"contender": "minilm-l6", "events": 1, "default_per_s": 400.0,
-             "cpu_s_per_million": 5000.0, "kafka_cpu_share": 0.01, "peak_rss_bytes": 1,
-             "target_per_s": 1.0, "target_p99_ms": 50, "p99_at_half_ms": 1.0},
-            {"contender": "minilm-l6-int8", "events": 1, "default_per_s": 700.0,
-             "cpu_s_per_million": 2500.0, "kafka_cpu_share": 0.01, "peak_rss_bytes": 1,
-             "target_per_s": 1.0, "target_p99_ms": 50, "p99_at_half_ms": 1.0}
-        ]))
-        .unwrap();
-        // The report's main model has no CPU time (no baseline run): a
-        // cost-table row, another model's, is not taken for it.
-        assert_eq!(plan(&r, &opts(1_000.0, None)).unwrap().day, None);
-        let minilm = PlanOptions {
-            contender: Some("minilm-l6".into()),
-            ..opts(1_000.0, None)
-        };
-        let p = plan(&r, &minilm).unwrap();
-        // The capacity is the row's model's too, not the report's 20,000/s.
-        assert_eq!(p.per_instance_per_s, 400.0);
-        assert!(p.bench.starts_with("minilm-l6 on"), "{}", p.bench);
-        // 1,000/s for a day = 86.4 million verdicts × 5,000 s = 120 CPU-hours;
-        // ÷ (2 cores × 0.7) = 85.7 instance-hours.
-        let day = p.day.unwrap();
-        assert!((day.cpu_hours - 120.0).abs() < 1e-9, "{day:?}");
-        assert!((day.instance_hours - 120.0 / 1.4).abs() < 1e-9);
-        assert_eq!(day.cores, 2);
-        // 1,000 ÷ (400 × 0.7) = 3.6 → 4 instances by verdicts/s, as planned.
-        assert_eq!((day.instances_by_throughput, p.instances), (4, 4));
-        let int8 = PlanOptions {
-            contender: Some("int8".into()),
-            ..opts(1_000.0, None)
-        };
-        let p = plan(&r, &int8).unwrap();
-        assert_eq!(p.per_instance_per_s, 700.0);
-        assert!((p.day.unwrap().cpu_hours - 60.0).abs() < 1e-9);
-        // With a p99: the row's one latency point, at half its saturation.
-        let held = plan(
-            &r,
-            &PlanOptions {
-                p99_ms: Some(5.0),
-                ..int8.clone()
-            },
-        )
-        .unwrap();
-        assert_eq!(
-            (held.per_instance_per_s, held.measured_p99_ms),
-            (350.0, Some(1.0))
-        );
-        let tight = PlanOptions {
-            p99_ms: Some(0.5),
-            ..int8
-        };
-        assert!(matches!(
-            plan(&r, &tight),
-            Err(PlanError::Unreachable { .. })
-        ));
-        let none = PlanOptions {
-            contender: Some("bert".into()),
-            ..opts(1_000.0, None)
-        };
-        let e = plan(&r, &none).unwrap_err().to_string();
-        assert!(e.contains("bert") && e.contains("minilm-l6-int8"), "{e}");
-    }
-}
+mod tests;
