@@ -7,6 +7,9 @@
 #   scripts/profile.sh --bootstrap HOST:PORT [--events N] [--seconds S] [--out DIR]
 #       N events produced to fresh topics on that cluster first, then
 #       `modstream run` (the shipped defaults) recorded for S seconds.
+#   --call-graph  record call stacks too (DWARF, 499 Hz: keep --seconds
+#       short) and add the main thread's functions with their callees'
+#       time (where its time goes, by stage).
 #   --model DIR   the model `modstream run` loads (e.g. models/null-text,
 #       from scripts/build-null-models.sh: the service's own cost alone).
 # Writes DIR/perf.data and DIR/profile.txt (default target/profile).
@@ -19,6 +22,7 @@ seconds=15
 out=target/profile
 bootstrap=
 model=
+graph=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --events) events=$2; shift 2 ;;
@@ -26,6 +30,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --bootstrap) bootstrap=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
+    --call-graph) graph=(--call-graph dwarf,16384); shift ;;
     *) echo "profile: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -69,21 +74,30 @@ EOF
   trap 'kill -TERM $pid 2>/dev/null || true' EXIT
   # The model loaded and the group joined before recording starts.
   sleep 5
-  perf record -F 999 -p "$pid" -o "$data" -- sleep "$seconds"
+  freq=999
+  [ ${#graph[@]} -eq 0 ] || freq=499
+  perf record -F "$freq" "${graph[@]}" -p "$pid" -o "$data" -- sleep "$seconds"
   kill -TERM "$pid"
   wait "$pid" || true
   trap - EXIT
 fi
 
 report() {
-  perf report -i "$data" --no-children --stdio --percent-limit "${limit:-0.5}" "$@" 2>/dev/null \
+  perf report -i "$data" --no-children -g none --stdio --percent-limit "${limit:-0.5}" "$@" 2>/dev/null \
     | grep -v '^#' | sed -e '/^$/d' -e 's/[ -]*$//'
 }
+# `head` ends each report early: no pipefail for them.
+set +o pipefail
 {
   echo "## by thread"; report --sort comm | head -20
   echo; echo "## by thread and library"; report --sort comm,dso | head -30
   echo; echo "## by thread and symbol (top 40)"; report --sort comm,dso,symbol | head -40
   echo; echo "## modstream's own code by thread and symbol (top 30)"
   limit=0.1 report --dsos modstream --sort comm,symbol | head -30
+  if [ ${#graph[@]} -gt 0 ]; then
+    echo; echo "## the modstream thread (the hub): functions with their callees' time (top 40)"
+    perf report -i "$data" --children --stdio --comm modstream -g none --percent-limit 2 2>/dev/null \
+      | grep -v '^#' | sed -e '/^$/d' -e 's/[ -]*$//' | head -40
+  fi
 } | tee "$out/profile.txt"
 echo "profile: $out/profile.txt ($data)" >&2

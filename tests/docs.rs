@@ -275,9 +275,16 @@ fn a_figure_no_file_holds_is_found_and_settings_in_code_are_not_figures() {
 /// The indented block of `doc` that starts with a line beginning `first`.
 fn indented_block<'a>(doc: &'a str, first: &str) -> Vec<&'a str> {
     let lines: Vec<&str> = doc.lines().collect();
-    let start = lines
-        .iter()
-        .position(|l| l.strip_prefix("    ").is_some_and(|l| l.starts_with(first)))
+    // `first`'s lines begin the block's first lines, one each.
+    let begins: Vec<&str> = first.lines().collect();
+    let start = (0..lines.len())
+        .position(|start| {
+            begins.iter().enumerate().all(|(i, b)| {
+                (lines.get(start + i))
+                    .and_then(|l| l.strip_prefix("    "))
+                    .is_some_and(|l| l.starts_with(b))
+            })
+        })
         .unwrap_or_else(|| panic!("no indented block starting {first:?}"));
     lines[start..]
         .iter()
@@ -290,7 +297,7 @@ fn indented_block<'a>(doc: &'a str, first: &str) -> Vec<&'a str> {
 fn the_operations_pages_plan_examples_are_what_plan_prints_from_their_reports() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let readme = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
-    let examples: [(&[&str], &str); 2] = [
+    let examples: [(&[&str], &str); 3] = [
         (
             &[
                 "--rate",
@@ -312,6 +319,17 @@ fn the_operations_pages_plan_examples_are_what_plan_prints_from_their_reports() 
                 "int8",
             ],
             "From the bench report docs/bench-cost/bench.json:",
+        ),
+        (
+            &[
+                "--rate",
+                "100000",
+                "--from",
+                "docs/bench/bench.json",
+                "--gpu-rate",
+                "200000",
+            ],
+            "From the bench report docs/bench/bench.json: alt-profanity-check 1.9.1 on 2 cores, 2 worker(s), CPUExecutionProvider, broker embedded.\nOne instance holds 13161",
         ),
     ];
     for (args, first) in examples {
