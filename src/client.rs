@@ -36,12 +36,12 @@ pub enum ProducerRole {
 }
 
 /// What librdkafka may hold of the input before modstream sees it, derived
-/// from `limits.max_in_flight_bytes`: the byte budget bounds the records in
-/// the hub, and without these librdkafka's own fetch queue (64 MiB by
-/// default) and each broker's fetch response (up to 50 MiB) come on top.
-/// Each gets an eighth of the budget, and never less than one record of
-/// `limits.max_payload_bytes`, so that the largest record accepted still
-/// fits.
+/// from `limits.max_in_flight_bytes`, which bounds all of the input held:
+/// librdkafka's own fetch queue (64 MiB by default) and each broker's fetch
+/// response (up to 50 MiB) get an eighth of the budget each, and never less
+/// than one record of `limits.max_payload_bytes`, so that the largest record
+/// accepted still fits; the records in the hub get the rest
+/// ([`FetchBounds::hub_bytes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FetchBounds {
     /// `queued.max.messages.kbytes`: the consumer queue, in KiB.
@@ -62,6 +62,15 @@ impl FetchBounds {
             queued_kbytes: share.div_ceil(1024).clamp(1, MAX_QUEUED_KBYTES),
             fetch_max_bytes: share.min(DEFAULT_FETCH_MAX_BYTES),
         }
+    }
+
+    /// The records consumed and not yet delivered may hold what the budget
+    /// leaves after librdkafka's two shares, and never less than one
+    /// record of `limits.max_payload_bytes`.
+    pub fn hub_bytes(&self, limits: &Limits) -> usize {
+        (limits.max_in_flight_bytes)
+            .saturating_sub(self.queued_kbytes * 1024 + self.fetch_max_bytes)
+            .max(limits.max_payload_bytes)
     }
 
     /// The user's `kafka.consumer` properties that set either bound above
@@ -204,6 +213,19 @@ mod tests {
         let shadow = producer(kafka, ProducerRole::Shadow);
         assert_eq!(shadow.get("enable.idempotence"), None);
         assert_eq!(shadow.get("linger.ms"), Some("50"));
+    }
+
+    #[test]
+    fn the_hub_holds_what_the_budget_leaves_after_librdkafkas_shares() {
+        let mut settings = settings();
+        let limits = &settings.limits;
+        // 128 MiB: 16 MiB each for librdkafka, 96 MiB for the hub.
+        assert_eq!(FetchBounds::of(limits).hub_bytes(limits), 96 * 1024 * 1024);
+        // Never below one record of the largest size accepted.
+        settings.limits.max_in_flight_bytes = 1024 * 1024;
+        settings.limits.max_payload_bytes = 512 * 1024;
+        let limits = &settings.limits;
+        assert_eq!(FetchBounds::of(limits).hub_bytes(limits), 512 * 1024);
     }
 
     #[test]

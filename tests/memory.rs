@@ -3,8 +3,8 @@
 //! sampling on, keeps the service's peak RSS within
 //! `limits.max_in_flight_bytes` (the hub's share) + `matching.max_bytes`
 //! (lists and wave clusters) + what it held once the model was loaded and
-//! the group joined + a stated constant (librdkafka's queues, derived from
-//! the same budget, and the allocator's slack).
+//! the group joined + a stated constant (the allocator's slack; librdkafka's
+//! queues are within the budget).
 
 mod support;
 
@@ -22,9 +22,12 @@ const TEXT_BYTES: usize = 32 * 1024;
 const BUDGET_MIB: u64 = 128;
 /// `matching.max_bytes`: the flood's unique texts would hold more.
 const MATCHING_MIB: u64 = 16;
-/// What may come on top of the budget: librdkafka's consumer queue and one
-/// fetch response (an eighth of the budget each) and the allocator's slack.
-const CONSTANT_MIB: u64 = 64;
+/// What may come on top of the budget: the allocator's slack (librdkafka's
+/// consumer queue and one fetch response take an eighth of the budget
+/// each, the hub's records the rest). With librdkafka's shares on top of
+/// the budget the release build's peak was settled + 183 MiB here, over
+/// this bound; within it, settled + 149 and + 155 MiB (issue 50).
+const CONSTANT_MIB: u64 = 32;
 
 /// Each record's text unlike every other's (words drawn by its own walk):
 /// each starts a wave cluster of its own, which keeps its shingles (about

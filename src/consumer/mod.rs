@@ -369,7 +369,8 @@ impl Life {
         if joined_tx.send(Ok(())).is_err() {
             return None;
         }
-        let budget = ByteBudget::new(settings.limits.max_in_flight_bytes);
+        let limits = &settings.limits;
+        let budget = ByteBudget::new(crate::client::FetchBounds::of(limits).hub_bytes(limits));
         let mut watchdog = FetchWatchdog::new(lags_rx, health.clone(), settings.limits.stall_after);
         PollLoop::new(
             &consumer,
