@@ -38,6 +38,9 @@ pub struct Pending {
     pub event: event::Event,
     /// When the consumer thread polled it.
     pub received_at: Instant,
+    /// Its predicted tokens ([`crate::tokens::TokenEstimate`]): what it
+    /// costs of `batching.max_batch_tokens`.
+    pub tokens: u64,
     /// Its share of `limits.max_in_flight_bytes` (see [`crate::consumer::ByteBudget`]).
     pub bytes: Option<tokio::sync::OwnedSemaphorePermit>,
     /// The rules in force when it arrived, and the one that decides it
@@ -157,6 +160,12 @@ impl Partition {
         }
     }
 
+    /// A budget of predicted tokens per batch (`batching.max_batch_tokens`).
+    pub fn with_token_budget(mut self, max_batch_tokens: Option<u64>) -> Self {
+        self.batcher = self.batcher.with_cost_budget(max_batch_tokens);
+        self
+    }
+
     pub fn generation(&self) -> Generation {
         self.generation
     }
@@ -171,10 +180,21 @@ impl Partition {
         self.offsets.track(offset);
     }
 
-    /// Add a valid event; returns the batch it closed, if any.
-    pub fn push(&mut self, pending: Pending, urgent: bool, now: Instant) -> Option<ReadyBatch> {
-        let closed = self.batcher.push(pending, urgent, now)?;
-        Some(self.number(closed))
+    /// Add a valid event; returns the batches it closed, in order: the
+    /// open one when the event would have taken it over its token budget,
+    /// and the event's own when the event closed it.
+    pub fn push(
+        &mut self,
+        pending: Pending,
+        urgent: bool,
+        now: Instant,
+    ) -> [Option<ReadyBatch>; 2] {
+        let tokens = pending.tokens;
+        let closed = self.batcher.push(pending, tokens, urgent, now);
+        [
+            closed.before.map(|b| self.number(b)),
+            closed.with.map(|b| self.number(b)),
+        ]
     }
 
     /// When the open batch must close, if one is open.
@@ -279,6 +299,7 @@ pub(crate) mod tests {
             offset,
             original: Original::default(),
             received_at: Instant::now(),
+            tokens: 4,
             bytes: None,
             rules: Arc::new(one_model_rules()),
             rule: RuleId(0),
@@ -317,11 +338,15 @@ pub(crate) mod tests {
         let mut batches = Vec::new();
         for offset in 0..6 {
             p.track(offset);
-            batches.extend(p.push(
-                pending(&tp(0), Generation(1), offset),
-                false,
-                Instant::now(),
-            ));
+            batches.extend(
+                p.push(
+                    pending(&tp(0), Generation(1), offset),
+                    false,
+                    Instant::now(),
+                )
+                .into_iter()
+                .flatten(),
+            );
         }
         assert_eq!(batches.len(), 3);
         assert_eq!(
@@ -365,10 +390,8 @@ pub(crate) mod tests {
     async fn an_open_batch_closes_at_its_deadline_and_reports_its_wait() {
         let mut p = Partition::new(tp(3), Generation(7), 64, Duration::from_millis(20));
         p.track(0);
-        assert!(
-            p.push(pending(&tp(3), Generation(7), 0), false, Instant::now())
-                .is_none()
-        );
+        let closed = p.push(pending(&tp(3), Generation(7), 0), false, Instant::now());
+        assert!(closed.iter().all(Option::is_none));
         let deadline = p.deadline().expect("a batch is open");
         tokio::time::advance(Duration::from_millis(19)).await;
         assert!(p.close_expired(Instant::now()).is_none());
@@ -385,9 +408,9 @@ pub(crate) mod tests {
         assert!(!batch.urgent);
         // An urgent event closes its batch at once.
         p.track(1);
-        let urgent = p
-            .push(pending(&tp(3), Generation(7), 1), true, Instant::now())
-            .unwrap();
+        let [before, urgent] = p.push(pending(&tp(3), Generation(7), 1), true, Instant::now());
+        assert!(before.is_none());
+        let urgent = urgent.unwrap();
         assert!(urgent.urgent);
         assert_eq!(urgent.seq, 1);
     }

@@ -101,6 +101,53 @@ impl Encoder {
     }
 }
 
+/// A post's tokens predicted from its length in bytes, before it is
+/// tokenized: the hub batches by this (`batching.max_batch_tokens`) while
+/// the tokenizer runs in the workers. `2 + bytes × tokens per byte`, at most
+/// the longest token model's `max_length` (longer posts are truncated).
+/// Tokens per byte start at a quarter (English WordPiece: about four bytes a
+/// token) and follow what the token models' runs measure on texts they did
+/// not truncate, a moving average over about sixteen runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenEstimate {
+    per_byte: f64,
+    max_length: u64,
+}
+
+impl TokenEstimate {
+    /// The special tokens of every text ([CLS] and [SEP]).
+    const SPECIAL: u64 = 2;
+
+    /// `max_length`: the longest token model's (`None`: no token model, no cap).
+    pub fn new(max_length: Option<usize>) -> TokenEstimate {
+        TokenEstimate {
+            per_byte: 0.25,
+            max_length: max_length.map_or(u64::MAX, |l| l as u64),
+        }
+    }
+
+    /// The tokens predicted for a text of `bytes` bytes.
+    pub fn of(&self, bytes: usize) -> u64 {
+        let body = (bytes as f64 * self.per_byte).ceil() as u64;
+        (Self::SPECIAL + body).min(self.max_length)
+    }
+
+    /// Tokens per byte now.
+    pub fn per_byte(&self) -> f64 {
+        self.per_byte
+    }
+
+    /// A run tokenized `texts` whole texts of `bytes` bytes into `tokens`
+    /// tokens (special tokens included).
+    pub fn learn(&mut self, texts: u64, bytes: u64, tokens: u64) {
+        if texts == 0 || bytes == 0 {
+            return;
+        }
+        let measured = tokens.saturating_sub(Self::SPECIAL * texts) as f64 / bytes as f64;
+        self.per_byte = (self.per_byte * 15.0 + measured.clamp(0.01, 4.0)) / 16.0;
+    }
+}
+
 /// One forward pass: which texts of the batch, padded to what length.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pass {
@@ -288,6 +335,26 @@ mod tests {
         let [ids, mask, _] = tensors(&enc, &pass);
         assert_eq!(ids.as_slice().unwrap(), &[101, 102, 0, 101, 7, 102]);
         assert_eq!(mask.as_slice().unwrap(), &[1, 1, 0, 1, 1, 1]);
+    }
+
+    #[test]
+    fn a_posts_tokens_are_predicted_from_its_bytes_and_learned_from_runs() {
+        let mut e = TokenEstimate::new(Some(128));
+        assert_eq!(e.of(0), 2);
+        assert_eq!(e.of(40), 12);
+        assert_eq!(e.of(100_000), 128, "truncated at max_length");
+        // Runs that find one token per two bytes (e.g. a script whose
+        // characters are each a token) move the estimate there.
+        for _ in 0..200 {
+            e.learn(10, 1_000, 10 * 2 + 500);
+        }
+        assert!((e.per_byte() - 0.5).abs() < 0.01, "{}", e.per_byte());
+        assert_eq!(e.of(40), 22);
+        // Nothing learned from a run without whole texts.
+        let before = e;
+        e.learn(0, 0, 0);
+        assert_eq!(e, before);
+        assert_eq!(TokenEstimate::new(None).of(1 << 20), 2 + (1 << 18));
     }
 
     #[test]

@@ -226,6 +226,10 @@ pub struct BatchingSettings {
     /// `max_batch_delay` as their upper bounds.
     #[serde(with = "humantime_serde")]
     pub target_p99: Option<Duration>,
+    /// A budget of predicted tokens per batch and per model run (see
+    /// [`crate::tokens::TokenEstimate`]): a batch also closes before the post
+    /// that would take it over, so a run's cost, not only its count, is bounded.
+    pub max_batch_tokens: Option<u64>,
 }
 
 impl Default for BatchingSettings {
@@ -234,6 +238,7 @@ impl Default for BatchingSettings {
             max_batch_size: 64,
             max_batch_delay: Duration::from_millis(20),
             target_p99: None,
+            max_batch_tokens: None,
         }
     }
 }

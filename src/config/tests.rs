@@ -187,6 +187,10 @@ fn bad_values_name_their_key() {
         "batching.max_batch_size"
     );
     assert_eq!(
+        invalid_key(with("[batching]\nmax_batch_tokens = 8")),
+        "batching.max_batch_tokens"
+    );
+    assert_eq!(
         invalid_key(with("[policy]\nreview_at = 0.9\nblock_at = 0.5")),
         "policy"
     );

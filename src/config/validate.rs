@@ -261,6 +261,15 @@ pub(super) fn batching_and_limits(
     {
         return Err(invalid("batching.target_p99", "must be at least 1ms"));
     }
+    if batching
+        .max_batch_tokens
+        .is_some_and(|t| !(16..=1 << 24).contains(&t))
+    {
+        return Err(invalid(
+            "batching.max_batch_tokens",
+            "must be between 16 and 16777216",
+        ));
+    }
     if limits.max_payload_bytes == 0 {
         return Err(invalid(
             "limits.max_payload_bytes",

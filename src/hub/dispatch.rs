@@ -102,6 +102,9 @@ impl<D: Deliver> Hub<D> {
         metrics::histogram!(metric::INFERENCE_SECONDS).record(result.elapsed.as_secs_f64());
         lane.model_ran(result.scores.len(), result.elapsed);
         self.ledger.run_scored(result.elapsed, result.tokens);
+        let t = result.tokens;
+        self.token_estimate
+            .learn(t.whole_texts, t.whole_bytes, t.whole_tokens);
         metrics::counter!(metric::TOKENS_REAL_TOTAL).increment(result.tokens.real);
         metrics::counter!(metric::TOKENS_PADDED_TOTAL).increment(result.tokens.padded);
         // The model version that scored it (a reload may have switched it).

@@ -29,6 +29,7 @@ impl<D: Deliver> Hub<D> {
             self.finish_revokes(true);
         }
         let batch = self.batch;
+        let max_batch_tokens = self.settings.batching.max_batch_tokens;
         let partition = self.partitions.entry(record.tp.clone()).or_insert_with(|| {
             Partition::new(
                 record.tp.clone(),
@@ -36,6 +37,7 @@ impl<D: Deliver> Hub<D> {
                 batch.size,
                 batch.delay,
             )
+            .with_token_budget(max_batch_tokens)
         });
         partition.track(record.offset);
         self.ledger.accepted();
@@ -57,6 +59,7 @@ impl<D: Deliver> Hub<D> {
         ) {
             Ok(event) => {
                 let urgent = event.priority == Priority::Urgent;
+                let tokens = self.token_estimate.of(event.text.len());
                 let (rules, rule) = self.rule_for(&record.tp.topic, &event);
                 let pending = Pending {
                     tp: record.tp,
@@ -65,6 +68,7 @@ impl<D: Deliver> Hub<D> {
                     original,
                     event,
                     received_at: record.received_at,
+                    tokens,
                     bytes: record.bytes,
                     rules,
                     rule,
@@ -98,7 +102,7 @@ impl<D: Deliver> Hub<D> {
             return;
         };
         let at = pending.received_at;
-        if let Some(batch) = partition.push(pending, urgent, at) {
+        for batch in partition.push(pending, urgent, at).into_iter().flatten() {
             self.enqueue(batch);
         }
     }

@@ -31,6 +31,8 @@ pub struct ModelLane {
     pub workers: usize,
     /// Its largest run.
     pub max_batch: usize,
+    /// A token model's `max_length` (`None`: a text model).
+    pub max_length: Option<usize>,
 }
 
 /// A lane: a part that owns its model's queue, runs in flight, breaker and
@@ -52,6 +54,9 @@ pub(super) struct Lane {
     breaker: Breaker,
     /// Its run size (and the deadline it asks of partitions).
     batch: Choice,
+    /// The predicted tokens a run may hold (`batching.max_batch_tokens`).
+    max_tokens: Option<u64>,
+    max_length: Option<usize>,
     slo: Option<slo::Controller>,
 }
 
@@ -117,9 +122,13 @@ pub(super) struct Adjusted {
     pub status: slo::Status,
 }
 
-/// Events of a batch that model `lane` is to score.
-fn needing(batch: &ReadyBatch, lane: ModelId) -> usize {
-    batch.items.iter().filter(|p| p.needs(lane)).count()
+/// Events of a batch that model `lane` is to score, and their predicted tokens.
+fn needing(batch: &ReadyBatch, lane: ModelId) -> (usize, u64) {
+    batch
+        .items
+        .iter()
+        .filter(|p| p.needs(lane))
+        .fold((0, 0), |(n, tokens), p| (n + 1, tokens + p.tokens))
 }
 
 impl Lane {
@@ -145,6 +154,8 @@ impl Lane {
             reloaded: HashMap::new(),
             worker_versions: vec![0; spec.workers.max(1)],
             jobs: spec.jobs,
+            max_tokens: settings.max_batch_tokens,
+            max_length: spec.max_length,
             ready: RunQueue::default(),
             running: 0,
             capacity: spec.workers.max(1) * 2,
@@ -195,6 +206,11 @@ impl Lane {
             .unwrap_or_else(|| self.scorer.clone())
     }
 
+    /// A token model's `max_length`.
+    pub(super) fn max_length(&self) -> Option<usize> {
+        self.max_length
+    }
+
     pub(super) fn queued(&self) -> usize {
         self.ready.events()
     }
@@ -241,8 +257,8 @@ impl Lane {
     }
 
     /// The next run of model `l` while its workers have room: ready batches
-    /// coalesced (possibly of several partitions) up to its run size,
-    /// counting the events it is to score, each batch first given to
+    /// coalesced (possibly of several partitions) up to its run size and
+    /// token budget, counting the events it is to score, each batch first given to
     /// `prepare` (which may settle some of its events). Counted as running
     /// unless no event is left to score (size 0: the batches go on).
     pub(super) fn take_run(
@@ -254,17 +270,19 @@ impl Lane {
             return None;
         }
         let mut segments = Vec::new();
-        let mut size = 0;
+        let (mut size, mut tokens) = (0, 0);
         while let Some(next) = self.ready.front_mut() {
             prepare(next);
-            let n = needing(next, l);
-            if size > 0 && size + n > self.batch.size {
+            let (n, t) = needing(next, l);
+            let over_budget = self.max_tokens.is_some_and(|max| tokens + t > max);
+            if size > 0 && (size + n > self.batch.size || over_budget) {
                 break;
             }
             let Some(batch) = self.ready.pop_front() else {
                 break;
             };
             size += n;
+            tokens += t;
             segments.push(batch);
         }
         if size > 0 {
@@ -453,6 +471,7 @@ mod tests {
             jobs: async_channel::bounded(1).0,
             workers,
             max_batch: 8,
+            max_length: None,
         };
         let settings = crate::config::Settings::from_toml(
             "[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n[input]\ntopics = [\"posts\"]",

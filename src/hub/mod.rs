@@ -214,6 +214,9 @@ pub struct Hub<D: Deliver> {
     /// The partitions' batch size and deadline now (from the lanes'
     /// choices: fixed, or their latency controllers').
     batch: Choice,
+    /// Predicts each post's tokens for `batching.max_batch_tokens`, learning
+    /// from the token models' runs.
+    token_estimate: crate::tokens::TokenEstimate,
     /// With `kafka.delivery = "exactly_once"`: the open transaction's state.
     txn: Option<transaction::TxnBoundary>,
     /// Reads events from records, by each topic's mapping.
@@ -248,6 +251,8 @@ impl<D: Deliver> Hub<D> {
             .collect();
         let batch = lanes::partition_choice(&lanes);
         batching::export_choice(batch);
+        let token_estimate =
+            crate::tokens::TokenEstimate::new(lanes.iter().filter_map(Lane::max_length).max());
         metrics::gauge!(metric::LATENCY_TARGET_MISSED).set(0.0);
         let rules = Arc::new(rules);
         let meters = meters::Meters::new(&rules);
@@ -269,6 +274,7 @@ impl<D: Deliver> Hub<D> {
             health,
             next_stall_check: Instant::now() + STALL_CHECK,
             batch,
+            token_estimate,
             txn: settings_eos.then(transaction::TxnBoundary::default),
             decoder,
             schemas: None,

@@ -392,10 +392,7 @@ impl Worker {
             scores,
             texts: job.texts,
             elapsed: started.elapsed(),
-            tokens: TokenStats {
-                real: after.real.saturating_sub(before.real),
-                padded: after.padded.saturating_sub(before.padded),
-            },
+            tokens: after.since(before),
             version: self.version,
             worker: self.id,
         }

@@ -27,11 +27,29 @@ enum Input {
     },
 }
 
-/// Real and padded token counts (token models), for padding efficiency.
+/// Real and padded token counts (token models), for padding efficiency;
+/// and the texts that were not truncated, their bytes and tokens, from which
+/// the hub learns to predict a post's tokens ([`tokens::TokenEstimate`]).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct TokenStats {
     pub real: u64,
     pub padded: u64,
+    pub whole_texts: u64,
+    pub whole_bytes: u64,
+    pub whole_tokens: u64,
+}
+
+impl TokenStats {
+    /// What was counted after `before`.
+    pub fn since(self, before: TokenStats) -> TokenStats {
+        TokenStats {
+            real: self.real.saturating_sub(before.real),
+            padded: self.padded.saturating_sub(before.padded),
+            whole_texts: self.whole_texts.saturating_sub(before.whole_texts),
+            whole_bytes: self.whole_bytes.saturating_sub(before.whole_bytes),
+            whole_tokens: self.whole_tokens.saturating_sub(before.whole_tokens),
+        }
+    }
 }
 
 /// One loaded model: a session, its manifest and how it is fed.
@@ -228,7 +246,8 @@ impl Model {
                     .map(|t| encoder.encode(t))
                     .collect::<Result<Vec<_>, _>>()?;
                 let lengths: Vec<usize> = encoded.iter().map(|e| e.ids.len()).collect();
-                let passes = tokens::plan(&lengths, split, encoder.max_length);
+                let max_length = encoder.max_length;
+                let passes = tokens::plan(&lengths, split, max_length);
                 let mut scores = vec![Vec::new(); texts.len()];
                 for pass in &passes {
                     let rows = self.run_tokens(&encoded, pass)?;
@@ -239,6 +258,13 @@ impl Model {
                 let (real, padded) = tokens::token_counts(&lengths, &passes);
                 self.tokens.real += real;
                 self.tokens.padded += padded;
+                for (text, &len) in texts.iter().zip(&lengths) {
+                    if len < max_length {
+                        self.tokens.whole_texts += 1;
+                        self.tokens.whole_bytes += text.len() as u64;
+                        self.tokens.whole_tokens += len as u64;
+                    }
+                }
                 Ok(scores)
             }
         }

@@ -451,6 +451,8 @@ impl Models {
                 jobs: pool.jobs(),
                 workers: spec.inference.worker_count(),
                 max_batch: spec.max_batch,
+                max_length: (pool.manifest.max_length)
+                    .filter(|_| pool.manifest.input_kind == crate::manifest::InputKind::Tokens),
             })
             .collect()
     }

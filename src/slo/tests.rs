@@ -166,7 +166,7 @@ fn simulate_with(
             };
             in_flight += 1;
             turn = (turn + 1) % PARTITIONS;
-            if let Some(batch) = batchers[turn].push((produced, at), false, at) {
+            if let Some(batch) = batchers[turn].push((produced, at), 0, false, at).with {
                 ready.push_back(batch.items);
             }
             ctl.arrived(1);

@@ -172,6 +172,7 @@ fn harness_of_settings(settings: Settings) -> Harness {
         jobs: jobs_tx,
         workers: 1,
         max_batch: settings.batching.max_batch_size,
+        max_length: None,
     };
     let labels = [crate::policy::ModelLabels::of("default", &manifest)];
     let rules = Ruleset::from_config(&settings.policy, &labels).unwrap();
@@ -528,6 +529,7 @@ mod exactly_once;
 mod matching;
 mod policy;
 mod sampling;
+mod token_budget;
 
 #[tokio::test(start_paused = true)]
 async fn reading_a_backlog_with_urgent_posts_no_scored_verdict_waits_for_newer_batches() {

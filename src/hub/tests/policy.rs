@@ -56,6 +56,7 @@ fn two_models() -> (Harness, async_channel::Receiver<InferenceJob>) {
             jobs: tx,
             workers: 1,
             max_batch: 2,
+            max_length: None,
         });
         receivers.push(rx);
     }
