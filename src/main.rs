@@ -199,6 +199,7 @@ fn main() -> ExitCode {
                 abusive_share,
                 urgent_share,
                 repeat_share: None,
+                lengths: Default::default(),
             },
         ),
         Command::Bench { args } => forward_to_bench(args),
@@ -317,7 +318,7 @@ fn check_model(settings: InferenceSettings, mut texts: Vec<String>) -> anyhow::R
         println!("  from config.json: {note}");
     }
     let labels = m.labels.clone();
-    match model.warm_up(32) {
+    match model.warm_up(modstream::inference::RunLimit::posts(32)) {
         Ok(took) => println!("  warm-up {:.0} ms", took.as_secs_f64() * 1000.0),
         Err(e) => println!("  warm-up failed (synthetic inputs): {e}"),
     }

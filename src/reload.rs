@@ -268,15 +268,14 @@ impl Reloader {
             model_dir: now.resolved.clone(),
             ..model.spec.inference.clone()
         };
-        let (workers, max_batch) = (model.swaps.len(), model.spec.max_batch);
+        let (workers, limit) = (model.swaps.len(), model.spec.run_limit());
         let loading = inference.clone();
-        let loaded = tokio::task::spawn_blocking(move || {
-            inference::load_sessions(&loading, workers, max_batch)
-        })
-        .await
-        .map_err(|e| Refusal::Panicked(e.to_string()))
-        .and_then(|r| r.map_err(Refusal::Load))
-        .and_then(|sessions| self.fits(l, sessions));
+        let loaded =
+            tokio::task::spawn_blocking(move || inference::load_sessions(&loading, workers, limit))
+                .await
+                .map_err(|e| Refusal::Panicked(e.to_string()))
+                .and_then(|r| r.map_err(Refusal::Load))
+                .and_then(|sessions| self.fits(l, sessions));
         let model = &mut self.models[l];
         let Fitting {
             sessions,

@@ -90,7 +90,7 @@ async fn cached_scores_equal_the_models_own() {
                     workers: modstream::config::Workers::Count(1),
                     ..Default::default()
                 },
-                64,
+                modstream::inference::RunLimit::posts(64),
                 tx,
             )
             .unwrap();

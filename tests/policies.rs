@@ -187,9 +187,13 @@ fn own_scores(texts: &[String]) -> HashMap<&'static str, Vec<f32>> {
             model_dir: dir,
             ..Default::default()
         };
-        let mut model = modstream::inference::load_sessions(&settings, 1, 32)
-            .unwrap()
-            .remove(0);
+        let mut model = modstream::inference::load_sessions(
+            &settings,
+            1,
+            modstream::inference::RunLimit::posts(32),
+        )
+        .unwrap()
+        .remove(0);
         let offensive = model
             .manifest
             .labels

@@ -30,6 +30,7 @@ mod rows;
 mod runs;
 mod sampling;
 mod session;
+mod token_batching;
 
 use std::path::{Path, PathBuf};
 
@@ -93,6 +94,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let tokenization = session::tokenization(&opts)?;
     let baseline = baseline_row(&opts).await?;
     let own_runs = baseline::own_runs(&opts).await?;
+    let token_batching = token_batching::rows(&opts).await?;
     let report = Report {
         machine: format!(
             "{} cores",
@@ -126,6 +128,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         session,
         tokenization,
         own_runs,
+        token_batching,
     };
     write_report(&report, &opts.out_dir)?;
     Ok(report)

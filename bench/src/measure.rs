@@ -258,7 +258,7 @@ async fn paced(
         .map(|(seconds, rate)| ((rate * seconds) as usize).max(10))
         .collect();
     let count: usize = counts.iter().sum();
-    let events = opts.variant.encoding.apply(generate(count, 0, "l-"));
+    let events = opts.variant.events(count, "l-");
     let shutdown = Shutdown::new();
     let run = match pipeline {
         Some(b) => Some(tokio::spawn(modstream::pipeline::run(
@@ -280,7 +280,7 @@ async fn paced(
     // The warm-up goes through the load's own producer, so that its
     // connection and metadata are not in the first events' latency either.
     let producer = send::event_producer(&bootstrap)?;
-    let warmup = opts.variant.encoding.apply(generate(1, 0, "warmup-"));
+    let warmup = opts.variant.events(1, "warmup-");
     send::produce_with(&producer, &cell.input, &warmup).await?;
     tokio::task::spawn_blocking(move || warm_rx.recv_timeout(Duration::from_secs(60)))
         .await?

@@ -150,6 +150,16 @@ pub struct BenchOptions {
     /// the service's own CPU per verdict, before and after a change.
     #[arg(long, default_value_t = 0)]
     pub own_runs: usize,
+    /// Batching by tokens against batching by count, on a long-tailed mix
+    /// of post lengths (most under 20 tokens, a tail to 512): each
+    /// `batching.max_batch_tokens` given here (with `--token-batch-size` as
+    /// the count bound) against each of `--batch-sizes` by count alone, at
+    /// saturation and at the same paced rates (empty: skip).
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub token_budgets: Vec<u64>,
+    /// The count bound of the token-budget contenders.
+    #[arg(long, default_value_t = 256)]
+    pub token_batch_size: usize,
     /// What a sweep changes for its runs (not on the command line).
     #[arg(skip)]
     pub variant: Variant,
@@ -171,6 +181,29 @@ pub struct Variant {
     pub matching: Option<modstream::config::MatchingSettings>,
     /// Sampling's runs: `output.samples_topic` set, `[sampling]` as shipped.
     pub sampling: bool,
+    /// The posts' lengths (the token-batching sweep: a long tail).
+    pub lengths: modstream::tools::generator::Lengths,
+    /// `batching.max_batch_tokens` (the token-batching sweep).
+    pub max_batch_tokens: Option<u64>,
+}
+
+impl Variant {
+    /// A stream of `count` valid posts of this variant's lengths, in its encoding.
+    pub fn events(
+        &self,
+        count: usize,
+        prefix: &str,
+    ) -> Vec<modstream::tools::generator::GeneratedEvent> {
+        let mix = modstream::tools::generator::Mix {
+            malformed_every: 0,
+            lengths: self.lengths,
+            ..Default::default()
+        };
+        self.encoding
+            .apply(modstream::tools::generator::generate_mix(
+                count, &mix, prefix,
+            ))
+    }
 }
 
 impl BenchOptions {

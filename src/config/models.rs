@@ -33,6 +33,18 @@ pub struct ModelSpec {
     pub name: String,
     pub inference: InferenceSettings,
     pub max_batch: usize,
+    /// `batching.max_batch_tokens`.
+    pub max_tokens: Option<u64>,
+}
+
+impl ModelSpec {
+    /// Its largest run.
+    pub fn run_limit(&self) -> crate::inference::RunLimit {
+        crate::inference::RunLimit {
+            posts: self.max_batch,
+            tokens: self.max_tokens,
+        }
+    }
 }
 
 /// The name of the one model of a configuration without `[[inference.models]]`.
@@ -52,6 +64,7 @@ impl Settings {
                 name: SINGLE_MODEL.to_string(),
                 inference: base,
                 max_batch: self.batching.max_batch_size,
+                max_tokens: self.batching.max_batch_tokens,
             }];
         }
         inf.models
@@ -66,6 +79,7 @@ impl Settings {
                     ..base.clone()
                 },
                 max_batch: m.max_batch_size.unwrap_or(self.batching.max_batch_size),
+                max_tokens: self.batching.max_batch_tokens,
             })
             .collect()
     }

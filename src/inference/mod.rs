@@ -21,7 +21,7 @@ mod model;
 pub mod placement;
 mod runtime;
 
-pub use model::{Model, Profile, Signature, TokenStats};
+pub use model::{Model, Profile, RunLimit, Signature, TokenStats};
 pub use runtime::{default_cache_dir, find_runtime_library};
 
 use model::catching_panics;
@@ -149,17 +149,17 @@ pub struct SessionPlacement {
 impl InferencePool {
     /// Load one session per worker and start the threads. Fails (before any
     /// event is consumed) if the runtime or the model cannot be loaded.
-    /// `max_batch` is the largest job size (for the warm-up).
+    /// `limit` is the largest job (for the warm-up).
     pub fn start(
         settings: &InferenceSettings,
-        max_batch: usize,
+        limit: RunLimit,
         results: tokio::sync::mpsc::Sender<InferenceResult>,
     ) -> Result<InferencePool, InferenceError> {
         let workers = settings.worker_count();
         let (jobs_tx, jobs_rx) = async_channel::bounded::<InferenceJob>(workers * 2);
         let cache =
             (settings.cache_bytes > 0).then(|| Arc::new(ScoreCache::new(settings.cache_bytes)));
-        let models = load_sessions(settings, workers, max_batch)?;
+        let models = load_sessions(settings, workers, limit)?;
         let manifest = models
             .first()
             .map(|m| m.manifest.clone())
@@ -240,12 +240,12 @@ impl InferencePool {
 pub fn load_sessions(
     settings: &InferenceSettings,
     workers: usize,
-    max_batch: usize,
+    limit: RunLimit,
 ) -> Result<Vec<Model>, InferenceError> {
     let mut models = Vec::with_capacity(workers);
     for worker in 0..workers.max(1) {
         let mut model = Model::load(settings)?;
-        let warm_up = match settings.warm_up.then(|| model.warm_up(max_batch)) {
+        let warm_up = match settings.warm_up.then(|| model.warm_up(limit)) {
             Some(Ok(took)) => Some(took),
             Some(Err(e)) => {
                 tracing::warn!(worker, error = %e, "warm-up run failed; the first batches pay for it");

@@ -27,6 +27,30 @@ enum Input {
     },
 }
 
+/// The largest run a model is given: its posts, and with
+/// `batching.max_batch_tokens` its tokens (a run of long posts holds fewer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunLimit {
+    pub posts: usize,
+    pub tokens: Option<u64>,
+}
+
+impl RunLimit {
+    /// At most `posts` posts, whatever their length.
+    pub fn posts(posts: usize) -> RunLimit {
+        RunLimit {
+            posts,
+            tokens: None,
+        }
+    }
+
+    /// The most posts of `len` tokens a run holds (at least one).
+    pub fn rows_at(&self, len: usize) -> usize {
+        let by_tokens = self.tokens.map_or(usize::MAX, |t| t as usize / len.max(1));
+        self.posts.min(by_tokens).max(1)
+    }
+}
+
 /// Real and padded token counts (token models), for padding efficiency;
 /// and the texts that were not truncated, their bytes and tokens, from which
 /// the hub learns to predict a post's tokens ([`tokens::TokenEstimate`]).
@@ -300,12 +324,13 @@ impl Model {
         probabilities(&self.manifest, &outputs, pass.members.len())
     }
 
-    /// Run every shape the model will see once (batch of 1 and of
-    /// `max_batch`; for token models at each bucket length), so that the
-    /// first real batch does not pay for allocations and kernel selection.
-    pub fn warm_up(&mut self, max_batch: usize) -> Result<Duration, InferenceError> {
+    /// Run every shape the model will see once (batch of 1 and of the
+    /// largest run `limit` allows; for token models at each bucket length),
+    /// so that the first real batch does not pay for allocations and kernel
+    /// selection.
+    pub fn warm_up(&mut self, limit: RunLimit) -> Result<Duration, InferenceError> {
         let started = Instant::now();
-        let sizes = [1, max_batch.max(1)];
+        let sizes = [1, limit.posts.max(1)];
         let lengths = match &self.input {
             Input::Text => Vec::new(),
             Input::Tokens {
@@ -328,7 +353,7 @@ impl Model {
             }
         }
         for len in lengths {
-            for n in sizes {
+            for n in [1, limit.rows_at(len)] {
                 let one = Encoded {
                     ids: vec![100; len],
                     type_ids: vec![0; len],
@@ -426,5 +451,21 @@ mod tests {
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
             assert!(super::finite(vec![0.5, bad]).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_token_budget_bounds_the_warm_up_runs_rows_at_each_length() {
+        let limit = super::RunLimit {
+            posts: 256,
+            tokens: Some(1024),
+        };
+        assert_eq!(limit.rows_at(8), 128);
+        assert_eq!(limit.rows_at(512), 2);
+        assert_eq!(
+            limit.rows_at(4096),
+            1,
+            "one post over the budget goes alone"
+        );
+        assert_eq!(super::RunLimit::posts(256).rows_at(512), 256);
     }
 }

@@ -411,7 +411,7 @@ fn start_models(settings: &Settings) -> Result<Models, PipelineError> {
     let (results_tx, results) = mpsc::channel(workers * 4);
     let mut pools = Vec::new();
     for spec in &specs {
-        let pool = InferencePool::start(&spec.inference, spec.max_batch, results_tx.clone())?;
+        let pool = InferencePool::start(&spec.inference, spec.run_limit(), results_tx.clone())?;
         let m = &pool.manifest;
         let placement = pool.placement(&spec.name);
         tracing::info!(model = %spec.name, name = %m.name, version = %m.version, workers = spec.inference.worker_count(), providers = ?placement.providers, cpu_nodes = placement.cpu_nodes, "model loaded");

@@ -130,7 +130,8 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
 fn load_models(specs: &[ModelSpec]) -> anyhow::Result<Vec<(Scorer, inference::Model)>> {
     let mut models = Vec::new();
     for spec in specs {
-        let mut sessions = inference::load_sessions(&spec.inference, 1, 1)?;
+        let mut sessions =
+            inference::load_sessions(&spec.inference, 1, inference::RunLimit::posts(1))?;
         anyhow::ensure!(!sessions.is_empty(), "model {} did not load", spec.name);
         models.push((
             Scorer::named(&spec.name, &sessions[0].manifest),

@@ -40,6 +40,18 @@ pub struct Mix {
     /// text repeats). `Some(share)`: every text unique except this share of
     /// posts, which copy an earlier post's text exactly (reposts, spam waves).
     pub repeat_share: Option<f64>,
+    /// How long the posts are.
+    pub lengths: Lengths,
+}
+
+/// The lengths of a stream's posts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Lengths {
+    /// [`post_text`]: sample posts as they are, a few threads of several.
+    #[default]
+    Skewed,
+    /// [`long_tail_text`]: most posts under 20 tokens, a tail to 512.
+    LongTail,
 }
 
 impl Default for Mix {
@@ -49,6 +61,7 @@ impl Default for Mix {
             abusive_share: 0.2,
             urgent_share: 0.05,
             repeat_share: None,
+            lengths: Lengths::Skewed,
         }
     }
 }
@@ -98,6 +111,41 @@ pub fn post_text(i: usize, abusive: bool) -> String {
     }
 }
 
+/// A post of about `tokens` WordPiece tokens (about four bytes each in
+/// English), the sample posts of one class run together and cut at a word.
+fn text_of_tokens(i: usize, abusive: bool, tokens: usize) -> String {
+    let bytes = tokens * 4;
+    let mut text = String::with_capacity(bytes + 64);
+    let mut k = 0;
+    while text.len() < bytes {
+        let next = post_text(i.wrapping_mul(7919).wrapping_add(k), abusive);
+        if !text.is_empty() {
+            text.push(' ');
+        }
+        text.push_str(&next);
+        k += 1;
+    }
+    let cut = text[..bytes.min(text.len())]
+        .rfind(' ')
+        .unwrap_or(bytes.min(text.len()));
+    text.truncate(cut.max(1));
+    text
+}
+
+/// A post from a long-tailed mix of lengths, in predicted tokens: 70 %
+/// 4–19, 20 % 20–63, 8 % 64–255, 2 % 256–511.
+pub fn long_tail_text(i: usize, abusive: bool) -> String {
+    let r = spread(i as u64 ^ 0x7A11);
+    let within = |lo: u64, hi: u64| (lo + (r >> 8) % (hi - lo)) as usize;
+    let tokens = match r % 100 {
+        0..70 => within(4, 20),
+        70..90 => within(20, 64),
+        90..98 => within(64, 256),
+        _ => within(256, 512),
+    };
+    text_of_tokens(i, abusive, tokens)
+}
+
 /// A deterministic stream: every `malformed_every`-th record is malformed,
 /// posts of skewed length with the given abusive and urgent shares, keys
 /// over 500 users.
@@ -128,6 +176,9 @@ pub fn generate_mix(count: usize, mix: &Mix, prefix: &str) -> Vec<GeneratedEvent
                 };
             }
             let text = match mix.repeat_share {
+                None if mix.lengths == Lengths::LongTail => {
+                    long_tail_text(i, share(i, 0xAB, mix.abusive_share))
+                }
                 None => post_text(i, share(i, 0xAB, mix.abusive_share)),
                 Some(repeats) => {
                     let unique = |j: usize| {
@@ -178,6 +229,7 @@ mod tests {
             abusive_share: 0.3,
             urgent_share: 0.1,
             repeat_share: None,
+            lengths: Lengths::Skewed,
         };
         let events = generate_mix(10_000, &mix, "x-");
         let valid: Vec<&GeneratedEvent> = events.iter().filter(|e| e.text.is_some()).collect();
@@ -212,6 +264,29 @@ mod tests {
             generate_mix(100, &mix, "x-")[7].payload.len(),
             events[7].payload.len()
         );
+    }
+
+    #[test]
+    fn the_long_tail_mix_is_mostly_short_with_a_tail_to_512_tokens() {
+        let mix = Mix {
+            malformed_every: 0,
+            lengths: Lengths::LongTail,
+            ..Default::default()
+        };
+        let events = generate_mix(5_000, &mix, "t-");
+        // Predicted as the hub predicts before it learns: 2 + bytes ÷ 4.
+        let tokens: Vec<f64> = (events.iter())
+            .map(|e| 2.0 + e.text.as_deref().unwrap().len() as f64 / 4.0)
+            .collect();
+        let share_under = |t: f64| tokens.iter().filter(|&&n| n < t).count() as f64 / 5_000.0;
+        assert!(
+            (0.65..0.75).contains(&share_under(22.0)),
+            "{}",
+            share_under(22.0)
+        );
+        assert!(share_under(256.0) < 0.99 && share_under(256.0) > 0.97);
+        let longest = tokens.iter().copied().fold(0.0, f64::max);
+        assert!((480.0..=514.0).contains(&longest), "{longest}");
     }
 
     #[test]

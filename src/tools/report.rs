@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 mod sweep_rows;
 
-pub use sweep_rows::{CascadeRow, CostRow, OwnRun, SessionRow, TokenizationRow};
+pub use sweep_rows::{CascadeRow, CostRow, OwnRun, SessionRow, TokenBatchRow, TokenizationRow};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SaturationRow {
@@ -195,6 +195,9 @@ pub struct Report {
     /// (`--own-runs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub own_runs: Vec<OwnRun>,
+    /// Batching by tokens against by count (`--token-budgets`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub token_batching: Vec<TokenBatchRow>,
 }
 
 /// Sampling's cost: the default cell at saturation on the generated

@@ -136,7 +136,14 @@ pub async fn run(opts: RescoreOptions) -> anyhow::Result<RescoreReport> {
     let (ranges, consumer) = open_range(&settings, &opts)?;
     let batch = settings.batching.max_batch_size;
     let (results_tx, results) = tokio::sync::mpsc::channel(settings.inference.worker_count() * 4);
-    let pool = InferencePool::start(&settings.inference, batch, results_tx)?;
+    let pool = InferencePool::start(
+        &settings.inference,
+        crate::inference::RunLimit {
+            posts: batch,
+            tokens: settings.batching.max_batch_tokens,
+        },
+        results_tx,
+    )?;
     let scorer = Scorer::new(&pool.manifest, &settings.policy)?;
     // The live verdict producer: the same client settings, retries and backoff.
     let sink = Sink::new(

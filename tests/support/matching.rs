@@ -83,9 +83,13 @@ pub async fn committed_sum(bootstrap: &str, group: &str, partitions: i32, total:
 
 /// The profanity model's own verdict of each text by `[policy]`.
 pub fn model_verdicts(settings: &Settings, texts: &[String]) -> Vec<modstream::verdict::Verdict> {
-    let mut model = modstream::inference::load_sessions(&settings.inference, 1, 32)
-        .unwrap()
-        .remove(0);
+    let mut model = modstream::inference::load_sessions(
+        &settings.inference,
+        1,
+        modstream::inference::RunLimit::posts(32),
+    )
+    .unwrap()
+    .remove(0);
     let scorer = modstream::verdict::Scorer::new(&model.manifest, &settings.policy).unwrap();
     let mut out = Vec::new();
     for chunk in texts.chunks(32) {

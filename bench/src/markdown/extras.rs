@@ -5,7 +5,7 @@
 
 use std::fmt::Write;
 
-use modstream::tools::report::{BaselineRow, Report};
+use modstream::tools::report::{BaselineRow, Report, TokenBatchRow};
 
 use super::{MIB, matching, sampling};
 use modstream::tools::stats::median;
@@ -93,6 +93,61 @@ fn own_runs(out: &mut String, report: &Report) {
     );
 }
 
+/// `--token-budgets`: batching by tokens against by count, saturation and
+/// the same paced rates.
+fn token_batching(out: &mut String, report: &Report) {
+    let rows = &report.token_batching;
+    let Some(first) = rows.first() else {
+        return;
+    };
+    let name = |r: &TokenBatchRow| match r.max_batch_tokens {
+        None => format!("≤ {} posts", r.max_batch_size),
+        Some(t) => format!("≤ {t} tokens (≤ {} posts)", r.max_batch_size),
+    };
+    let best_count = (rows.iter())
+        .filter(|r| r.max_batch_tokens.is_none())
+        .map(|r| r.saturation_per_s)
+        .fold(0.0, f64::max);
+    let _ = writeln!(
+        out,
+        "**Batching by tokens against by count**, a long-tailed mix of post lengths ({} events; most under 20 tokens, a tail to 512)\n\n| batches close at | verdicts/s at saturation | ÷ best by count | events per run | real ÷ padded tokens |\n|---|---|---|---|---|",
+        first.events
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {:.2} | {:.1} | {} |",
+            name(r),
+            r.saturation_per_s,
+            r.saturation_per_s / best_count.max(1e-9),
+            r.events_per_run,
+            r.padding_efficiency
+                .map_or("—".to_string(), |e| format!("{:.2}", e))
+        );
+    }
+    let rates: Vec<f64> = first.paced.iter().map(|p| p.offered_per_s).collect();
+    if rates.is_empty() {
+        out.push('\n');
+        return;
+    }
+    let header: String = rates
+        .iter()
+        .map(|r| format!(" p50 / p99 ms at {r:.0}/s |"))
+        .collect();
+    let _ = writeln!(
+        out,
+        "\n| batches close at |{header}\n|---|{}",
+        "---|".repeat(rates.len())
+    );
+    for r in rows {
+        let cells: String = (r.paced.iter())
+            .map(|p| format!(" {:.1} / {:.1} |", p.p50_ms, p.p99_ms))
+            .collect();
+        let _ = writeln!(out, "| {} |{cells}", name(r));
+    }
+    out.push('\n');
+}
+
 pub(super) fn extras(out: &mut String, report: &Report) {
     matching::render(out, report);
     matching::render_floods(out, report);
@@ -119,6 +174,7 @@ pub(super) fn extras(out: &mut String, report: &Report) {
         baseline(out, b);
     }
     own_runs(out, report);
+    token_batching(out, report);
     if let Some(s) = &report.shadow {
         let _ = writeln!(
             out,

@@ -55,6 +55,7 @@ pub(super) fn pipeline_settings(
     if let Some(m) = &opts.variant.matching {
         s.matching = m.clone();
     }
+    s.batching.max_batch_tokens = opts.variant.max_batch_tokens;
     if opts.variant.sampling {
         s.output.samples_topic = Some(cell.samples.clone());
     }

@@ -91,3 +91,24 @@ pub struct OwnRun {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub broker_cpu_us_per_verdict: Option<f64>,
 }
+
+/// One contender of the token-batching sweep (`--token-budgets`): batching
+/// by count alone, or by a token budget as well, on a long-tailed mix of
+/// post lengths.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TokenBatchRow {
+    pub max_batch_size: usize,
+    /// `batching.max_batch_tokens` (None: by count alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batch_tokens: Option<u64>,
+    pub events: usize,
+    pub saturation_per_s: f64,
+    /// Events per model run at saturation.
+    pub events_per_run: f64,
+    /// Real ÷ padded tokens at saturation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padding_efficiency: Option<f64>,
+    /// Paced load at rates common to every contender (fractions of the
+    /// best count-only contender's saturation).
+    pub paced: Vec<super::LatencyRow>,
+}
