@@ -245,6 +245,8 @@ fn tiny_options() -> BenchOptions {
         match_floods: 0,
         sampling_runs: 0,
         own_runs: 0,
+        token_budgets: Vec::new(),
+        token_batch_size: 256,
         out_dir: PathBuf::new(),
     }
 }
