@@ -21,10 +21,22 @@ async fn the_transformer_bench_reports_padding_and_the_unbucketed_baseline() {
         events: 96,
         loads: vec![],
         model_dir: Some(model),
+        token_budgets: vec![256],
+        token_batch_size: 64,
         ..tiny_options()
     })
     .await;
     assert!(report.model.starts_with("minilm-l6-moderation"));
+    // By count (16) and by a budget of 256 tokens, on the long tail.
+    let by: Vec<_> = (report.token_batching.iter())
+        .map(|r| (r.max_batch_size, r.max_batch_tokens))
+        .collect();
+    assert_eq!(by, vec![(16, None), (64, Some(256))]);
+    for r in &report.token_batching {
+        assert!(r.saturation_per_s > 0.0 && r.events_per_run >= 1.0);
+        assert!(r.padding_efficiency.is_some_and(|e| e > 0.0 && e <= 1.0));
+    }
+    assert!(modstream_bench::markdown(&report).contains("**Batching by tokens against by count**"));
     let row = &report.saturation[0];
     let bucketed = row.padding_efficiency.expect("token models report padding");
     let unbucketed = row.raw_unbucketed_padding_efficiency.unwrap();
