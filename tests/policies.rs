@@ -572,7 +572,7 @@ fn the_example_policy_loads_against_the_shipped_models() {
             .unwrap();
     let ids: Vec<&str> = rules.rule_ids().collect();
     assert_eq!(ids, ["kids", "debate", "news", "default"]);
-    let cascade = &rules.rules[3].cascade;
+    let cascade = &rules.rules()[3].cascade;
     assert_eq!(
         (cascade.len(), cascade[0].after, cascade[0].model),
         (1, ModelId(0), ModelId(1)),

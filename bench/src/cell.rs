@@ -20,6 +20,8 @@ const DEMO_SAMPLES: &str = "moderation.samples";
 
 pub(super) struct Cell {
     _embedded: Option<EmbeddedBroker>,
+    /// Of the input and verdict topics.
+    pub partitions: i32,
     pub bootstrap: String,
     pub input: String,
     pub verdicts: String,
@@ -31,10 +33,11 @@ pub(super) struct Cell {
 
 impl Cell {
     pub(super) async fn new(opts: &BenchOptions) -> anyhow::Result<Cell> {
+        let partitions = opts.variant.partitions.unwrap_or(PARTITIONS);
         let Some(bootstrap) = &opts.bootstrap else {
             let broker = EmbeddedBroker::start(&[
-                (DEMO_INPUT, PARTITIONS),
-                (DEMO_VERDICTS, PARTITIONS),
+                (DEMO_INPUT, partitions),
+                (DEMO_VERDICTS, partitions),
                 (DEMO_DLQ, 1),
                 // The shadow model's comparison records (`--shadow-model`).
                 ("moderation.shadow", 1),
@@ -43,6 +46,7 @@ impl Cell {
             return Ok(Cell {
                 bootstrap: broker.bootstrap_servers().to_string(),
                 _embedded: Some(broker),
+                partitions,
                 input: DEMO_INPUT.to_string(),
                 verdicts: DEMO_VERDICTS.to_string(),
                 dlq: DEMO_DLQ.to_string(),
@@ -59,6 +63,7 @@ impl Cell {
         );
         let cell = Cell {
             _embedded: None,
+            partitions,
             bootstrap: bootstrap.clone(),
             input: format!("{prefix}-events"),
             verdicts: format!("{prefix}-verdicts"),
@@ -72,8 +77,8 @@ impl Cell {
             .create()?;
         let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
         for (topic, partitions) in [
-            (&cell.input, PARTITIONS),
-            (&cell.verdicts, PARTITIONS),
+            (&cell.input, partitions),
+            (&cell.verdicts, partitions),
             (&cell.dlq, 1),
             (&cell.samples, 1),
         ] {

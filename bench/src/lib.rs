@@ -17,6 +17,7 @@ pub mod cascade;
 mod cell;
 mod chart;
 mod cost;
+mod curves;
 pub mod formats;
 mod markdown;
 mod matching;
@@ -95,6 +96,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let baseline = baseline_row(&opts).await?;
     let own_runs = baseline::own_runs(&opts).await?;
     let token_batching = token_batching::rows(&opts).await?;
+    let curves = curves::rows(&opts).await?;
     let report = Report {
         machine: format!(
             "{} cores",
@@ -129,6 +131,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         tokenization,
         own_runs,
         token_batching,
+        curves,
     };
     write_report(&report, &opts.out_dir)?;
     Ok(report)

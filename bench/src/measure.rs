@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::BenchOptions;
-use super::cell::{Cell, PARTITIONS};
+use super::cell::Cell;
 use super::process::{peak_rss_of, service_binary};
 
 mod settings;
@@ -102,13 +102,24 @@ pub(super) async fn saturation_read(
         health.clone(),
     ));
     let want = events.len();
-    let (b, t) = (cell.bootstrap.clone(), cell.verdicts.clone());
+    let (b, t, partitions) = (
+        cell.bootstrap.clone(),
+        cell.verdicts.clone(),
+        cell.partitions,
+    );
     let reader = tokio::task::spawn_blocking(move || {
         let mut stamps = Vec::with_capacity(want);
-        let ends = read_verdicts(&b, &t, want, Duration::from_secs(600), |v, at| {
-            seen(v);
-            stamps.extend(at);
-        })?;
+        let ends = read_verdicts(
+            &b,
+            &t,
+            partitions,
+            want,
+            Duration::from_secs(600),
+            |v, at| {
+                seen(v);
+                stamps.extend(at);
+            },
+        )?;
         // Produce times: a reader starting late would catch up in a burst.
         let span = (stamps.len() == want && want > 1)
             .then(|| stamps.iter().max().zip(stamps.iter().min()))
@@ -146,11 +157,12 @@ pub(super) async fn saturation_read(
 fn read_verdicts(
     bootstrap: &str,
     topic: &str,
+    partitions: i32,
     want: usize,
     timeout: Duration,
     mut seen: impl FnMut(&serde_json::Value, Option<i64>),
 ) -> anyhow::Result<(Instant, Instant)> {
-    let reader = TopicReader::from_beginning(bootstrap, topic, Some(PARTITIONS))?;
+    let reader = TopicReader::from_beginning(bootstrap, topic, Some(partitions))?;
     let mut last = Instant::now();
     let mut first = None;
     let read = reader.read(want, timeout, |record| {
@@ -221,6 +233,7 @@ pub(super) async fn broker_round_trip(opts: &BenchOptions, rate: f64) -> anyhow:
 fn spawn_arrival_reader(
     bootstrap: String,
     topic: String,
+    partitions: i32,
     want: usize,
     warm: std::sync::mpsc::Sender<()>,
 ) -> tokio::task::JoinHandle<anyhow::Result<HashMap<String, Instant>>> {
@@ -229,6 +242,7 @@ fn spawn_arrival_reader(
         let r = read_verdicts(
             &bootstrap,
             &topic,
+            partitions,
             want,
             Duration::from_secs(300),
             |v, _| {
@@ -276,7 +290,13 @@ async fn paced(
     // The clock starts once a warm-up event came back as a verdict, so the
     // group join is not counted either.
     let (warm_tx, warm_rx) = std::sync::mpsc::channel::<()>();
-    let reader = spawn_arrival_reader(bootstrap.clone(), read_topic, count + 1, warm_tx);
+    let reader = spawn_arrival_reader(
+        bootstrap.clone(),
+        read_topic,
+        cell.partitions,
+        count + 1,
+        warm_tx,
+    );
     // The warm-up goes through the load's own producer, so that its
     // connection and metadata are not in the first events' latency either.
     let producer = send::event_producer(&bootstrap)?;

@@ -160,6 +160,18 @@ pub struct BenchOptions {
     /// The count bound of the token-budget contenders.
     #[arg(long, default_value_t = 256)]
     pub token_batch_size: usize,
+    /// Cost curve: input partitions owned by the one instance (empty: skip).
+    /// Each point: `modstream run` at its default configuration, its own
+    /// process (verdicts/s, CPU per verdict), then p99 at half that rate.
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub partition_counts: Vec<i32>,
+    /// Cost curve: tenants, each with its own policy rule, the events spread
+    /// evenly over them (empty: skip).
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub tenant_counts: Vec<usize>,
+    /// Cost curve: every post about this many bytes (empty: skip).
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub post_bytes: Vec<usize>,
     /// What a sweep changes for its runs (not on the command line).
     #[arg(skip)]
     pub variant: Variant,
@@ -185,6 +197,12 @@ pub struct Variant {
     pub lengths: modstream::tools::generator::Lengths,
     /// `batching.max_batch_tokens` (the token-batching sweep).
     pub max_batch_tokens: Option<u64>,
+    /// Partitions of the input and verdict topics (default: 4).
+    pub partitions: Option<i32>,
+    /// Tenants the events are spread over (`t0`, `t1`, ...; 0: none), and
+    /// the policy file that gives each its rule.
+    pub tenants: usize,
+    pub policy: Option<std::path::PathBuf>,
 }
 
 impl Variant {
@@ -199,10 +217,17 @@ impl Variant {
             lengths: self.lengths,
             ..Default::default()
         };
-        self.encoding
-            .apply(modstream::tools::generator::generate_mix(
-                count, &mix, prefix,
-            ))
+        let mut events = modstream::tools::generator::generate_mix(count, &mix, prefix);
+        if self.tenants > 0 {
+            for (i, event) in events.iter_mut().enumerate() {
+                if let Ok(serde_json::Value::Object(mut o)) = serde_json::from_slice(&event.payload)
+                {
+                    o.insert("tenant".into(), format!("t{}", i % self.tenants).into());
+                    event.payload = serde_json::Value::Object(o).to_string().into_bytes();
+                }
+            }
+        }
+        self.encoding.apply(events)
     }
 }
 

@@ -259,6 +259,9 @@ fn tiny_options() -> BenchOptions {
         own_runs: 0,
         token_budgets: Vec::new(),
         token_batch_size: 256,
+        partition_counts: Vec::new(),
+        tenant_counts: Vec::new(),
+        post_bytes: Vec::new(),
         out_dir: PathBuf::new(),
     }
 }

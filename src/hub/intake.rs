@@ -121,7 +121,7 @@ impl<D: Deliver> Hub<D> {
         let rules = self.rules.clone();
         let rule = rules.rule_for(topic, event);
         for (l, lane) in self.lanes.with_ids_mut() {
-            if rules.rules[rule.0].runs(l) {
+            if rules.rules()[rule.0].runs(l) {
                 lane.arrived(1);
             }
         }

@@ -423,7 +423,7 @@ impl<D: Deliver> Hub<D> {
     /// A new policy takes over: events accepted from now on are judged by
     /// it (events already accepted keep theirs).
     fn on_policy(&mut self, rules: Arc<Ruleset>) {
-        tracing::info!(from = %self.rules.version, to = %rules.version, rules = rules.rules.len(), "policy in force");
+        tracing::info!(from = %self.rules.version, to = %rules.version, rules = rules.rules().len(), "policy in force");
         self.meters.policy_loaded(&rules);
         policy_loaded_at();
         self.rules = rules;

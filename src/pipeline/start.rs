@@ -153,7 +153,7 @@ async fn check_output_topics(
     if settings.inference.shadow.model_dir.is_some() {
         topics.push(("output.shadow_topic".into(), output.shadow_topic.clone()));
     }
-    for rule in &rules.rules {
+    for rule in rules.rules() {
         for route in &rule.routes {
             topics.push((format!("rules.{}.routes", rule.id), route.topic.clone()));
         }

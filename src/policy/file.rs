@@ -211,10 +211,7 @@ impl FileSpec {
             }
             rules.push(rule);
         }
-        Ok(Ruleset {
-            version: self.version,
-            rules,
-        })
+        Ok(Ruleset::new(self.version, rules))
     }
 }
 

@@ -15,10 +15,13 @@
 //! The hub stamps each event with the ruleset in force when it arrived, so
 //! one event is judged by one version from its first model to its verdict.
 
+use std::borrow::Cow;
+
 use crate::config::Thresholds;
 use crate::event::{Event, Priority};
 
 pub mod file;
+mod index;
 
 pub use file::{ModelLabels, PolicyError};
 
@@ -98,7 +101,8 @@ impl ModelId {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ruleset {
     pub version: String,
-    pub rules: Vec<Rule>,
+    rules: Vec<Rule>,
+    index: index::TenantIndex,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -193,23 +197,22 @@ impl Field {
         })
     }
 
-    fn value(&self, topic: &str, event: &Event) -> Option<String> {
+    /// The event's value of this field, borrowed where the event holds it.
+    fn value<'a>(&self, topic: &'a str, event: &'a Event) -> Option<Cow<'a, str>> {
+        let borrowed = |s: &'a Option<String>| s.as_deref().map(Cow::Borrowed);
         match self {
-            Field::Tenant => event.tenant.clone(),
-            Field::Topic => Some(topic.to_string()),
-            Field::Lang => event.lang.clone(),
-            Field::Priority => Some(
-                match event.priority {
-                    Priority::Normal => "normal",
-                    Priority::Urgent => "urgent",
-                }
-                .to_string(),
-            ),
-            Field::UserId => event.user_id.clone(),
+            Field::Tenant => borrowed(&event.tenant),
+            Field::Topic => Some(Cow::Borrowed(topic)),
+            Field::Lang => borrowed(&event.lang),
+            Field::Priority => Some(Cow::Borrowed(match event.priority {
+                Priority::Normal => "normal",
+                Priority::Urgent => "urgent",
+            })),
+            Field::UserId => borrowed(&event.user_id),
             Field::Metadata(key) => match event.metadata.as_ref()?.get(key)? {
-                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::String(s) => Some(Cow::Borrowed(s)),
                 v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_)) => {
-                    Some(v.to_string())
+                    Some(Cow::Owned(v.to_string()))
                 }
                 _ => None,
             },
@@ -226,7 +229,7 @@ impl Match {
         self.fields.iter().all(|(field, values)| {
             field
                 .value(topic, event)
-                .is_some_and(|v| values.contains(&v))
+                .is_some_and(|v| values.iter().any(|x| *x == *v))
         })
     }
 }
@@ -291,9 +294,9 @@ impl Ruleset {
                 labels,
             });
         }
-        Ok(Ruleset {
-            version: "config".to_string(),
-            rules: vec![Rule {
+        Ok(Ruleset::new(
+            "config".to_string(),
+            vec![Rule {
                 id: "default".to_string(),
                 when: Match::default(),
                 judges,
@@ -302,16 +305,31 @@ impl Ruleset {
                 cascade: Vec::new(),
                 lists: None,
             }],
-        })
+        ))
+    }
+
+    /// The rules of `version`, in order.
+    pub fn new(version: String, rules: Vec<Rule>) -> Ruleset {
+        let index = index::TenantIndex::of(&rules);
+        Ruleset {
+            version,
+            rules,
+            index,
+        }
+    }
+
+    /// The rules, in order.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
     }
 
     /// The rule that decides this event (the first that matches; the last
-    /// matches every event).
+    /// matches every event), tried among the rules its tenant can match
+    /// ([`index`]).
     pub fn rule_for(&self, topic: &str, event: &Event) -> RuleId {
         RuleId(
-            self.rules
-                .iter()
-                .position(|r| r.when.matches(topic, event))
+            (self.index.candidates(event.tenant.as_deref()))
+                .find(|&i| self.rules[i].when.matches(topic, event))
                 .unwrap_or(self.rules.len().saturating_sub(1)),
         )
     }

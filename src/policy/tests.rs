@@ -366,3 +366,91 @@ fn a_wrong_cascade_is_refused_with_its_key() {
     let e = Ruleset::parse(&swapped, FileFormat::Toml, &models()).unwrap_err();
     assert!(e.to_string().contains("must run before profanity"), "{e}");
 }
+
+mod index {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rule(i: usize, when: Match) -> Rule {
+        Rule {
+            id: format!("r{i}"),
+            when,
+            judges: Vec::new(),
+            human_review: false,
+            routes: Vec::new(),
+            cascade: Vec::new(),
+            lists: None,
+        }
+    }
+
+    fn event(tenant: Option<u8>, lang: Option<u8>) -> Event {
+        Event {
+            event_id: "e".into(),
+            text: "t".into(),
+            user_id: None,
+            lang: lang.map(|l| format!("l{l}")),
+            created_at_ms: None,
+            priority: Priority::Normal,
+            metadata: None,
+            tenant: tenant.map(|t| format!("t{t}")),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// A condition on up to two of tenant (one or two values, maybe twice)
+    /// and lang, over a few values so that rules overlap.
+    fn condition() -> impl Strategy<Value = Match> {
+        let values = proptest::collection::vec(0u8..6, 1..3);
+        let field = prop_oneof![Just(Field::Tenant), Just(Field::Lang)];
+        proptest::collection::vec((field, values), 0..3).prop_map(|fields| Match {
+            fields: (fields.into_iter())
+                .map(|(f, vs)| {
+                    let prefix = if f == Field::Tenant { "t" } else { "l" };
+                    (f, vs.iter().map(|v| format!("{prefix}{v}")).collect())
+                })
+                .collect(),
+        })
+    }
+
+    proptest! {
+        /// The index decides as trying every rule in order would.
+        #[test]
+        fn the_tenant_index_picks_the_rule_a_scan_of_every_rule_picks(
+            whens in proptest::collection::vec(condition(), 0..12),
+            events in proptest::collection::vec(
+                (proptest::option::of(0u8..7), proptest::option::of(0u8..7)), 1..40),
+        ) {
+            let mut rules: Vec<Rule> = whens.into_iter().enumerate().map(|(i, w)| rule(i, w)).collect();
+            rules.push(rule(rules.len(), Match::default()));
+            let set = Ruleset::new("v".into(), rules.clone());
+            for (tenant, lang) in events {
+                let e = event(tenant, lang);
+                let scanned = rules.iter().position(|r| r.when.matches("posts", &e)).unwrap();
+                prop_assert_eq!(set.rule_for("posts", &e), RuleId(scanned), "{:?}", e.tenant);
+            }
+        }
+    }
+
+    #[test]
+    fn a_thousand_tenants_each_find_their_own_rule() {
+        let mut rules: Vec<Rule> = (0..1000)
+            .map(|i| {
+                let when = Match {
+                    fields: vec![(Field::Tenant, vec![format!("t{i}")])],
+                };
+                rule(i, when)
+            })
+            .collect();
+        rules.push(rule(1000, Match::default()));
+        let set = Ruleset::new("v".into(), rules);
+        let of = |tenant: &str| {
+            let mut e = event(None, None);
+            e.tenant = Some(tenant.to_string());
+            set.rule_for("posts", &e)
+        };
+        assert_eq!(of("t0"), RuleId(0));
+        assert_eq!(of("t999"), RuleId(999));
+        assert_eq!(of("someone-else"), RuleId(1000));
+        assert_eq!(set.rule_for("posts", &event(None, None)), RuleId(1000));
+    }
+}

@@ -79,7 +79,7 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
     let mut out = String::new();
     for f in found {
         let rule_id = rules.rule_for(&opts.topic, &f.event);
-        let rule = &rules.rules[rule_id.0];
+        let rule = &rules.rules()[rule_id.0];
         let mut scores: Vec<Scored> = Vec::new();
         for (i, (scorer, model)) in models.iter_mut().enumerate() {
             let i = ModelId(i);
@@ -143,7 +143,7 @@ fn load_models(specs: &[ModelSpec]) -> anyhow::Result<Vec<(Scorer, inference::Mo
 
 /// The judgement in words.
 fn describe(f: &Found, judged: &Judged<'_>) -> String {
-    let rule = &judged.rules.rules[judged.rule.0];
+    let rule = &judged.rules.rules()[judged.rule.0];
     let mut s = format!(
         "event {} at {}/{}@{}{}\npolicy {}, rule {:?}{}\n",
         f.event.event_id,

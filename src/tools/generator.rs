@@ -52,6 +52,8 @@ pub enum Lengths {
     Skewed,
     /// [`long_tail_text`]: most posts under 20 tokens, a tail to 512.
     LongTail,
+    /// Every post of about this many bytes (cut at a word).
+    Bytes(usize),
 }
 
 impl Default for Mix {
@@ -111,10 +113,9 @@ pub fn post_text(i: usize, abusive: bool) -> String {
     }
 }
 
-/// A post of about `tokens` WordPiece tokens (about four bytes each in
+/// A post of about `bytes` bytes (a WordPiece token is about four in
 /// English), the sample posts of one class run together and cut at a word.
-fn text_of_tokens(i: usize, abusive: bool, tokens: usize) -> String {
-    let bytes = tokens * 4;
+fn text_of_bytes(i: usize, abusive: bool, bytes: usize) -> String {
     let mut text = String::with_capacity(bytes + 64);
     let mut k = 0;
     while text.len() < bytes {
@@ -125,9 +126,8 @@ fn text_of_tokens(i: usize, abusive: bool, tokens: usize) -> String {
         text.push_str(&next);
         k += 1;
     }
-    let cut = text[..bytes.min(text.len())]
-        .rfind(' ')
-        .unwrap_or(bytes.min(text.len()));
+    let end = text.floor_char_boundary(bytes);
+    let cut = text[..end].rfind(' ').unwrap_or(end);
     text.truncate(cut.max(1));
     text
 }
@@ -143,7 +143,7 @@ pub fn long_tail_text(i: usize, abusive: bool) -> String {
         90..98 => within(64, 256),
         _ => within(256, 512),
     };
-    text_of_tokens(i, abusive, tokens)
+    text_of_bytes(i, abusive, tokens * 4)
 }
 
 /// A deterministic stream: every `malformed_every`-th record is malformed,
@@ -176,10 +176,14 @@ pub fn generate_mix(count: usize, mix: &Mix, prefix: &str) -> Vec<GeneratedEvent
                 };
             }
             let text = match mix.repeat_share {
-                None if mix.lengths == Lengths::LongTail => {
-                    long_tail_text(i, share(i, 0xAB, mix.abusive_share))
+                None => {
+                    let abusive = share(i, 0xAB, mix.abusive_share);
+                    match mix.lengths {
+                        Lengths::Skewed => post_text(i, abusive),
+                        Lengths::LongTail => long_tail_text(i, abusive),
+                        Lengths::Bytes(n) => text_of_bytes(i, abusive, n),
+                    }
                 }
-                None => post_text(i, share(i, 0xAB, mix.abusive_share)),
                 Some(repeats) => {
                     let unique = |j: usize| {
                         format!("{} #{j:x}", post_text(j, share(j, 0xAB, mix.abusive_share)))

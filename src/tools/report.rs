@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 
 mod sweep_rows;
 
-pub use sweep_rows::{CascadeRow, CostRow, OwnRun, SessionRow, TokenBatchRow, TokenizationRow};
+pub use sweep_rows::{
+    CascadeRow, CostRow, Curve, CurveRow, OwnRun, SessionRow, TokenBatchRow, TokenizationRow,
+};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SaturationRow {
@@ -198,6 +200,9 @@ pub struct Report {
     /// Batching by tokens against by count (`--token-budgets`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub token_batching: Vec<TokenBatchRow>,
+    /// Cost curves as the work grows (`--partition-counts`, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub curves: Vec<CurveRow>,
 }
 
 /// Sampling's cost: the default cell at saturation on the generated

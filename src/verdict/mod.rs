@@ -130,9 +130,9 @@ impl Scorer {
             review_at: 0.5,
             block_at: 0.85,
         };
-        let alone = Ruleset {
-            version: "config".into(),
-            rules: vec![Rule {
+        let alone = Ruleset::new(
+            "config".into(),
+            vec![Rule {
                 id: "default".into(),
                 when: Match::default(),
                 judges: vec![Judge {
@@ -151,7 +151,7 @@ impl Scorer {
                 cascade: Vec::new(),
                 lists: None,
             }],
-        };
+        );
         Scorer::with_rules(id, manifest, alone)
     }
 
@@ -200,7 +200,7 @@ impl Scorer {
     }
 
     fn decision(&self, probabilities: &[f32]) -> Decision {
-        self.alone.rules[0].judge(|_| Some((&self.labels, probabilities)))
+        self.alone.rules()[0].judge(|_| Some((&self.labels, probabilities)))
     }
 
     /// The verdict record of this model alone by `[policy]` (rescore).

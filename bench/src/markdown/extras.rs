@@ -5,7 +5,7 @@
 
 use std::fmt::Write;
 
-use modstream::tools::report::{BaselineRow, Report, TokenBatchRow};
+use modstream::tools::report::{BaselineRow, Curve, CurveRow, Report, TokenBatchRow};
 
 use super::{MIB, matching, sampling};
 use modstream::tools::stats::median;
@@ -148,6 +148,49 @@ fn token_batching(out: &mut String, report: &Report) {
     out.push('\n');
 }
 
+/// The cost curves: each curve's points and how far its CPU per verdict
+/// moved over its range.
+fn curves(out: &mut String, report: &Report) {
+    let mut kinds: Vec<Curve> = report.curves.iter().map(|c| c.curve).collect();
+    kinds.dedup();
+    for kind in kinds {
+        let rows: Vec<&CurveRow> = report.curves.iter().filter(|c| c.curve == kind).collect();
+        let _ = writeln!(
+            out,
+            "**Cost as the {} grow** (`modstream run` at its default configuration, its own process, {} events each; p99 of the default cell paced at half its verdicts/s)\n\n| {} | verdicts/s | CPU µs per verdict | peak RSS MiB | p99 ms at half |\n|---|---|---|---|---|",
+            kind.unit(),
+            rows[0].events,
+            kind.unit()
+        );
+        for r in &rows {
+            let _ = writeln!(
+                out,
+                "| {} | {:.0} | {} | {:.0} | {:.1} |",
+                r.at,
+                r.per_s,
+                r.cpu_us_per_verdict
+                    .map_or("—".to_string(), |c| format!("{c:.1}")),
+                r.peak_rss_bytes as f64 / MIB,
+                r.p99_at_half_ms
+            );
+        }
+        let cpu: Vec<f64> = rows.iter().filter_map(|r| r.cpu_us_per_verdict).collect();
+        let (lo, hi) = (
+            cpu.iter().copied().fold(f64::MAX, f64::min),
+            cpu.iter().copied().fold(0.0, f64::max),
+        );
+        if cpu.len() == rows.len() && lo > 0.0 {
+            let _ = writeln!(
+                out,
+                "\nCPU per verdict, most ÷ least over the range: {:.2}\n",
+                hi / lo
+            );
+        } else {
+            out.push('\n');
+        }
+    }
+}
+
 pub(super) fn extras(out: &mut String, report: &Report) {
     matching::render(out, report);
     matching::render_floods(out, report);
@@ -175,6 +218,7 @@ pub(super) fn extras(out: &mut String, report: &Report) {
     }
     own_runs(out, report);
     token_batching(out, report);
+    curves(out, report);
     if let Some(s) = &report.shadow {
         let _ = writeln!(
             out,

@@ -56,6 +56,9 @@ pub(super) fn pipeline_settings(
         s.matching = m.clone();
     }
     s.batching.max_batch_tokens = opts.variant.max_batch_tokens;
+    if let Some(policy) = &opts.variant.policy {
+        s.policy.file = Some(policy.clone());
+    }
     if opts.variant.sampling {
         s.output.samples_topic = Some(cell.samples.clone());
     }

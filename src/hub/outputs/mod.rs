@@ -112,7 +112,7 @@ impl Composer {
             return self.dead_letter_of_scored(pending, rejection);
         }
         let rules = pending.rules.clone();
-        let rule = &rules.rules[pending.rule.0];
+        let rule = &rules.rules()[pending.rule.0];
         let decision = match pending.matching.marks.as_ref().and_then(|m| m.deciding()) {
             Some(item) => rule.decided_by(item.verdict),
             None => rule.judge(|m| pending.scores_of(m)),

@@ -112,3 +112,43 @@ pub struct TokenBatchRow {
     /// best count-only contender's saturation).
     pub paced: Vec<super::LatencyRow>,
 }
+
+/// What a cost curve grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Curve {
+    /// Input partitions owned by the one instance.
+    Partitions,
+    /// Tenants, each with its own policy rule.
+    Tenants,
+    /// Bytes of every post.
+    PostBytes,
+}
+
+impl Curve {
+    /// What the curve's points are counted in.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Curve::Partitions => "partitions",
+            Curve::Tenants => "tenants (a rule each)",
+            Curve::PostBytes => "bytes per post",
+        }
+    }
+}
+
+/// One point of a cost curve (`--partition-counts`, `--tenant-counts`,
+/// `--post-bytes`): `modstream run` at its default configuration, its own
+/// process, then the pipeline at half that rate.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CurveRow {
+    pub curve: Curve,
+    pub at: u64,
+    pub events: usize,
+    pub per_s: f64,
+    /// None where the run was too short to say.
+    #[serde(default)]
+    pub cpu_us_per_verdict: Option<f64>,
+    pub peak_rss_bytes: u64,
+    /// The default cell (64 / 20 ms) paced at half `per_s`.
+    pub p99_at_half_ms: f64,
+}
