@@ -55,6 +55,8 @@ use runs::{delivery_rows, overload_row, repeat_sweep, shadow_row, step_trace};
 
 /// Run the whole sweep, print the tables as it goes, write bench.json,
 /// bench.md and the charts under `opts.out_dir`.
+// Long: one line per sweep, in the order they run, then the report that
+// holds them all.
 pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let inference = measure::inference_settings(&opts);
     let mut model = Model::load(&inference)?;

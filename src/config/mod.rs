@@ -27,7 +27,7 @@ pub use delivery::DeliveryMode;
 pub use file::REQUIRED;
 pub use input::{FieldSource, InputSettings, Mapping, TimeUnit};
 pub use matching::{ListFile, ListMode, ListTopicLate, MatchingSettings};
-pub use models::{ModelSettings, ModelSpec, SINGLE_MODEL};
+pub use models::{ModelSettings, ModelSpec, RunLimit, SINGLE_MODEL};
 pub use properties::{Properties, REDACTED, is_secret};
 pub use registry::{CloudEventsOutput, InputFormat, OutputFormat, SchemaRegistrySettings};
 pub use sampling::SamplingSettings;

@@ -39,11 +39,35 @@ pub struct ModelSpec {
 
 impl ModelSpec {
     /// Its largest run.
-    pub fn run_limit(&self) -> crate::inference::RunLimit {
-        crate::inference::RunLimit {
+    pub fn run_limit(&self) -> RunLimit {
+        RunLimit {
             posts: self.max_batch,
             tokens: self.max_tokens,
         }
+    }
+}
+
+/// The largest run a model is given: its posts, and with
+/// `batching.max_batch_tokens` its tokens (a run of long posts holds fewer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunLimit {
+    pub posts: usize,
+    pub tokens: Option<u64>,
+}
+
+impl RunLimit {
+    /// At most `posts` posts, whatever their length.
+    pub fn posts(posts: usize) -> RunLimit {
+        RunLimit {
+            posts,
+            tokens: None,
+        }
+    }
+
+    /// The most posts of `len` tokens a run holds (at least one).
+    pub fn rows_at(&self, len: usize) -> usize {
+        let by_tokens = self.tokens.map_or(usize::MAX, |t| t as usize / len.max(1));
+        self.posts.min(by_tokens).max(1)
     }
 }
 

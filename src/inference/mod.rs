@@ -21,7 +21,8 @@ mod model;
 pub mod placement;
 mod runtime;
 
-pub use model::{Model, Profile, RunLimit, Signature, TokenStats};
+pub use crate::config::RunLimit;
+pub use model::{Model, Profile, Signature, TokenStats};
 pub use runtime::{default_cache_dir, find_runtime_library};
 
 use model::catching_panics;

@@ -10,7 +10,7 @@ use ort::value::Tensor;
 use super::placement::{self, Placement};
 use super::runtime::{environment, register_providers};
 use super::{InferenceError, ScoreError, Scores};
-use crate::config::{GraphOptimization, InferenceSettings, PadTo};
+use crate::config::{GraphOptimization, InferenceSettings, PadTo, RunLimit};
 use crate::manifest::{InputKind, Manifest, TOKEN_INPUTS};
 use crate::tokens::{self, Encoded, Encoder, Split};
 
@@ -25,30 +25,6 @@ enum Input {
         /// Token lengths warmed up at start.
         warm_lengths: Vec<usize>,
     },
-}
-
-/// The largest run a model is given: its posts, and with
-/// `batching.max_batch_tokens` its tokens (a run of long posts holds fewer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunLimit {
-    pub posts: usize,
-    pub tokens: Option<u64>,
-}
-
-impl RunLimit {
-    /// At most `posts` posts, whatever their length.
-    pub fn posts(posts: usize) -> RunLimit {
-        RunLimit {
-            posts,
-            tokens: None,
-        }
-    }
-
-    /// The most posts of `len` tokens a run holds (at least one).
-    pub fn rows_at(&self, len: usize) -> usize {
-        let by_tokens = self.tokens.map_or(usize::MAX, |t| t as usize / len.max(1));
-        self.posts.min(by_tokens).max(1)
-    }
 }
 
 /// Real and padded token counts (token models), for padding efficiency;
