@@ -166,6 +166,10 @@ impl Partition {
         self
     }
 
+    pub fn tp(&self) -> &Tp {
+        &self.tp
+    }
+
     pub fn generation(&self) -> Generation {
         self.generation
     }

@@ -51,15 +51,26 @@ impl<D: Deliver> Hub<D> {
         }
         let choice = lanes::partition_choice(&self.lanes);
         if choice != self.batch {
-            self.batch = choice;
-            self.ledger.batching_chosen(choice);
-            for partition in self.partitions.values_mut() {
-                partition.set_batching(choice.size, choice.delay);
-            }
-            export_choice(choice);
+            self.set_partition_batching(choice);
         }
         metrics::gauge!(metric::BATCHING_SATURATED).set(f64::from(u8::from(saturated)));
         metrics::gauge!(metric::LATENCY_TARGET_MISSED).set(f64::from(u8::from(missed)));
+    }
+}
+
+impl<D: Deliver> Hub<D> {
+    /// Every partition's open and next batches take `choice`; the open
+    /// batches' deadlines move with it.
+    pub(super) fn set_partition_batching(&mut self, choice: Choice) {
+        self.batch = choice;
+        self.ledger.batching_chosen(choice);
+        for partition in self.partitions.values_mut() {
+            partition.set_batching(choice.size, choice.delay);
+        }
+        let open =
+            (self.partitions.iter()).filter_map(|(tp, p)| p.deadline().map(|at| (at, tp.clone())));
+        self.deadlines.rebuild(open);
+        export_choice(choice);
     }
 }
 

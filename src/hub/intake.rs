@@ -102,7 +102,12 @@ impl<D: Deliver> Hub<D> {
             return;
         };
         let at = pending.received_at;
-        for batch in partition.push(pending, urgent, at).into_iter().flatten() {
+        let before = partition.deadline();
+        let closed = partition.push(pending, urgent, at);
+        if let Some(due) = partition.deadline().filter(|d| Some(*d) != before) {
+            self.deadlines.opened(due, partition.tp());
+        }
+        for batch in closed.into_iter().flatten() {
             self.enqueue(batch);
         }
     }
@@ -165,15 +170,20 @@ impl<D: Deliver> Hub<D> {
         self.send_on(batch, ModelId(0));
     }
 
+    /// Close the batches whose deadline has passed (see [`super::deadlines`]).
     pub(super) fn close_expired(&mut self) {
         let now = Instant::now();
-        let expired: Vec<ReadyBatch> = self
-            .partitions
-            .values_mut()
-            .filter_map(|p| p.close_expired(now))
-            .collect();
-        for batch in expired {
-            self.enqueue(batch);
+        for tp in self.deadlines.due(now) {
+            let Some(partition) = self.partitions.get_mut(&tp) else {
+                continue;
+            };
+            let closed = partition.close_expired(now);
+            if let Some(later) = partition.deadline() {
+                self.deadlines.opened(later, &tp);
+            }
+            if let Some(batch) = closed {
+                self.enqueue(batch);
+            }
         }
     }
 

@@ -42,6 +42,7 @@ use std::sync::Arc;
 
 mod batching;
 mod breaker;
+mod deadlines;
 mod delivery;
 mod dispatch;
 mod intake;
@@ -214,6 +215,8 @@ pub struct Hub<D: Deliver> {
     /// The partitions' batch size and deadline now (from the lanes'
     /// choices: fixed, or their latency controllers').
     batch: Choice,
+    /// The open batches' deadlines in time order.
+    deadlines: deadlines::Deadlines,
     /// Predicts each post's tokens for `batching.max_batch_tokens`, learning
     /// from the token models' runs.
     token_estimate: crate::tokens::TokenEstimate,
@@ -275,6 +278,7 @@ impl<D: Deliver> Hub<D> {
             next_stall_check: Instant::now() + STALL_CHECK,
             batch,
             token_estimate,
+            deadlines: Default::default(),
             txn: settings_eos.then(transaction::TxnBoundary::default),
             decoder,
             schemas: None,
@@ -389,11 +393,7 @@ impl<D: Deliver> Hub<D> {
     }
 
     fn next_wake(&self) -> Option<Instant> {
-        let batch = self
-            .partitions
-            .values()
-            .filter_map(Partition::deadline)
-            .min();
+        let batch = self.deadlines.next();
         let watchdog = (self.ledger.in_flight() > 0 || !self.stalls.is_empty())
             .then_some(self.next_stall_check);
         let slo = self.next_slo_tick();

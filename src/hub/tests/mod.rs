@@ -524,6 +524,7 @@ async fn a_partition_without_progress_is_reported_stalled_until_it_moves() {
 }
 
 mod breaker;
+mod deadlines;
 mod delivery;
 mod exactly_once;
 mod matching;
