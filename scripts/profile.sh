@@ -12,6 +12,7 @@
 #       time (where its time goes, by stage).
 #   --model DIR   the model `modstream run` loads (e.g. models/null-text,
 #       from scripts/build-null-models.sh: the service's own cost alone).
+#   --partitions N  partitions of each topic it creates (default 4).
 # Writes DIR/perf.data and DIR/profile.txt (default target/profile).
 # Needs perf (linux-perf) and kernel.perf_event_paranoid <= 2 for a process
 # of one's own.
@@ -30,6 +31,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --bootstrap) bootstrap=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
+    --partitions) partitions=$2; shift 2 ;;
     --call-graph) graph=(--call-graph dwarf,16384); shift ;;
     *) echo "profile: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -62,11 +64,12 @@ EOF
   if [ -n "$model" ]; then
     printf '[inference]\nmodel_dir = "%s"\n' "$(realpath "$model")" >> "$out/modstream.toml"
   fi
-  # Four partitions each (clusters like the tests' do not create topics on use).
+  # Four partitions each unless told (clusters like the tests' do not create
+  # topics on use).
   libs=$(scripts/fetch-kafka.sh | tail -n 1)
   for t in events verdicts dlq; do
     java -Xmx256m -XX:+UseSerialGC -cp "$libs/*" org.apache.kafka.tools.TopicCommand \
-      --bootstrap-server "$bootstrap" --create --topic "$run-$t" --partitions 4 >/dev/null
+      --bootstrap-server "$bootstrap" --create --topic "$run-$t" --partitions "${partitions:-4}" >/dev/null
   done
   "$bin" produce --bootstrap "$bootstrap" --topic "$run-events" --count "$events" >/dev/null
   "$bin" run --config "$out/modstream.toml" >/dev/null &
