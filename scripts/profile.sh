@@ -13,6 +13,11 @@
 #   --model DIR   the model `modstream run` loads (e.g. models/null-text,
 #       from scripts/build-null-models.sh: the service's own cost alone).
 #   --partitions N  partitions of each topic it creates (default 4).
+#   --config-extra FILE  appended to the configuration (e.g. a [matching]
+#       section with a list).
+#   --settle S  seconds between starting `modstream run` and recording
+#       (default 5: the model loaded and the group joined; longer for a
+#       large list).
 # Writes DIR/perf.data and DIR/profile.txt (default target/profile).
 # Needs perf (linux-perf) and kernel.perf_event_paranoid <= 2 for a process
 # of one's own.
@@ -24,6 +29,8 @@ out=target/profile
 bootstrap=
 model=
 graph=()
+extra=
+settle=5
 while [ $# -gt 0 ]; do
   case "$1" in
     --events) events=$2; shift 2 ;;
@@ -32,6 +39,8 @@ while [ $# -gt 0 ]; do
     --bootstrap) bootstrap=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
     --partitions) partitions=$2; shift 2 ;;
+    --config-extra) extra=$2; shift 2 ;;
+    --settle) settle=$2; shift 2 ;;
     --call-graph) graph=(--call-graph dwarf,16384); shift ;;
     *) echo "profile: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -64,6 +73,9 @@ EOF
   if [ -n "$model" ]; then
     printf '[inference]\nmodel_dir = "%s"\n' "$(realpath "$model")" >> "$out/modstream.toml"
   fi
+  if [ -n "$extra" ]; then
+    cat "$extra" >> "$out/modstream.toml"
+  fi
   # Four partitions each unless told (clusters like the tests' do not create
   # topics on use).
   libs=$(scripts/fetch-kafka.sh | tail -n 1)
@@ -76,7 +88,7 @@ EOF
   pid=$!
   trap 'kill -TERM $pid 2>/dev/null || true' EXIT
   # The model loaded and the group joined before recording starts.
-  sleep 5
+  sleep "$settle"
   freq=999
   [ ${#graph[@]} -eq 0 ] || freq=499
   perf record -F "$freq" "${graph[@]}" -p "$pid" -o "$data" -- sleep "$seconds"

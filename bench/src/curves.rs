@@ -1,5 +1,5 @@
 //! Cost curves as the work grows (`--partition-counts`, `--tenant-counts`,
-//! `--post-bytes`): at each point `modstream run` at its default
+//! `--post-bytes`, `--list-items`): at each point `modstream run` at its default
 //! configuration with the configured model, its own process, on the same
 //! number of events (verdicts/s, CPU per verdict, peak RSS), then the
 //! pipeline in this process paced at half that rate (p99).
@@ -30,6 +30,19 @@ pub(super) async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<CurveRow>> {
         let _ = std::fs::remove_file(&policy);
         rows.push(row?);
     }
+    for &n in &opts.list_items {
+        let file = super::matcher_curves::write_list(opts, n)?;
+        let matching = format!(
+            "[matching]\nmax_bytes = {}\nlists = [{{ name = \"spam\", file = {:?}, mode = \"decide\" }}]\n",
+            usize::MAX / 2,
+            file.display().to_string()
+        );
+        let settings = super::matcher_curves::list_settings(&file);
+        let vary = |v: &mut Variant| v.matching = Some(settings);
+        let row = point_with(opts, Curve::ListItems, n as u64, vary, &matching).await;
+        let _ = std::fs::remove_file(&file);
+        rows.push(row?);
+    }
     for &bytes in &opts.post_bytes {
         let row = point(opts, Curve::PostBytes, bytes as u64, |v| {
             v.lengths = Lengths::Bytes(bytes);
@@ -46,13 +59,26 @@ async fn point(
     at: u64,
     vary: impl FnOnce(&mut Variant),
 ) -> anyhow::Result<CurveRow> {
+    point_with(opts, curve, at, vary, "").await
+}
+
+/// A point whose `modstream run` also gets `extra` configuration (the
+/// `[matching]` the variant's pipeline gets as settings).
+async fn point_with(
+    opts: &BenchOptions,
+    curve: Curve,
+    at: u64,
+    vary: impl FnOnce(&mut Variant),
+    extra: &str,
+) -> anyhow::Result<CurveRow> {
     let mut o = opts.clone();
     vary(&mut o.variant);
     let events = o.variant.events(opts.events, "c-");
     let model_dir = std::path::absolute(inference_settings(&o).model_dir)?;
-    let policy = (o.variant.policy.as_ref()).map_or(String::new(), |p| {
+    let mut policy = (o.variant.policy.as_ref()).map_or(String::new(), |p| {
         format!("[policy]\nfile = {:?}\n", p.display().to_string())
     });
+    policy.push_str(extra);
     let run = baseline::modstream(&o, &events, &model_dir, &policy).await?;
     let half = measure::latency(&o, Batching::fixed(64, 20), 0.5, run.per_s * 0.5).await?;
     let row = CurveRow {
@@ -63,6 +89,7 @@ async fn point(
         cpu_us_per_verdict: run.cpu_s_per_million(),
         peak_rss_bytes: run.peak_rss_bytes,
         p99_at_half_ms: half.p99_ms,
+        mean_tokens: mean_tokens(&model_dir, &events)?,
     };
     println!(
         "curve {:?} at {at}: {:.0}/s, CPU {:?} µs per verdict, p99 at half {:.1} ms",
@@ -90,4 +117,27 @@ fn tenant_policy(opts: &BenchOptions, n: usize) -> anyhow::Result<std::path::Pat
     ));
     std::fs::write(&path, policy)?;
     Ok(path)
+}
+
+/// With a token model, the mean tokens per post its tokenizer gives.
+fn mean_tokens(
+    model_dir: &std::path::Path,
+    events: &[modstream::tools::generator::GeneratedEvent],
+) -> anyhow::Result<Option<f64>> {
+    use modstream::manifest::{InputKind, Manifest};
+    let manifest = Manifest::load(model_dir)?;
+    if manifest.input_kind != InputKind::Tokens {
+        return Ok(None);
+    }
+    let file = manifest.tokenizer.as_deref().unwrap_or("tokenizer.json");
+    let encoder = modstream::tokens::Encoder::load(
+        &model_dir.join(file),
+        manifest.max_length.unwrap_or(512),
+    )?;
+    let texts: Vec<&str> = events.iter().filter_map(|e| e.text.as_deref()).collect();
+    let mut tokens = 0usize;
+    for t in &texts {
+        tokens += encoder.encode(t)?.ids.len();
+    }
+    Ok(Some(tokens as f64 / texts.len().max(1) as f64))
 }

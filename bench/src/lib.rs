@@ -20,6 +20,7 @@ mod cost;
 mod curves;
 pub mod formats;
 mod markdown;
+mod matcher_curves;
 mod matching;
 mod measure;
 pub mod models;
@@ -99,6 +100,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let own_runs = baseline::own_runs(&opts).await?;
     let token_batching = token_batching::rows(&opts).await?;
     let curves = curves::rows(&opts).await?;
+    let matcher_curves = matcher_curves::rows(&opts)?;
     let report = Report {
         machine: format!(
             "{} cores",
@@ -134,6 +136,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         own_runs,
         token_batching,
         curves,
+        matcher_curves,
     };
     write_report(&report, &opts.out_dir)?;
     Ok(report)

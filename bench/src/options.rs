@@ -172,6 +172,15 @@ pub struct BenchOptions {
     /// Cost curve: every post about this many bytes (empty: skip).
     #[arg(long, value_delimiter = ',', num_args = 0..)]
     pub post_bytes: Vec<usize>,
+    /// Cost curve: items of one known-bad list (distinct made-up texts of
+    /// ten words), in `modstream run` and in the matcher alone, with its
+    /// load time and memory (empty: skip).
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub list_items: Vec<usize>,
+    /// Cost curve: wave clusters the matcher holds (waves on), in the
+    /// matcher alone (empty: skip).
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub wave_clusters: Vec<usize>,
     /// What a sweep changes for its runs (not on the command line).
     #[arg(skip)]
     pub variant: Variant,

@@ -302,6 +302,22 @@ impl Print for SamplingRow {
     }
 }
 
+impl Print for modstream::tools::report::MatcherCurveRow {
+    fn print(&self) {
+        eprintln!(
+            "matcher holding {} {}: built in {:.2} s, {:.1} MiB held, peak RSS +{:.0} MiB; {:.2} µs/post over {} posts, {:.0} % matched",
+            self.at,
+            self.held.unit(),
+            self.build_s,
+            self.bytes as f64 / 1048576.0,
+            self.rss_rise_bytes as f64 / 1048576.0,
+            self.matcher_us,
+            self.events,
+            self.matched_share * 100.0
+        );
+    }
+}
+
 impl Print for FloodRow {
     fn print(&self) {
         eprintln!(

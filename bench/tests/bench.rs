@@ -423,3 +423,64 @@ fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
         None => assert!(default["day"].is_null(), "{default}"),
     }
 }
+
+/// The list and waves curves as a user runs them: `modstream run` with each
+/// list in its own process, and the matcher alone holding each list or
+/// cluster count, finding the list texts among the posts.
+#[test]
+fn the_list_and_wave_curves_load_each_list_and_find_its_texts() {
+    let out = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(support::modstream_binary())
+        .current_dir(support::repo_root())
+        .args(["bench", "--events", "400", "--batch-sizes", "16"])
+        .args(["--delays-ms", "5", "--loads", "--overload", "0"])
+        .args([
+            "--target-p99-ms",
+            "0",
+            "--step-seconds",
+            "0",
+            "--repeat-shares",
+        ])
+        .args([
+            "--list-items",
+            "50,500",
+            "--wave-clusters",
+            "0,200",
+            "--out",
+        ])
+        .arg(out.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let report: Report =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("bench.json")).unwrap())
+            .unwrap();
+    use modstream::tools::report::{Curve, Held};
+    let service: Vec<_> = (report.curves.iter())
+        .filter(|c| c.curve == Curve::ListItems)
+        .collect();
+    assert_eq!(service.iter().map(|c| c.at).collect::<Vec<_>>(), [50, 500]);
+    for c in &service {
+        assert!(
+            c.events == 400 && c.per_s > 0.0 && c.peak_rss_bytes > 0,
+            "{c:?}"
+        );
+    }
+    let lists: Vec<_> = (report.matcher_curves.iter())
+        .filter(|c| c.held == Held::ListItems)
+        .collect();
+    assert_eq!(lists.len(), 2);
+    assert!(lists[1].bytes > lists[0].bytes * 5, "{lists:?}");
+    for l in &lists {
+        // Every tenth post is a list text: each one is found.
+        assert_eq!(l.matched_share, 0.1, "{l:?}");
+    }
+    let waves: Vec<_> = (report.matcher_curves.iter())
+        .filter(|c| c.held == Held::WaveClusters)
+        .collect();
+    assert_eq!(waves.iter().map(|c| c.at).collect::<Vec<_>>(), [0, 200]);
+    assert!(waves[0].bytes == 0 && waves[1].bytes > 0, "{waves:?}");
+    let tables = modstream_bench::markdown(&report);
+    assert!(tables.contains("**Cost as the known-bad list items grow**"));
+    assert!(tables.contains("**The matcher alone as the wave clusters held grow**"));
+}

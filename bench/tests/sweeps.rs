@@ -262,6 +262,8 @@ fn tiny_options() -> BenchOptions {
         partition_counts: Vec::new(),
         tenant_counts: Vec::new(),
         post_bytes: Vec::new(),
+        list_items: Vec::new(),
+        wave_clusters: Vec::new(),
         out_dir: PathBuf::new(),
     }
 }

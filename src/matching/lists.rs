@@ -101,6 +101,7 @@ pub struct Item {
 
 #[derive(Debug, Clone)]
 struct Near {
+    /// Moved to the list's index when the item is inserted.
     signature: similar::Signature,
     shingles: Vec<u64>,
 }
@@ -256,12 +257,17 @@ impl List {
     }
 
     /// Adds an item, or replaces the one of the same id.
-    pub fn insert(&mut self, item: Item) {
+    pub fn insert(&mut self, mut item: Item) {
         self.remove(&item.id);
         let id = item.id.clone();
         self.exact.entry(item.hash).or_default().push(id.clone());
-        if let Some(near) = &item.near {
-            self.near.insert(id.clone(), near.signature.clone());
+        // The index keeps the signature; the item keeps none (one copy,
+        // as `Item::bytes` charges).
+        if let Some(near) = &mut item.near
+            && !near.signature.is_empty()
+        {
+            self.near
+                .insert(id.clone(), std::mem::take(&mut near.signature));
         }
         self.bytes += item.bytes();
         self.items.insert(id, Arc::new(item));

@@ -180,6 +180,47 @@ pub fn known_bad_list(n: usize) -> String {
     out
 }
 
+/// `n` distinct texts of `words` words each (`words` ≥ 2) for lists and
+/// clusters that grow past what [`known_bad_list`]'s phrases make: the
+/// first word spells the text's number (so no two are alike), the others
+/// come from a vocabulary of 32,768 made-up words, drawn by `seed`.
+pub fn distinct_texts(n: usize, words: usize, seed: u64) -> impl Iterator<Item = String> {
+    const SYLLABLES: [&str; 32] = [
+        "ka", "lo", "mi", "nu", "pe", "ra", "so", "ti", "vu", "wa", "be", "do", "fi", "gu", "ha",
+        "je", "ko", "la", "me", "ni", "po", "ru", "se", "ta", "vo", "we", "zi", "ba", "de", "fo",
+        "gi", "hu",
+    ];
+    let spell = |mut v: u64, syllables: usize| {
+        let mut word = String::new();
+        for _ in 0..syllables {
+            word.push_str(SYLLABLES[(v % 32) as usize]);
+            v /= 32;
+        }
+        word
+    };
+    (0..n as u64).map(move |i| {
+        // Five syllables spell up to 32^5 numbers, one word per text.
+        let mut text = format!("x{}", spell(i, 5));
+        for k in 1..words as u64 {
+            let drawn = super::generator::spread(seed ^ (i * 64 + k));
+            text.push(' ');
+            text.push_str(&spell(drawn % 32_768, 3));
+        }
+        text
+    })
+}
+
+/// A known-bad list file of the texts given (ids `d0` … , block, spam).
+pub fn list_file(texts: impl Iterator<Item = String>) -> String {
+    let mut out = String::new();
+    for (i, text) in texts.enumerate() {
+        let item = serde_json::json!({"id": format!("d{i}"), "verdict": "block", "label": "spam", "text": text});
+        out.push_str(&item.to_string());
+        out.push('\n');
+    }
+    out
+}
+
 /// The sample posts' words, lower case, without punctuation.
 fn vocabulary() -> Vec<&'static str> {
     let mut words: Vec<&'static str> = sample_posts()
@@ -217,5 +258,24 @@ mod tests {
         assert_eq!(variant(0, 5), format!("{} 105", TEMPLATES[0]));
         assert!(variant(0, 1).contains('а'), "Cyrillic а");
         assert_ne!(variant(0, 3), variant(0, 7));
+    }
+
+    #[test]
+    fn distinct_texts_are_distinct_once_normalised() {
+        let texts: Vec<String> = distinct_texts(40_000, 8, 1).collect();
+        let normal: std::collections::HashSet<String> = texts
+            .iter()
+            .map(|t| crate::matching::normalize::normalize(t))
+            .collect();
+        assert_eq!(normal.len(), texts.len());
+        // Distinct by their first word alone, whatever the others draw.
+        let firsts: std::collections::HashSet<&str> =
+            texts.iter().filter_map(|t| t.split(' ').next()).collect();
+        assert_eq!(firsts.len(), texts.len());
+        assert!(texts.iter().all(|t| t.split(' ').count() == 8));
+        assert_ne!(
+            distinct_texts(1, 8, 1).next(),
+            distinct_texts(1, 8, 2).next()
+        );
     }
 }

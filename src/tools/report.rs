@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 mod sweep_rows;
 
 pub use sweep_rows::{
-    CascadeRow, CostRow, Curve, CurveRow, OwnRun, SessionRow, TokenBatchRow, TokenizationRow,
+    CascadeRow, CostRow, Curve, CurveRow, Held, MatcherCurveRow, OwnRun, SessionRow, TokenBatchRow,
+    TokenizationRow,
 };
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -203,6 +204,9 @@ pub struct Report {
     /// Cost curves as the work grows (`--partition-counts`, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub curves: Vec<CurveRow>,
+    /// The matcher's curves (`--list-items`, `--wave-clusters`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matcher_curves: Vec<MatcherCurveRow>,
 }
 
 /// Sampling's cost: the default cell at saturation on the generated

@@ -163,9 +163,12 @@ fn curves(out: &mut String, report: &Report) {
             kind.unit()
         );
         for r in &rows {
+            let tokens = r
+                .mean_tokens
+                .map_or(String::new(), |t| format!(" ({t:.0} tokens)"));
             let _ = writeln!(
                 out,
-                "| {} | {:.0} | {} | {:.0} | {:.1} |",
+                "| {}{tokens} | {:.0} | {} | {:.0} | {:.1} |",
                 r.at,
                 r.per_s,
                 r.cpu_us_per_verdict
@@ -194,6 +197,7 @@ fn curves(out: &mut String, report: &Report) {
 pub(super) fn extras(out: &mut String, report: &Report) {
     matching::render(out, report);
     matching::render_floods(out, report);
+    matching::render_curves(out, report);
     sampling::render(out, report);
     if !report.repeats.is_empty() {
         let _ = writeln!(

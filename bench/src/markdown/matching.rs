@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use modstream::tools::report::Report;
+use modstream::tools::report::{Held, Report};
 
 /// Matching's sweep: throughput with matching off, lists only, and lists
 /// with waves and reuse; the matcher's own time per event.
@@ -55,4 +55,47 @@ pub(super) fn render_floods(out: &mut String, report: &Report) {
         );
     }
     out.push('\n');
+}
+
+/// The matcher's curves: what it holds, its build, and its time per post.
+pub(super) fn render_curves(out: &mut String, report: &Report) {
+    let mut kinds: Vec<Held> = report.matcher_curves.iter().map(|c| c.held).collect();
+    kinds.dedup();
+    for kind in kinds {
+        let rows: Vec<_> = (report.matcher_curves.iter())
+            .filter(|c| c.held == kind)
+            .collect();
+        let _ = writeln!(
+            out,
+            "**The matcher alone as the {} grow** (one thread, {} posts inspected after the build)\n\n| {} | build s | state MiB | peak RSS rise MiB | matcher µs/post | list matched |\n|---|---|---|---|---|---|",
+            kind.unit(),
+            rows[0].events,
+            kind.unit()
+        );
+        for r in &rows {
+            let _ = writeln!(
+                out,
+                "| {} | {:.2} | {:.1} | {:.0} | {:.2} | {} |",
+                r.at,
+                r.build_s,
+                r.bytes as f64 / 1048576.0,
+                r.rss_rise_bytes as f64 / 1048576.0,
+                r.matcher_us,
+                match r.held {
+                    Held::ListItems => format!("{:.0} %", r.matched_share * 100.0),
+                    Held::WaveClusters => "—".to_string(),
+                }
+            );
+        }
+        let us: Vec<f64> = rows.iter().map(|r| r.matcher_us).collect();
+        let lo = us.iter().copied().fold(f64::MAX, f64::min);
+        let hi = us.iter().copied().fold(0.0, f64::max);
+        if lo > 0.0 {
+            let _ = writeln!(
+                out,
+                "\nMatcher time per post, most ÷ least over the range: {:.2}\n",
+                hi / lo
+            );
+        }
+    }
 }

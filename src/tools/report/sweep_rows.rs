@@ -123,6 +123,8 @@ pub enum Curve {
     Tenants,
     /// Bytes of every post.
     PostBytes,
+    /// Items of one known-bad list (`--list-items`).
+    ListItems,
 }
 
 impl Curve {
@@ -132,6 +134,7 @@ impl Curve {
             Curve::Partitions => "partitions",
             Curve::Tenants => "tenants (a rule each)",
             Curve::PostBytes => "bytes per post",
+            Curve::ListItems => "known-bad list items",
         }
     }
 }
@@ -151,4 +154,46 @@ pub struct CurveRow {
     pub peak_rss_bytes: u64,
     /// The default cell (64 / 20 ms) paced at half `per_s`.
     pub p99_at_half_ms: f64,
+    /// With a token model: the tokens per post its tokenizer gives (after
+    /// truncation to the model's `max_length`), the mean over the events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_tokens: Option<f64>,
+}
+
+/// What the matcher holds at a point of its curve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Held {
+    /// Items of one known-bad list, loaded from its file.
+    ListItems,
+    /// Wave clusters, each made by one post before the measured ones.
+    WaveClusters,
+}
+
+impl Held {
+    pub fn unit(self) -> &'static str {
+        match self {
+            Held::ListItems => "known-bad list items",
+            Held::WaveClusters => "wave clusters held",
+        }
+    }
+}
+
+/// One point of the matcher's curves (`--list-items`, `--wave-clusters`):
+/// the matcher alone, one thread, holding `at` items or clusters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MatcherCurveRow {
+    pub held: Held,
+    pub at: u64,
+    /// Seconds to load the list file, or to make the clusters.
+    pub build_s: f64,
+    /// What the matcher's state holds once built (against `max_bytes`).
+    pub bytes: usize,
+    /// How far the process's peak RSS rose while building.
+    pub rss_rise_bytes: u64,
+    /// Posts inspected after the build, and the time per post.
+    pub events: usize,
+    pub matcher_us: f64,
+    /// Of those posts, the share a list item matched.
+    pub matched_share: f64,
 }
