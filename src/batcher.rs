@@ -83,6 +83,12 @@ impl<T> Batcher<T> {
         self
     }
 
+    /// A new cost budget (a latency controller that counts tokens changes
+    /// it); the open batch closes before the next item that would pass it.
+    pub fn set_cost_budget(&mut self, max_batch_cost: Option<u64>) {
+        self.max_batch_cost = max_batch_cost;
+    }
+
     /// New limits (the latency target's controller changes them); an open
     /// batch keeps its start and closes by the new deadline.
     pub fn set_limits(&mut self, max_batch_size: usize, max_batch_delay: Duration) {

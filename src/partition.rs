@@ -174,9 +174,15 @@ impl Partition {
         self.generation
     }
 
-    /// New batch limits (the latency target's controller chose them).
-    pub fn set_batching(&mut self, max_batch_size: usize, max_batch_delay: Duration) {
+    /// New batch limits (the latency target's controllers chose them).
+    pub fn set_batching(
+        &mut self,
+        max_batch_size: usize,
+        max_batch_delay: Duration,
+        max_batch_tokens: Option<u64>,
+    ) {
         self.batcher.set_limits(max_batch_size, max_batch_delay);
+        self.batcher.set_cost_budget(max_batch_tokens);
     }
 
     /// Count a consumed offset (valid or not) as undelivered.

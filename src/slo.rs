@@ -8,6 +8,10 @@
 //! `max_batch_delay` are the upper bounds; urgent events still close their
 //! batch at once (the batcher does that).
 //!
+//! Its sizes are in the unit the hub counts for the model: events, or for
+//! a token model with `batching.max_batch_tokens`, predicted tokens (the
+//! choice is then the runs' token budget; see `hub::lanes::CostUnit`).
+//!
 //! Pure: time is passed in, so the tests drive it with a simulated model and
 //! simulated arrivals.
 

@@ -160,6 +160,12 @@ pub struct BenchOptions {
     /// The count bound of the token-budget contenders.
     #[arg(long, default_value_t = 256)]
     pub token_batch_size: usize,
+    /// With `--token-budgets`: two more contenders with this latency target
+    /// (`batching.target_p99`): the controller counting posts, bounded by
+    /// the largest of `--batch-sizes`, and counting tokens, bounded by the
+    /// largest budget and `--token-batch-size` posts (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub token_target_p99_ms: u64,
     /// Cost curve: input partitions owned by the one instance (empty: skip).
     /// Each point: `modstream run` at its default configuration, its own
     /// process (verdicts/s, CPU per verdict), then p99 at half that rate.

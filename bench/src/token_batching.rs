@@ -1,6 +1,8 @@
 //! Batching by tokens against batching by count (`--token-budgets`), on a
 //! long-tailed mix of post lengths: each count of `--batch-sizes` alone,
-//! then each token budget (with `--token-batch-size` as its count bound).
+//! then each token budget (with `--token-batch-size` as its count bound),
+//! and with `--token-target-p99-ms` the latency controller counting events
+//! and counting tokens.
 //! Every contender at saturation, then at the same paced rates: fractions
 //! (`--loads`) of the best count-only contender's saturation.
 
@@ -22,17 +24,36 @@ pub(super) async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<TokenBatchRo
         return Ok(Vec::new());
     }
     let delay = opts.delays_ms.first().copied().unwrap_or(20);
-    let contenders = (opts.batch_sizes.iter().map(|&size| (size, None)))
-        .chain((opts.token_budgets.iter()).map(|&t| (opts.token_batch_size, Some(t))));
+    let fixed = |size| Batching::fixed(size, delay);
+    let mut contenders: Vec<(Batching, Option<u64>)> =
+        (opts.batch_sizes.iter().map(|&size| (fixed(size), None)))
+            .chain((opts.token_budgets.iter()).map(|&t| (fixed(opts.token_batch_size), Some(t))))
+            .collect();
+    if opts.token_target_p99_ms > 0 {
+        // Counting posts: bounded by the largest count contender (a bound
+        // of `--token-batch-size` posts of 512 tokens makes a warm-up run
+        // of minutes on CPU); counting tokens: by the largest budget.
+        let adaptive = |size| Batching {
+            target_p99_ms: Some(opts.token_target_p99_ms),
+            ..fixed(size)
+        };
+        let most_posts = opts.batch_sizes.iter().copied().max().unwrap_or(64);
+        let largest = opts.token_budgets.iter().copied().max();
+        contenders.push((adaptive(most_posts), None));
+        contenders.push((adaptive(opts.token_batch_size), largest));
+    }
     let mut rows = Vec::new();
-    for (size, tokens) in contenders {
+    let mut cells = Vec::new();
+    for (cell, tokens) in contenders {
+        let size = cell.size;
         let o = options_of(opts, tokens);
         let events = o.variant.events(opts.events, "s-");
-        let sat = measure::saturation_of(&o, Batching::fixed(size, delay), events).await?;
+        let sat = measure::saturation_of(&o, cell, events).await?;
         let s = &sat.summary;
         let row = TokenBatchRow {
             max_batch_size: size,
             max_batch_tokens: tokens,
+            target_p99_ms: cell.target_p99_ms,
             events: opts.events,
             saturation_per_s: sat.per_s,
             events_per_run: opts.events as f64 / s.batches.max(1) as f64,
@@ -45,15 +66,15 @@ pub(super) async fn rows(opts: &BenchOptions) -> anyhow::Result<Vec<TokenBatchRo
             row.saturation_per_s, row.events_per_run
         );
         rows.push(row);
+        cells.push(cell);
     }
     let best_count = (rows.iter())
-        .filter(|r| r.max_batch_tokens.is_none())
+        .filter(|r| r.max_batch_tokens.is_none() && r.target_p99_ms.is_none())
         .map(|r| r.saturation_per_s)
         .fold(0.0, f64::max);
     for &fraction in &opts.loads {
-        for row in rows.iter_mut() {
+        for (row, &b) in rows.iter_mut().zip(&cells) {
             let o = options_of(opts, row.max_batch_tokens);
-            let b = Batching::fixed(row.max_batch_size, delay);
             let point = measure::latency(&o, b, fraction, best_count * fraction).await?;
             println!(
                 "token batching: ≤ {} posts, ≤ {:?} tokens at {:.0}/s: p50 {:.1} ms, p99 {:.1} ms",

@@ -23,20 +23,33 @@ async fn the_transformer_bench_reports_padding_and_the_unbucketed_baseline() {
         model_dir: Some(model),
         token_budgets: vec![256],
         token_batch_size: 64,
+        token_target_p99_ms: 200,
         ..tiny_options()
     })
     .await;
     assert!(report.model.starts_with("minilm-l6-moderation"));
-    // By count (16) and by a budget of 256 tokens, on the long tail.
+    // By count (16) and by a budget of 256 tokens, on the long tail; then
+    // the latency controller counting posts (bounded as the largest count)
+    // and counting tokens.
     let by: Vec<_> = (report.token_batching.iter())
-        .map(|r| (r.max_batch_size, r.max_batch_tokens))
+        .map(|r| (r.max_batch_size, r.max_batch_tokens, r.target_p99_ms))
         .collect();
-    assert_eq!(by, vec![(16, None), (64, Some(256))]);
+    assert_eq!(
+        by,
+        vec![
+            (16, None, None),
+            (64, Some(256), None),
+            (16, None, Some(200)),
+            (64, Some(256), Some(200))
+        ]
+    );
     for r in &report.token_batching {
         assert!(r.saturation_per_s > 0.0 && r.events_per_run >= 1.0);
         assert!(r.padding_efficiency.is_some_and(|e| e > 0.0 && e <= 1.0));
     }
-    assert!(modstream_bench::markdown(&report).contains("**Batching by tokens against by count**"));
+    let tables = modstream_bench::markdown(&report);
+    assert!(tables.contains("**Batching by tokens against by count**"));
+    assert!(tables.contains("p99 ≤ 200 ms, counting tokens (≤ 256 tokens (≤ 64 posts))"));
     let row = &report.saturation[0];
     let bucketed = row.padding_efficiency.expect("token models report padding");
     let unbucketed = row.raw_unbucketed_padding_efficiency.unwrap();
@@ -259,6 +272,7 @@ fn tiny_options() -> BenchOptions {
         own_runs: 0,
         token_budgets: Vec::new(),
         token_batch_size: 256,
+        token_target_p99_ms: 0,
         partition_counts: Vec::new(),
         tenant_counts: Vec::new(),
         post_bytes: Vec::new(),

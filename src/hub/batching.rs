@@ -1,7 +1,8 @@
 //! The latency target's controllers applied: each model's controller
-//! chooses its run size and the deadline it asks for; every partition
-//! closes its batches at the smallest size and earliest deadline of them
-//! (see [`super::lanes::partition_choice`]).
+//! chooses its run size (in events, or in predicted tokens for a token
+//! model with `batching.max_batch_tokens`) and the deadline it asks for;
+//! every partition closes its batches at the smallest size, token budget
+//! and earliest deadline of them (see [`super::lanes::partition_choice`]).
 
 use super::lanes::{self, Adjusted};
 use super::{Deliver, Hub};
@@ -50,7 +51,9 @@ impl<D: Deliver> Hub<D> {
             }
         }
         let choice = lanes::partition_choice(&self.lanes);
-        if choice != self.batch {
+        let tokens = lanes::partition_tokens(&self.lanes);
+        if choice != self.batch || tokens != self.batch_tokens {
+            self.batch_tokens = tokens;
             self.set_partition_batching(choice);
         }
         metrics::gauge!(metric::BATCHING_SATURATED).set(f64::from(u8::from(saturated)));
@@ -59,18 +62,19 @@ impl<D: Deliver> Hub<D> {
 }
 
 impl<D: Deliver> Hub<D> {
-    /// Every partition's open and next batches take `choice`; the open
-    /// batches' deadlines move with it.
+    /// Every partition's open and next batches take `choice` (and the token
+    /// budget in force); the open batches' deadlines move with it.
     pub(super) fn set_partition_batching(&mut self, choice: Choice) {
         self.batch = choice;
         self.ledger.batching_chosen(choice);
         for partition in self.partitions.values_mut() {
-            partition.set_batching(choice.size, choice.delay);
+            partition.set_batching(choice.size, choice.delay, self.batch_tokens);
         }
         let open =
             (self.partitions.iter()).filter_map(|(tp, p)| p.deadline().map(|at| (at, tp.clone())));
         self.deadlines.rebuild(open);
         export_choice(choice);
+        metrics::gauge!(metric::BATCH_TARGET_TOKENS).set(self.batch_tokens.unwrap_or(0) as f64);
     }
 }
 

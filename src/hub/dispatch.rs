@@ -100,7 +100,7 @@ impl<D: Deliver> Hub<D> {
             return;
         }
         metrics::histogram!(metric::INFERENCE_SECONDS).record(result.elapsed.as_secs_f64());
-        lane.model_ran(result.scores.len(), result.elapsed);
+        lane.model_ran(l, &segments, result.elapsed);
         self.ledger.run_scored(result.elapsed, result.tokens);
         let t = result.tokens;
         self.token_estimate

@@ -29,7 +29,7 @@ impl<D: Deliver> Hub<D> {
             self.finish_revokes(true);
         }
         let batch = self.batch;
-        let max_batch_tokens = self.settings.batching.max_batch_tokens;
+        let max_batch_tokens = self.batch_tokens;
         let partition = self.partitions.entry(record.tp.clone()).or_insert_with(|| {
             Partition::new(
                 record.tp.clone(),
@@ -60,7 +60,7 @@ impl<D: Deliver> Hub<D> {
             Ok(event) => {
                 let urgent = event.priority == Priority::Urgent;
                 let tokens = self.token_estimate.of(event.text.len());
-                let (rules, rule) = self.rule_for(&record.tp.topic, &event);
+                let (rules, rule) = self.rule_for(&record.tp.topic, &event, tokens);
                 let pending = Pending {
                     tp: record.tp,
                     generation,
@@ -114,11 +114,13 @@ impl<D: Deliver> Hub<D> {
 
     /// The policy in force now and the rule that decides this event: it is
     /// judged by them from its first model to its verdict. The latency
-    /// controllers of the models it names count its arrival.
+    /// controllers of the models it names count its arrival (and its
+    /// predicted `tokens`).
     fn rule_for(
         &mut self,
         topic: &str,
         event: &event::Event,
+        tokens: u64,
     ) -> (
         std::sync::Arc<crate::policy::Ruleset>,
         crate::policy::RuleId,
@@ -127,7 +129,7 @@ impl<D: Deliver> Hub<D> {
         let rule = rules.rule_for(topic, event);
         for (l, lane) in self.lanes.with_ids_mut() {
             if rules.rules()[rule.0].runs(l) {
-                lane.arrived(1);
+                lane.arrived(1, tokens);
             }
         }
         (rules, rule)

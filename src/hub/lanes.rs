@@ -54,10 +54,24 @@ pub(super) struct Lane {
     breaker: Breaker,
     /// Its run size (and the deadline it asks of partitions).
     batch: Choice,
-    /// The predicted tokens a run may hold (`batching.max_batch_tokens`).
+    /// The predicted tokens a run may hold (`batching.max_batch_tokens`,
+    /// or its controller's choice when it counts tokens).
     max_tokens: Option<u64>,
     max_length: Option<usize>,
     slo: Option<slo::Controller>,
+    /// What its controller counts.
+    unit: CostUnit,
+}
+
+/// What a lane's latency controller counts in its arrivals, runs and
+/// choice: events, or predicted tokens (a token model with
+/// `batching.max_batch_tokens`: a run's cost follows its tokens, not its
+/// posts; the choice is then the run's token budget, the count bound stays
+/// `max_batch_size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CostUnit {
+    Events,
+    Tokens,
 }
 
 /// The lanes, one per model in model order, looked up by [`ModelId`].
@@ -133,23 +147,21 @@ fn needing(batch: &ReadyBatch, lane: ModelId) -> (usize, u64) {
 
 impl Lane {
     pub(super) fn new(spec: ModelLane, settings: &crate::config::BatchingSettings) -> Lane {
+        let (unit, max_size) = match (spec.max_length, settings.max_batch_tokens) {
+            (Some(_), Some(tokens)) => (CostUnit::Tokens, tokens as usize),
+            _ => (CostUnit::Events, spec.max_batch),
+        };
         let slo = settings.target_p99.map(|target| {
             slo::Controller::new(
                 target,
-                spec.max_batch,
+                max_size,
                 settings.max_batch_delay,
                 spec.workers,
                 Instant::now(),
             )
         });
-        let batch = slo.as_ref().map_or(
-            Choice {
-                size: spec.max_batch,
-                delay: settings.max_batch_delay,
-            },
-            slo::Controller::choice,
-        );
-        Lane {
+        let first = slo.as_ref().map(slo::Controller::choice);
+        let mut lane = Lane {
             scorer: Arc::new(spec.scorer),
             reloaded: HashMap::new(),
             worker_versions: vec![0; spec.workers.max(1)],
@@ -160,8 +172,28 @@ impl Lane {
             running: 0,
             capacity: spec.workers.max(1) * 2,
             breaker: Breaker::default(),
-            batch,
+            batch: Choice {
+                size: spec.max_batch,
+                delay: settings.max_batch_delay,
+            },
             slo,
+            unit,
+        };
+        if let Some(choice) = first {
+            lane.apply(choice);
+        }
+        lane
+    }
+
+    /// Its controller's choice: the run size and deadline, or (counting
+    /// tokens) the run's token budget and the deadline.
+    fn apply(&mut self, choice: Choice) {
+        match self.unit {
+            CostUnit::Events => self.batch = choice,
+            CostUnit::Tokens => {
+                self.batch.delay = choice.delay;
+                self.max_tokens = Some(choice.size as u64);
+            }
         }
     }
 
@@ -346,16 +378,34 @@ impl Lane {
         self.breaker.on_probe(scored, now)
     }
 
-    /// Events arrived for this model (its controller's arrival rate).
-    pub(super) fn arrived(&mut self, events: u64) {
+    /// Events arrived for this model, of these predicted tokens (its
+    /// controller's arrival rate).
+    pub(super) fn arrived(&mut self, events: u64, tokens: u64) {
         if let Some(controller) = self.slo.as_mut() {
-            controller.arrived(events);
+            controller.arrived(match self.unit {
+                CostUnit::Events => events,
+                CostUnit::Tokens => tokens,
+            });
         }
     }
 
-    /// A run of `size` events took `took` in the model.
-    pub(super) fn model_ran(&mut self, size: usize, took: std::time::Duration) {
+    /// A run of these batches' events for model `l` took `took`.
+    pub(super) fn model_ran(
+        &mut self,
+        l: ModelId,
+        segments: &[ReadyBatch],
+        took: std::time::Duration,
+    ) {
+        let unit = self.unit;
         if let Some(controller) = self.slo.as_mut() {
+            let (events, tokens) = segments
+                .iter()
+                .map(|b| needing(b, l))
+                .fold((0, 0), |(n, t), (bn, bt)| (n + bn, t + bt));
+            let size = match unit {
+                CostUnit::Events => events,
+                CostUnit::Tokens => tokens as usize,
+            };
             controller.model_run(size, took);
         }
     }
@@ -375,25 +425,34 @@ impl Lane {
     /// Its controller looks again (none without a latency target): a new
     /// choice becomes its run size and deadline.
     pub(super) fn adjust(&mut self, now: Instant, partitions: usize) -> Option<Adjusted> {
+        let waiting = match self.unit {
+            CostUnit::Events => self.queued(),
+            CostUnit::Tokens => self.ready.tokens() as usize,
+        };
         let queue = slo::Queue {
-            waiting: self.queued(),
+            waiting,
             partitions,
         };
         let controller = self.slo.as_mut()?;
         let was_missed = controller.status().missed;
-        if let Some(choice) = controller.tick(now, queue) {
-            self.batch = choice;
+        let chosen = controller.tick(now, queue);
+        let status = controller.status();
+        if let Some(choice) = chosen {
+            self.apply(choice);
         }
-        Some(Adjusted {
-            was_missed,
-            status: controller.status(),
-        })
+        Some(Adjusted { was_missed, status })
     }
 
     /// When its controller looks next.
     pub(super) fn next_tick(&self) -> Option<Instant> {
         self.slo.as_ref().map(slo::Controller::next_tick)
     }
+}
+
+/// The partitions' token budget: the smallest of the lanes' (no batch
+/// holds more tokens than any model's run may).
+pub(super) fn partition_tokens(lanes: &[Lane]) -> Option<u64> {
+    lanes.iter().filter_map(|l| l.max_tokens).min()
 }
 
 /// The partitions' batching: closed at the smallest of the lanes' sizes

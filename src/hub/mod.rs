@@ -215,6 +215,9 @@ pub struct Hub<D: Deliver> {
     /// The partitions' batch size and deadline now (from the lanes'
     /// choices: fixed, or their latency controllers').
     batch: Choice,
+    /// The partitions' budget of predicted tokens per batch now
+    /// (`batching.max_batch_tokens`, or less where a controller chose less).
+    batch_tokens: Option<u64>,
     /// The open batches' deadlines in time order.
     deadlines: deadlines::Deadlines,
     /// Predicts each post's tokens for `batching.max_batch_tokens`, learning
@@ -253,6 +256,7 @@ impl<D: Deliver> Hub<D> {
             .map(|m| Lane::new(m, &settings.batching))
             .collect();
         let batch = lanes::partition_choice(&lanes);
+        let batch_tokens = lanes::partition_tokens(&lanes);
         batching::export_choice(batch);
         let token_estimate =
             crate::tokens::TokenEstimate::new(lanes.iter().filter_map(Lane::max_length).max());
@@ -277,6 +281,7 @@ impl<D: Deliver> Hub<D> {
             health,
             next_stall_check: Instant::now() + STALL_CHECK,
             batch,
+            batch_tokens,
             token_estimate,
             deadlines: Default::default(),
             txn: settings_eos.then(transaction::TxnBoundary::default),

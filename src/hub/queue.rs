@@ -76,6 +76,14 @@ impl RunQueue {
         self.batches.iter().map(|b| b.items.len()).sum()
     }
 
+    /// Their predicted tokens.
+    pub(super) fn tokens(&self) -> u64 {
+        (self.batches.iter())
+            .flat_map(|b| &b.items)
+            .map(|p| p.tokens)
+            .sum()
+    }
+
     /// Keep only the batches `keep` says to.
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&ReadyBatch) -> bool) {
         let mut urgent = 0;

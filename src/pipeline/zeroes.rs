@@ -126,6 +126,7 @@ pub fn register_zeroes(settings: &crate::config::Settings) {
     let b = &settings.batching;
     gauge!(metric::BATCH_TARGET_SIZE).set(b.max_batch_size as f64);
     gauge!(metric::BATCH_TARGET_DELAY_SECONDS).set(b.max_batch_delay.as_secs_f64());
+    gauge!(metric::BATCH_TARGET_TOKENS).set(b.max_batch_tokens.unwrap_or(0) as f64);
 }
 
 /// With sampling: its series per tenant. Tenants come with their events;

@@ -117,6 +117,10 @@ metric_table! {
     /// `batching.target_p99`).
     BATCH_TARGET_SIZE = "modstream_batch_target_size", Gauge, Count, "batch size in use (fixed, or chosen for batching.target_p99)";
     BATCH_TARGET_DELAY_SECONDS = "modstream_batch_target_delay_seconds", Gauge, Seconds, "batch deadline in use (fixed, or chosen for batching.target_p99)";
+    /// The token budget per batch in use (`batching.max_batch_tokens`, or
+    /// chosen for `batching.target_p99` by a controller counting tokens);
+    /// 0 without one.
+    BATCH_TARGET_TOKENS = "modstream_batch_target_tokens", Gauge, Count, "token budget per batch in use (batching.max_batch_tokens, or chosen for batching.target_p99); 0 without one";
     /// 1 while batching for throughput because the latency target cannot be
     /// held at the incoming rate (saturation).
     BATCHING_SATURATED = "modstream_batching_saturated", Gauge, Count, "1 while batching for throughput: the latency target cannot be held at the incoming rate";

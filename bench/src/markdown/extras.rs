@@ -100,12 +100,19 @@ fn token_batching(out: &mut String, report: &Report) {
     let Some(first) = rows.first() else {
         return;
     };
-    let name = |r: &TokenBatchRow| match r.max_batch_tokens {
-        None => format!("≤ {} posts", r.max_batch_size),
-        Some(t) => format!("≤ {t} tokens (≤ {} posts)", r.max_batch_size),
+    let name = |r: &TokenBatchRow| {
+        let bound = match r.max_batch_tokens {
+            None => format!("≤ {} posts", r.max_batch_size),
+            Some(t) => format!("≤ {t} tokens (≤ {} posts)", r.max_batch_size),
+        };
+        match (r.target_p99_ms, r.max_batch_tokens) {
+            (None, _) => bound,
+            (Some(t), None) => format!("p99 ≤ {t} ms, counting posts ({bound})"),
+            (Some(t), Some(_)) => format!("p99 ≤ {t} ms, counting tokens ({bound})"),
+        }
     };
     let best_count = (rows.iter())
-        .filter(|r| r.max_batch_tokens.is_none())
+        .filter(|r| r.max_batch_tokens.is_none() && r.target_p99_ms.is_none())
         .map(|r| r.saturation_per_s)
         .fold(0.0, f64::max);
     let _ = writeln!(

@@ -97,3 +97,95 @@ async fn the_prediction_follows_what_the_token_models_runs_measure() {
     let per_byte = h.hub.token_estimate.per_byte();
     assert!(per_byte > 0.26 && per_byte < 0.5, "{per_byte}");
 }
+
+/// A hub with a latency target and a token budget over one model, a token
+/// model (`max_length`) or a text model.
+fn targeted(token_model: bool) -> Harness {
+    let mut settings = Settings::from_toml(
+        r#"
+        [kafka]
+        bootstrap_servers = "127.0.0.1:1"
+        [input]
+        topics = ["posts"]
+        [batching]
+        max_batch_size = 64
+        max_batch_delay = "20ms"
+        target_p99 = "200ms"
+        max_batch_tokens = 4096
+        [inference]
+        workers = 1
+        "#,
+    )
+    .unwrap();
+    settings.kafka.drain_timeout = Duration::from_secs(1);
+    let manifest: Manifest = serde_json::from_value(serde_json::json!({
+        "name": "m", "version": "1", "input_kind": "text", "inputs": ["text"],
+        "output": "p", "labels": ["offensive"], "score_label": "offensive",
+    }))
+    .unwrap();
+    let (jobs_tx, jobs) = async_channel::bounded(2);
+    let lane = ModelLane {
+        scorer: Scorer::named("default", &manifest),
+        jobs: jobs_tx,
+        workers: 1,
+        max_batch: 64,
+        max_length: token_model.then_some(512),
+    };
+    let labels = [crate::policy::ModelLabels::of("default", &manifest)];
+    let rules = Ruleset::from_config(&settings.policy, &labels).unwrap();
+    harness_of(settings, vec![lane], rules, jobs)
+}
+
+/// Eight posts of 12 predicted tokens, closed by their deadline, scored in
+/// 2 ms plus 0.05 ms per token; then the controllers look again.
+async fn one_measured_run(h: &mut Harness) {
+    for offset in 0..8 {
+        h.push(post(0, offset, 40));
+    }
+    tokio::time::advance(Duration::from_millis(20)).await;
+    h.hub.after_event();
+    let job = h.jobs.try_recv().expect("the deadline closed the batch");
+    let tokens = predicted(&job);
+    assert_eq!((job.texts.len(), tokens), (8, 96));
+    let mut result = scored(&job);
+    result.elapsed = Duration::from_micros(2_000 + 50 * tokens);
+    h.result(result);
+    h.acks(8).await;
+    tokio::time::advance(crate::slo::TICK).await;
+    h.hub.after_event();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_token_models_controller_chooses_the_token_budget_not_the_count() {
+    let mut h = targeted(true);
+    assert_eq!(h.hub.batch_tokens, Some(4096), "the bound, before a run");
+    one_measured_run(&mut h).await;
+    // Its choice (in predicted tokens) became the partitions' and the runs'
+    // token budget; the count stays the configured bound.
+    let chosen = h.hub.batch_tokens.expect("a budget");
+    // At this rate (96 tokens in the first tick) a deadline fills runs of
+    // far fewer tokens than the bound: the choice follows the tokens.
+    assert!(chosen < 96, "{chosen}");
+    assert_eq!(h.hub.batch.size, 64);
+    // The next posts close their batches by that budget.
+    for offset in 8..12 {
+        h.push(post(0, offset, 40));
+    }
+    let mut runs = Vec::new();
+    while let Ok(job) = h.jobs.try_recv() {
+        runs.push(predicted(&job));
+        h.result(scored(&job));
+    }
+    assert!(
+        !runs.is_empty() && runs.iter().all(|&t| t <= chosen.max(12)),
+        "{runs:?} over {chosen}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_text_models_controller_still_chooses_the_count() {
+    let mut h = targeted(false);
+    one_measured_run(&mut h).await;
+    assert_eq!(h.hub.batch_tokens, Some(4096), "the budget stays the bound");
+    assert!(h.hub.batch.size < 64, "{:?}", h.hub.batch);
+}

@@ -101,6 +101,9 @@ pub struct TokenBatchRow {
     /// `batching.max_batch_tokens` (None: by count alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_batch_tokens: Option<u64>,
+    /// `batching.target_p99` (None: fixed batching).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_p99_ms: Option<u64>,
     pub events: usize,
     pub saturation_per_s: f64,
     /// Events per model run at saturation.
