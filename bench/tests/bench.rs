@@ -45,6 +45,11 @@ fn bench_binary(out: &std::path::Path) -> Report {
         .status()
         .unwrap();
     assert!(status.success());
+    written_report(out)
+}
+
+/// The bench.json a run wrote into `out`.
+fn written_report(out: &std::path::Path) -> Report {
     serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).unwrap()).unwrap()
 }
 
@@ -275,9 +280,7 @@ fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
         .status()
         .unwrap();
     assert!(status.success());
-    let report: Report =
-        serde_json::from_str(&std::fs::read_to_string(out.path().join("bench.json")).unwrap())
-            .unwrap();
+    let report = written_report(out.path());
 
     // Per stream: the transformer on every event, then each band.
     assert_eq!(report.cascade.len(), 6, "{:?}", report.cascade);
@@ -452,9 +455,7 @@ fn the_list_and_wave_curves_load_each_list_and_find_its_texts() {
         .status()
         .unwrap();
     assert!(status.success());
-    let report: Report =
-        serde_json::from_str(&std::fs::read_to_string(out.path().join("bench.json")).unwrap())
-            .unwrap();
+    let report = written_report(out.path());
     use modstream::tools::report::{Curve, Held};
     let service: Vec<_> = (report.curves.iter())
         .filter(|c| c.curve == Curve::ListItems)

@@ -161,6 +161,11 @@ fn harness_adjusted(kafka: &str, adjust: impl FnOnce(&mut Settings)) -> Harness 
 
 /// The harness's one model under these settings, judged by `[policy]`.
 fn harness_of_settings(settings: Settings) -> Harness {
+    harness_of_model(settings, None)
+}
+
+/// The same, its model a token model when it has a `max_length`.
+fn harness_of_model(settings: Settings, max_length: Option<usize>) -> Harness {
     let manifest: Manifest = serde_json::from_value(serde_json::json!({
         "name": "m", "version": "1", "input_kind": "text", "inputs": ["text"],
         "output": "p", "labels": ["offensive"], "score_label": "offensive",
@@ -172,7 +177,7 @@ fn harness_of_settings(settings: Settings) -> Harness {
         jobs: jobs_tx,
         workers: 1,
         max_batch: settings.batching.max_batch_size,
-        max_length: None,
+        max_length,
     };
     let labels = [crate::policy::ModelLabels::of("default", &manifest)];
     let rules = Ruleset::from_config(&settings.policy, &labels).unwrap();

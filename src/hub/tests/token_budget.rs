@@ -118,22 +118,7 @@ fn targeted(token_model: bool) -> Harness {
     )
     .unwrap();
     settings.kafka.drain_timeout = Duration::from_secs(1);
-    let manifest: Manifest = serde_json::from_value(serde_json::json!({
-        "name": "m", "version": "1", "input_kind": "text", "inputs": ["text"],
-        "output": "p", "labels": ["offensive"], "score_label": "offensive",
-    }))
-    .unwrap();
-    let (jobs_tx, jobs) = async_channel::bounded(2);
-    let lane = ModelLane {
-        scorer: Scorer::named("default", &manifest),
-        jobs: jobs_tx,
-        workers: 1,
-        max_batch: 64,
-        max_length: token_model.then_some(512),
-    };
-    let labels = [crate::policy::ModelLabels::of("default", &manifest)];
-    let rules = Ruleset::from_config(&settings.policy, &labels).unwrap();
-    harness_of(settings, vec![lane], rules, jobs)
+    harness_of_model(settings, token_model.then_some(512))
 }
 
 /// Eight posts of 12 predicted tokens, closed by their deadline, scored in
