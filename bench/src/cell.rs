@@ -22,6 +22,8 @@ pub(super) struct Cell {
     _embedded: Option<EmbeddedBroker>,
     /// Of the input and verdict topics.
     pub partitions: i32,
+    /// Of the verdict topic (`--verdict-partitions`, else `partitions`).
+    pub verdict_partitions: i32,
     pub bootstrap: String,
     pub input: String,
     pub verdicts: String,
@@ -34,10 +36,14 @@ pub(super) struct Cell {
 impl Cell {
     pub(super) async fn new(opts: &BenchOptions) -> anyhow::Result<Cell> {
         let partitions = opts.variant.partitions.unwrap_or(PARTITIONS);
+        let verdict_partitions = match opts.verdict_partitions {
+            0 => partitions,
+            n => n,
+        };
         let Some(bootstrap) = &opts.bootstrap else {
             let broker = EmbeddedBroker::start(&[
                 (DEMO_INPUT, partitions),
-                (DEMO_VERDICTS, partitions),
+                (DEMO_VERDICTS, verdict_partitions),
                 (DEMO_DLQ, 1),
                 // The shadow model's comparison records (`--shadow-model`).
                 ("moderation.shadow", 1),
@@ -47,6 +53,7 @@ impl Cell {
                 bootstrap: broker.bootstrap_servers().to_string(),
                 _embedded: Some(broker),
                 partitions,
+                verdict_partitions,
                 input: DEMO_INPUT.to_string(),
                 verdicts: DEMO_VERDICTS.to_string(),
                 dlq: DEMO_DLQ.to_string(),
@@ -64,6 +71,7 @@ impl Cell {
         let cell = Cell {
             _embedded: None,
             partitions,
+            verdict_partitions,
             bootstrap: bootstrap.clone(),
             input: format!("{prefix}-events"),
             verdicts: format!("{prefix}-verdicts"),
@@ -78,7 +86,7 @@ impl Cell {
         let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
         for (topic, partitions) in [
             (&cell.input, partitions),
-            (&cell.verdicts, partitions),
+            (&cell.verdicts, verdict_partitions),
             (&cell.dlq, 1),
             (&cell.samples, 1),
         ] {

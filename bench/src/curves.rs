@@ -89,6 +89,7 @@ async fn point_with(
         cpu_us_per_verdict: run.cpu_s_per_million(),
         peak_rss_bytes: run.peak_rss_bytes,
         p99_at_half_ms: half.p99_ms,
+        verdict_partitions: (opts.verdict_partitions > 0).then_some(opts.verdict_partitions),
         mean_tokens: mean_tokens(&model_dir, &events)?,
     };
     println!(

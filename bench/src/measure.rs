@@ -105,7 +105,7 @@ pub(super) async fn saturation_read(
     let (b, t, partitions) = (
         cell.bootstrap.clone(),
         cell.verdicts.clone(),
-        cell.partitions,
+        cell.verdict_partitions,
     );
     let reader = tokio::task::spawn_blocking(move || {
         let mut stamps = Vec::with_capacity(want);
@@ -281,9 +281,9 @@ async fn paced(
         ))),
         None => None,
     };
-    let read_topic = match pipeline {
-        Some(_) => cell.verdicts.clone(),
-        None => cell.input.clone(),
+    let (read_topic, read_partitions) = match pipeline {
+        Some(_) => (cell.verdicts.clone(), cell.verdict_partitions),
+        None => (cell.input.clone(), cell.partitions),
     };
     // One reader for the whole run, started first: a new consumer needs about
     // half a second before its first record, which is not modstream's latency.
@@ -293,7 +293,7 @@ async fn paced(
     let reader = spawn_arrival_reader(
         bootstrap.clone(),
         read_topic,
-        cell.partitions,
+        read_partitions,
         count + 1,
         warm_tx,
     );

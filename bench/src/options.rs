@@ -175,6 +175,10 @@ pub struct BenchOptions {
     /// evenly over them (empty: skip).
     #[arg(long, value_delimiter = ',', num_args = 0..)]
     pub tenant_counts: Vec<usize>,
+    /// Partitions of the verdict topic (0: as many as the input's): the
+    /// partitions curve with a verdict topic that does not grow with it.
+    #[arg(long, default_value_t = 0)]
+    pub verdict_partitions: i32,
     /// Cost curve: every post about this many bytes (empty: skip).
     #[arg(long, value_delimiter = ',', num_args = 0..)]
     pub post_bytes: Vec<usize>,

@@ -274,6 +274,7 @@ fn tiny_options() -> BenchOptions {
         token_batch_size: 256,
         token_target_p99_ms: 0,
         partition_counts: Vec::new(),
+        verdict_partitions: 0,
         tenant_counts: Vec::new(),
         post_bytes: Vec::new(),
         list_items: Vec::new(),

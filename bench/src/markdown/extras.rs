@@ -173,9 +173,11 @@ fn curves(out: &mut String, report: &Report) {
             let tokens = r
                 .mean_tokens
                 .map_or(String::new(), |t| format!(" ({t:.0} tokens)"));
+            let verdicts =
+                (r.verdict_partitions).map_or(String::new(), |v| format!(" (verdict topic: {v})"));
             let _ = writeln!(
                 out,
-                "| {}{tokens} | {:.0} | {} | {:.0} | {:.1} |",
+                "| {}{tokens}{verdicts} | {:.0} | {} | {:.0} | {:.1} |",
                 r.at,
                 r.per_s,
                 r.cpu_us_per_verdict

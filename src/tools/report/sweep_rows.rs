@@ -157,6 +157,10 @@ pub struct CurveRow {
     pub peak_rss_bytes: u64,
     /// The default cell (64 / 20 ms) paced at half `per_s`.
     pub p99_at_half_ms: f64,
+    /// Partitions of the verdict topic, where not as many as the input's
+    /// (`--verdict-partitions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict_partitions: Option<i32>,
     /// With a token model: the tokens per post its tokenizer gives (after
     /// truncation to the model's `max_length`), the mean over the events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
