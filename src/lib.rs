@@ -38,6 +38,7 @@ pub mod scores;
 pub mod shadow;
 pub mod shutdown;
 pub mod slo;
+pub mod state;
 pub mod telemetry;
 pub mod tokens;
 pub mod tools;

@@ -140,6 +140,20 @@ pub struct Partition {
     next_batch_seq: u64,
     next_emit_seq: u64,
     finished: BTreeMap<u64, Finished>,
+    /// With `state.changelog_topic`: its entities' state.
+    state: StateSlot,
+}
+
+/// A partition's entity state ([`crate::state`]).
+#[derive(Debug, Default)]
+pub enum StateSlot {
+    /// State is off.
+    #[default]
+    Off,
+    /// Being read back from the changelog: no verdict of the partition is
+    /// produced meanwhile. Cancelled when the partition is dropped.
+    Restoring(tokio_util::sync::CancellationToken),
+    Ready(crate::state::Store),
 }
 
 impl Partition {
@@ -157,7 +171,35 @@ impl Partition {
             next_batch_seq: 0,
             next_emit_seq: 0,
             finished: BTreeMap::new(),
+            state: StateSlot::Off,
         }
+    }
+
+    /// Its entity state: restoring, then ready.
+    pub fn set_state(&mut self, state: StateSlot) {
+        self.state = state;
+    }
+
+    pub fn state(&self) -> &StateSlot {
+        &self.state
+    }
+
+    /// Its entity state, once restored.
+    pub fn state_mut(&mut self) -> Option<&mut crate::state::Store> {
+        match &mut self.state {
+            StateSlot::Ready(store) => Some(store),
+            _ => None,
+        }
+    }
+
+    /// Its verdicts wait for its state to be read back.
+    pub fn restoring(&self) -> bool {
+        matches!(self.state, StateSlot::Restoring(_))
+    }
+
+    /// Its entity state, taken as it is dropped.
+    pub fn take_state(&mut self) -> StateSlot {
+        std::mem::take(&mut self.state)
     }
 
     /// A budget of predicted tokens per batch (`batching.max_batch_tokens`).

@@ -27,15 +27,19 @@ pub enum RecordKind {
     Wave,
     /// A risk-weighted sample for `output.samples_topic`.
     Sample,
+    /// A change of an entity's state for `state.changelog_topic`: held to
+    /// its offset as the verdict is (a restored state depends on it).
+    State,
 }
 
 impl RecordKind {
-    pub const ALL: [RecordKind; 5] = [
+    pub const ALL: [RecordKind; 6] = [
         RecordKind::Verdict,
         RecordKind::Dlq,
         RecordKind::Decision,
         RecordKind::Wave,
         RecordKind::Sample,
+        RecordKind::State,
     ];
 
     /// Records moderation does not depend on (decisions, waves, samples):
@@ -56,6 +60,7 @@ impl RecordKind {
             RecordKind::Decision => "decision",
             RecordKind::Wave => "wave",
             RecordKind::Sample => "sample",
+            RecordKind::State => "state",
         }
     }
 }
@@ -70,6 +75,8 @@ impl std::fmt::Display for RecordKind {
 #[derive(Debug, Clone)]
 pub struct OutRecord {
     pub topic: String,
+    /// `None`: the producer's partitioner (by key) chooses.
+    pub partition: Option<i32>,
     pub key: Option<Vec<u8>>,
     /// `None` is a null value.
     pub payload: Option<Vec<u8>>,
@@ -84,6 +91,9 @@ impl OutRecord {
     /// The record as librdkafka takes it.
     pub fn as_future_record(&self) -> FutureRecord<'_, [u8], [u8]> {
         let mut record = FutureRecord::to(&self.topic);
+        if let Some(partition) = self.partition {
+            record = record.partition(partition);
+        }
         if let Some(payload) = &self.payload {
             record = record.payload(payload.as_slice());
         }
@@ -214,6 +224,7 @@ pub fn dead_letter(
     );
     OutRecord {
         topic: topic.to_string(),
+        partition: None,
         key: original.key,
         payload: original.payload,
         headers,
@@ -233,6 +244,7 @@ mod tests {
         headers.push((Cow::Borrowed(header::SOURCE_OFFSET), Some(b"7".to_vec())));
         OutRecord {
             topic: "dlq".into(),
+            partition: None,
             key: Some(b"k".to_vec()),
             payload: Some(vec![b'a'; payload]),
             headers,

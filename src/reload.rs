@@ -232,16 +232,16 @@ impl Reloader {
             PolicySource::Config(_) => return,
         };
         let known = self.settings.matching.list_names();
-        let checked =
-            source
-                .rules(&self.labels())
-                .and_then(|rules| match rules.unknown_list(&known) {
-                    None => Ok(rules),
-                    Some((rule, list)) => Err(crate::policy::PolicyError::new(
-                        format!("rules.{rule}.lists"),
-                        format!("no list is named {list:?} (the lists are {known:?})"),
-                    )),
-                });
+        let checked = source
+            .rules(&self.labels())
+            .and_then(|rules| match rules.unknown_list(&known) {
+                None => Ok(rules),
+                Some((rule, list)) => Err(crate::policy::PolicyError::new(
+                    format!("rules.{rule}.lists"),
+                    format!("no list is named {list:?} (the lists are {known:?})"),
+                )),
+            })
+            .and_then(|rules| rules.check_state(&self.settings.state).map(|()| rules));
         match checked {
             Ok(rules) if rules == self.rules => {}
             Ok(rules) => {

@@ -19,6 +19,7 @@ mod models;
 mod properties;
 mod registry;
 mod sampling;
+mod state;
 #[cfg(test)]
 mod tests;
 mod validate;
@@ -31,6 +32,7 @@ pub use models::{ModelSettings, ModelSpec, RunLimit, SINGLE_MODEL};
 pub use properties::{Properties, REDACTED, is_secret};
 pub use registry::{CloudEventsOutput, InputFormat, OutputFormat, SchemaRegistrySettings};
 pub use sampling::SamplingSettings;
+pub use state::StateSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -72,6 +74,8 @@ pub struct Settings {
     pub matching: MatchingSettings,
     #[serde(default)]
     pub sampling: SamplingSettings,
+    #[serde(default)]
+    pub state: StateSettings,
     #[serde(default)]
     pub telemetry: TelemetrySettings,
     #[serde(default)]
@@ -423,6 +427,7 @@ impl Settings {
         validate::policy(&self.policy)?;
         matching::validate(&self.matching)?;
         sampling::validate(&self.sampling)?;
+        state::validate(&self.state)?;
         if let Some(model) = &self.sampling.model
             && !self.models().iter().any(|m| &m.name == model)
         {

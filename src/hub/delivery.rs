@@ -7,16 +7,19 @@ use super::{Ack, Deliver, Hold, Hub, InputOffset, ReadyOutput};
 use crate::partition::{Finished, Partition};
 use crate::producer::ProducerError;
 use crate::record::RecordKind;
+use crate::state::{Judging, Step};
 use crate::telemetry::metric;
 use crate::tp::{Generation, Source, Tp};
 use tokio::time::Instant;
 
 impl<D: Deliver> Hub<D> {
     /// Produce the verdicts of a partition's batches in batch order.
+    /// A partition whose state is being restored waits for it.
     pub(super) fn emit_in_order(&mut self, tp: &Tp) {
         while let Some(finished) = self
             .partitions
             .get_mut(tp)
+            .filter(|p| !p.restoring())
             .and_then(Partition::next_in_order)
         {
             let scored = match finished {
@@ -50,7 +53,25 @@ impl<D: Deliver> Hub<D> {
                     bytes: pending.bytes.take(),
                 };
                 self.remember_scores(&pending);
-                let (out, outcome) = self.outputs.compose(pending);
+                let keeper = self.state.as_mut();
+                let store = self.partitions.get_mut(tp).and_then(Partition::state_mut);
+                let (out, outcome) =
+                    self.outputs
+                        .compose(pending, |p, verdict| match (keeper, store) {
+                            (Some(keeper), Some(store)) => keeper.step(
+                                store,
+                                Judging {
+                                    tp: &p.tp,
+                                    offset: p.offset,
+                                    event: &p.event,
+                                    key: p.original.key.as_deref(),
+                                    timestamp_ms: p.original.timestamp_ms,
+                                    rules: &p.rules,
+                                    verdict,
+                                },
+                            ),
+                            _ => Step::default(),
+                        });
                 self.deliver(ReadyOutput {
                     at,
                     out,

@@ -28,23 +28,8 @@ impl<D: Deliver> Hub<D> {
         {
             self.finish_revokes(true);
         }
-        let batch = self.batch;
-        let max_batch_tokens = self.batch_tokens;
-        let partition = self.partitions.entry(record.tp.clone()).or_insert_with(|| {
-            Partition::new(
-                record.tp.clone(),
-                record.generation,
-                batch.size,
-                batch.delay,
-            )
-            .with_token_budget(max_batch_tokens)
-        });
-        partition.track(record.offset);
+        let generation = self.track(&record);
         self.ledger.accepted();
-
-        // Acknowledgements are matched against this partition state's own
-        // generation, not the (newer) one a later rebalance stamps on records.
-        let generation = partition.generation();
         let original = Original {
             key: record.key,
             payload: record.payload,
@@ -92,6 +77,32 @@ impl<D: Deliver> Hub<D> {
                 self.on_invalid(record.tp, generation, rejected);
             }
         }
+    }
+
+    /// The record's offset counted as undelivered in its partition, made
+    /// (its state restored, [`super::state`]) if this is its first record.
+    /// Returns the partition state's generation: acknowledgements are
+    /// matched against it, not the (newer) one a later rebalance stamps on
+    /// records.
+    fn track(&mut self, record: &Ingested) -> Generation {
+        let (batch, max_batch_tokens) = (self.batch, self.batch_tokens);
+        let mut new = false;
+        let partition = self.partitions.entry(record.tp.clone()).or_insert_with(|| {
+            new = true;
+            Partition::new(
+                record.tp.clone(),
+                record.generation,
+                batch.size,
+                batch.delay,
+            )
+            .with_token_budget(max_batch_tokens)
+        });
+        partition.track(record.offset);
+        let generation = partition.generation();
+        if new {
+            self.restore_state(&record.tp, generation, record.offset);
+        }
+        generation
     }
 
     /// A valid event, once matched (see [`super::matching`]), joins its

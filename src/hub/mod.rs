@@ -55,6 +55,7 @@ mod outputs;
 mod positions;
 mod queue;
 mod revoke;
+mod state;
 mod transaction;
 mod watchdog;
 
@@ -62,6 +63,7 @@ pub use lanes::ModelLane;
 use lanes::{Lane, Lanes};
 use outputs::{Outcome, Outgoing};
 use positions::PositionBook;
+pub use state::Restores;
 use watchdog::STALL_CHECK;
 
 /// Counts of one run, for the demo and the tests.
@@ -235,6 +237,11 @@ pub struct Hub<D: Deliver> {
     matcher: Option<crate::matching::Matcher>,
     /// Composes the records that answer an event.
     outputs: outputs::Composer,
+    /// With `state.changelog_topic`: what all partitions' entity state
+    /// holds, and the restore thread's jobs and answers.
+    state: Option<crate::state::Keeper>,
+    restore_jobs: Option<std::sync::mpsc::Sender<crate::state::restore::Job>>,
+    restored: Option<mpsc::Receiver<crate::state::restore::Restored>>,
 }
 
 impl<D: Deliver> Hub<D> {
@@ -290,8 +297,23 @@ impl<D: Deliver> Hub<D> {
             meters,
             matcher: None,
             outputs: outputs::Composer::new(&settings),
+            state: None,
+            restore_jobs: None,
+            restored: None,
             settings,
         }
+    }
+
+    /// Keep entity state ([`crate::state`]), each new partition's read back
+    /// by this restore thread (`None`: state is off).
+    pub fn with_state(mut self, state: Option<(crate::state::Keeper, Restores)>) -> Self {
+        let Some((keeper, restores)) = state else {
+            return self;
+        };
+        self.state = Some(keeper);
+        self.restore_jobs = Some(restores.jobs);
+        self.restored = Some(restores.restored);
+        self
     }
 
     /// Decode input values with these schemas, and write verdicts in Avro
@@ -333,6 +355,9 @@ impl<D: Deliver> Hub<D> {
         let wake = tokio::time::sleep_until(Instant::now());
         tokio::pin!(wake);
         let mut wake_set = None;
+        // Without state, a channel that never yields.
+        let (_no_state, empty) = mpsc::channel(1);
+        let mut restored = self.restored.take().unwrap_or(empty);
         loop {
             delivering.extend(self.outgoing.drain(..));
             let wake_at = self.next_wake();
@@ -358,6 +383,7 @@ impl<D: Deliver> Hub<D> {
                 Some(rules) = inputs.policies.recv() => self.on_policy(rules),
                 Some(update) = inputs.matching.recv() => self.on_match_update(update),
                 Some(ack) = delivering.next() => self.on_ack(ack),
+                Some(done) = restored.recv() => self.on_restored(done),
                 Some(result) = inputs.results.recv() => self.on_inference_result(result),
                 _ = abort.cancelled(), if holding => self.give_up_held(),
                 _ = &mut wake, if wake_at.is_some() => wake_set = None,

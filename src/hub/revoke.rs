@@ -59,6 +59,7 @@ impl<D: Deliver> Hub<D> {
             for tp in &revoked {
                 let mut last_of_state = None;
                 if let Some(mut partition) = self.partitions.remove(tp) {
+                    self.state_dropped(&mut partition);
                     last_of_state = partition.final_position();
                     self.ledger.dropped(partition.held_back());
                     metrics::gauge!(metric::OLDEST_PENDING_SECONDS, "topic" => tp.topic.to_string(), "partition" => tp.partition.to_string())

@@ -210,7 +210,8 @@ impl<D: Deliver> Hub<D> {
         }
         self.flush(&partitions);
         for tp in &partitions {
-            if let Some(partition) = self.partitions.remove(tp) {
+            if let Some(mut partition) = self.partitions.remove(tp) {
+                self.state_dropped(&mut partition);
                 dropped += partition.held_back();
             }
             self.positions.forget(tp);

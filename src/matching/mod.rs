@@ -323,6 +323,7 @@ impl Matcher {
         });
         OutRecord {
             topic: topic.to_string(),
+            partition: None,
             key: Some(report.wave.id.as_bytes().to_vec()),
             payload: Some(body.to_string().into_bytes()),
             headers: Vec::new(),

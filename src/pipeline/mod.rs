@@ -51,6 +51,8 @@ pub enum PipelineError {
     #[error(transparent)]
     Policy(#[from] PolicyError),
     #[error(transparent)]
+    State(#[from] crate::state::restore::RestoreError),
+    #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Consumer(#[from] ConsumerError),
@@ -128,6 +130,7 @@ pub fn load(settings: &Settings) -> Result<Loaded, PipelineError> {
         )
         .into());
     }
+    models.rules.check_state(&settings.state)?;
     if let Some(label) = &settings.sampling.label {
         let index = (settings.sampling.model.as_ref())
             .and_then(|name| models.specs.iter().position(|m| &m.name == name))
@@ -149,6 +152,7 @@ pub fn load(settings: &Settings) -> Result<Loaded, PipelineError> {
 }
 
 /// [`run_with_health`] with what [`load`] loaded.
+// Long: the stages wired in start order, read top to bottom in one place.
 pub async fn run_loaded(
     settings: Settings,
     loaded: Loaded,
@@ -163,6 +167,7 @@ pub async fn run_loaded(
     health.set_models(models.placements());
     let schemas = crate::schema::SchemaStore::from_settings(&settings)?;
     let verdict_encoder = register_verdict_schema(&settings).await?;
+    let state = start::state(&settings, &health)?;
     let Joined {
         sink,
         consumer,
@@ -204,7 +209,8 @@ pub async fn run_loaded(
     )
     .with_shadow(shadow)
     .with_formats(schemas, verdict_encoder)
-    .with_matcher(matcher);
+    .with_matcher(matcher)
+    .with_state(state);
     let inputs = Inputs {
         records,
         control: channels.control,

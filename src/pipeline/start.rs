@@ -150,6 +150,9 @@ async fn check_output_topics(
         (output.analytics_topics().into_iter())
             .map(|(key, topic)| (key.to_string(), topic.clone())),
     );
+    if let Some(topic) = &settings.state.changelog_topic {
+        topics.push(("state.changelog_topic".into(), topic.clone()));
+    }
     if settings.inference.shadow.model_dir.is_some() {
         topics.push(("output.shadow_topic".into(), output.shadow_topic.clone()));
     }
@@ -221,4 +224,25 @@ async fn lists_in_force(
         }
     }
     Ok(lists)
+}
+
+/// With `state.changelog_topic`: the state's keeper and the restore
+/// thread (it stops when the hub drops its end of the jobs).
+pub(super) fn state(
+    settings: &Settings,
+    health: &Arc<Health>,
+) -> Result<Option<(crate::state::Keeper, crate::hub::Restores)>, PipelineError> {
+    let Some(keeper) = crate::state::Keeper::new(&settings.state) else {
+        return Ok(None);
+    };
+    let (jobs, jobs_rx) = std::sync::mpsc::channel();
+    let (restored_tx, restored) = tokio::sync::mpsc::channel(16);
+    crate::state::restore::spawn(
+        settings,
+        keeper.topic(),
+        jobs_rx,
+        restored_tx,
+        health.clone(),
+    )?;
+    Ok(Some((keeper, crate::hub::Restores { jobs, restored })))
 }

@@ -24,6 +24,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::ModelId;
+use super::state_rules::StateRule;
 use super::{Field, Judge, Match, Route, Rule, Ruleset, Verdict};
 use crate::config::Thresholds;
 
@@ -80,6 +81,22 @@ impl ModelLabels {
 struct FileSpec {
     version: String,
     rules: Vec<RuleSpec>,
+    /// Rules on an entity's state that raise verdicts ([`super::state_rules`]).
+    #[serde(default)]
+    state_rules: Vec<StateRuleSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StateRuleSpec {
+    id: String,
+    #[serde(default)]
+    when: BTreeMap<String, OneOrMany>,
+    #[serde(rename = "if")]
+    conditions: String,
+    raise: String,
+    #[serde(default)]
+    label: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -211,26 +228,70 @@ impl FileSpec {
             }
             rules.push(rule);
         }
-        Ok(Ruleset::new(self.version, rules))
+        let mut state_rules = Vec::new();
+        for (i, spec) in self.state_rules.into_iter().enumerate() {
+            let at = format!("state_rules[{i}] ({:?})", spec.id);
+            let rule = spec.check().map_err(|(key, m)| {
+                PolicyError::new(
+                    format!("{at}{}{key}", if key.is_empty() { "" } else { "." }),
+                    m,
+                )
+            })?;
+            if state_rules.iter().any(|r: &StateRule| r.id == rule.id) {
+                return Err(PolicyError::new(at, "a state rule id may appear once"));
+            }
+            state_rules.push(rule);
+        }
+        Ok(Ruleset::new(self.version, rules).with_state_rules(state_rules))
     }
+}
+
+impl StateRuleSpec {
+    fn check(self) -> Result<StateRule, SpecError> {
+        check_id(&self.id)?;
+        let fields = check_when(self.when)?;
+        let conditions =
+            StateRule::parse_conditions(&self.conditions).map_err(|m| ("if".into(), m))?;
+        let raise = match Verdict::parse(&self.raise) {
+            Some(v @ (Verdict::Review | Verdict::Block)) => v,
+            _ => {
+                return Err((
+                    "raise".into(),
+                    format!("{:?}: \"review\" or \"block\"", self.raise),
+                ));
+            }
+        };
+        Ok(StateRule {
+            id: self.id,
+            when: Match { fields },
+            conditions,
+            raise,
+            label: self.label,
+        })
+    }
+}
+
+/// A rule's id: what metrics and reasons name it by.
+fn check_id(id: &str) -> Result<(), SpecError> {
+    let id_ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+    if !id_ok {
+        return Err((
+            "id".into(),
+            "1 to 64 characters of A-Z a-z 0-9 _ - .".into(),
+        ));
+    }
+    Ok(())
 }
 
 type SpecError = (String, String);
 
 impl RuleSpec {
     fn check(self, models: &[ModelLabels]) -> Result<Rule, SpecError> {
-        let id_ok = !self.id.is_empty()
-            && self.id.len() <= 64
-            && self
-                .id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
-        if !id_ok {
-            return Err((
-                "id".into(),
-                "1 to 64 characters of A-Z a-z 0-9 _ - .".into(),
-            ));
-        }
+        check_id(&self.id)?;
         let fields = check_when(self.when)?;
         if self.models.is_empty() && self.lists.as_ref().is_none_or(Vec::is_empty) {
             return Err((

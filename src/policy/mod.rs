@@ -22,6 +22,7 @@ use crate::event::{Event, Priority};
 
 pub mod file;
 mod index;
+pub mod state_rules;
 
 pub use file::{ModelLabels, PolicyError};
 
@@ -103,6 +104,8 @@ pub struct Ruleset {
     pub version: String,
     rules: Vec<Rule>,
     index: index::TenantIndex,
+    /// Rules on an entity's state, after the deciding rule ([`state_rules`]).
+    state_rules: Vec<state_rules::StateRule>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -198,7 +201,7 @@ impl Field {
     }
 
     /// The event's value of this field, borrowed where the event holds it.
-    fn value<'a>(&self, topic: &'a str, event: &'a Event) -> Option<Cow<'a, str>> {
+    pub fn value<'a>(&self, topic: &'a str, event: &'a Event) -> Option<Cow<'a, str>> {
         let borrowed = |s: &'a Option<String>| s.as_deref().map(Cow::Borrowed);
         match self {
             Field::Tenant => borrowed(&event.tenant),
@@ -315,7 +318,19 @@ impl Ruleset {
             version,
             rules,
             index,
+            state_rules: Vec::new(),
         }
+    }
+
+    /// These state rules beside the rules.
+    pub fn with_state_rules(mut self, state_rules: Vec<state_rules::StateRule>) -> Ruleset {
+        self.state_rules = state_rules;
+        self
+    }
+
+    /// The state rules, in order.
+    pub fn state_rules(&self) -> &[state_rules::StateRule] {
+        &self.state_rules
     }
 
     /// The rules, in order.

@@ -192,7 +192,7 @@ pub struct Sink {
 
 /// One counter per [`RecordKind`] (a labelled `counter!` looks its series
 /// up in the registry on every call).
-struct Produced([metrics::Counter; 5]);
+struct Produced([metrics::Counter; 6]);
 
 impl Produced {
     fn new() -> Produced {
@@ -209,6 +209,7 @@ impl Produced {
             RecordKind::Decision => 2,
             RecordKind::Wave => 3,
             RecordKind::Sample => 4,
+            RecordKind::State => 5,
         };
         &self.0[i]
     }
@@ -473,6 +474,7 @@ mod tests {
         let sink = Sink::new(&kafka, 1024, Duration::from_secs(10), Arc::default()).unwrap();
         let record = OutRecord {
             topic: "out".into(),
+            partition: None,
             key: None,
             payload: Some(b"v".to_vec()),
             headers: Vec::new(),

@@ -35,6 +35,11 @@ pub const VERDICT_SCHEMA: &str = r#"{
       {"name": "policy", "type": "string"},
       {"name": "reused", "type": "boolean", "default": false},
       {"name": "rule", "type": "string"},
+      {"name": "state", "type": ["null", {"type": "record", "name": "StateFired", "fields": [
+        {"name": "counter", "type": "string"}, {"name": "entity", "type": "string"},
+        {"name": "label", "type": ["null", "string"], "default": null},
+        {"name": "raise", "type": "string"}, {"name": "rule", "type": "string"},
+        {"name": "value", "type": "long"}]}], "default": null},
       {"name": "wave", "type": ["null", {"type": "record", "name": "Wave", "fields": [
         {"name": "first_seen", "type": "string"}, {"name": "id", "type": "string"},
         {"name": "size", "type": "int"}, {"name": "users", "type": "int"}]}], "default": null}]},

@@ -43,6 +43,10 @@ pub struct Health {
     /// (still read to its end at start, or it cannot be read); written by
     /// its reader, cleared once it reads up to date.
     list_topic: std::sync::Mutex<Option<String>>,
+    /// With `state.changelog_topic`: partitions whose state is being read
+    /// back (`TOPIC-PARTITION` → what the restore is doing or why it
+    /// cannot); their verdicts wait.
+    restoring: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
     /// Analytics topics (decisions, waves, samples) whose records are given
     /// up now, and why: reported, not failing readiness (moderation goes
     /// on without them).
@@ -104,6 +108,7 @@ impl Health {
             && self.transaction_failing().is_none()
             && self.registry_unreachable().is_none()
             && self.list_topic().is_none()
+            && self.restoring().is_empty()
             && self.input_missing().is_empty()
     }
 
@@ -148,6 +153,22 @@ impl Health {
     pub fn set_list_topic(&self, why: Option<String>) {
         if let Ok(mut d) = self.list_topic.lock() {
             *d = why;
+        }
+    }
+
+    pub fn restoring(&self) -> std::collections::BTreeMap<String, String> {
+        self.restoring.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// A partition's restore: what it is doing, or `None` once done.
+    pub fn set_restoring(&self, tp: &Tp, doing: Option<String>) {
+        if let Ok(mut r) = self.restoring.lock() {
+            let key = format!("{}-{}", tp.topic, tp.partition);
+            match doing {
+                Some(d) => r.insert(key, d),
+                None => r.remove(&key),
+            };
+            metrics::gauge!(metric::STATE_RESTORING_PARTITIONS).set(r.len() as f64);
         }
     }
 
@@ -220,6 +241,7 @@ impl Health {
             "transaction_failing": self.transaction_failing(),
             "registry_unreachable": self.registry_unreachable(),
             "list_topic": self.list_topic(),
+            "state_restoring": self.restoring(),
             "input_missing": self.input_missing(),
             "analytics_failing": self.analytics_failing(),
             "models": self.models(),

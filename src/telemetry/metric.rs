@@ -180,6 +180,12 @@ metric_table! {
     /// until it is read to its end offsets, and while it cannot be read; 0
     /// otherwise (and without a list topic).
     LIST_TOPIC_BEHIND = "modstream_list_topic_behind", Gauge, Count, "1 while the list topic is not read up to date (catching up at start, or it cannot be read)";
+    STATE_ENTITIES = "modstream_state_entities", Gauge, Count, "entities whose state this instance holds (all its partitions)";
+    STATE_BYTES = "modstream_state_bytes", Gauge, Bytes, "bytes charged for the entities' state, against state.max_bytes";
+    STATE_EVICTED_TOTAL = "modstream_state_evicted_total", Counter, Count, "entities forgotten: the least recently seen past state.max_bytes, or idle past the longest window";
+    STATE_RULES_FIRED_TOTAL = "modstream_state_rules_fired_total", Counter, Count, "events whose verdict a state rule raised, by rule";
+    STATE_RESTORING_PARTITIONS = "modstream_state_restoring_partitions", Gauge, Count, "partitions whose state is being read back from the changelog (their verdicts wait)";
+    STATE_RESTORED_ENTITIES_TOTAL = "modstream_state_restored_entities_total", Counter, Count, "entities read back from the changelog on assignment";
     MATCHER_SECONDS = "modstream_matcher_seconds", Histogram, Seconds, "matching's time on one event (normalise, lists, waves)";
     /// Verdicts the sampler drew for (`[sampling]`); with
     /// [`SAMPLES_TOTAL`] it gives the share sampled. Labels: tenant (the

@@ -107,6 +107,7 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
                 })
                 .collect(),
             marks: None,
+            state: None,
         };
         let answer = Answer {
             source: &f.tp,

@@ -129,8 +129,23 @@ pub(super) struct Reason<'a> {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub reused: bool,
     pub rule: &'a str,
+    /// The state rule that raised the verdict, if one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<StateRef<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wave: Option<WaveRef<'a>>,
+}
+
+/// `{"counter": "posts_1m", "entity": "user:u-9", "rule": "fast-poster", "value": 6}`.
+#[derive(serde::Serialize)]
+pub(super) struct StateRef<'a> {
+    pub counter: &'a str,
+    pub entity: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<&'a str>,
+    pub raise: Verdict,
+    pub rule: &'a str,
+    pub value: u64,
 }
 
 #[derive(serde::Serialize)]
@@ -254,6 +269,14 @@ impl<'a> Judged<'a> {
                 .and_then(|m| m.matched.as_ref())
                 .map(MatchRef::from),
             reused: self.marks.is_some_and(|m| m.reused),
+            state: self.state.map(|f| StateRef {
+                counter: &f.counter,
+                entity: &f.entity,
+                label: f.label.as_deref(),
+                raise: f.raise,
+                rule: &f.rule,
+                value: f.value,
+            }),
             wave: self.marks.and_then(|m| m.wave.as_ref()).map(WaveRef::from),
         }
     }

@@ -83,6 +83,8 @@ pub struct Judged<'a> {
     pub models: Vec<ScoredBy<'a>>,
     /// What matching found (lists, waves), if it ran.
     pub marks: Option<&'a Marks>,
+    /// The state rule that raised the verdict, if one did.
+    pub state: Option<&'a crate::policy::state_rules::Fired>,
 }
 
 /// One model's scores of an event.
@@ -236,6 +238,7 @@ impl Scorer {
                 probabilities,
             }],
             marks: None,
+            state: None,
         };
         let record = verdict_record_with(topic, &answer, &judged, None, Timing::Rejudged, write)?;
         Ok((record, decision.verdict))
@@ -322,6 +325,7 @@ pub fn verdict_record_with<E>(
     let payload = write(&VerdictPayload(body))?;
     Ok(OutRecord {
         topic: topic.to_string(),
+        partition: None,
         key: answer.key.map(<[u8]>::to_vec),
         payload: Some(payload),
         headers: Vec::new(),
@@ -453,6 +457,7 @@ fn record(
 ) -> OutRecord {
     OutRecord {
         topic: topic.to_string(),
+        partition: None,
         key,
         payload: Some(to_json(body)),
         headers: Vec::new(),

@@ -166,6 +166,14 @@ fn fullest_verdict(
         }),
         reused: true,
     };
+    let fired = crate::policy::state_rules::Fired {
+        rule: "fast-poster".into(),
+        entity: "user:u-9".into(),
+        counter: "posts_1m".into(),
+        value: 6,
+        raise: Verdict::Review,
+        label: Some("velocity".into()),
+    };
     let judged = Judged {
         rules: &scorer.alone,
         rule: RuleId(0),
@@ -176,6 +184,7 @@ fn fullest_verdict(
             probabilities: &[0.9, 0.1],
         }],
         marks: Some(&marks),
+        state: Some(&fired),
     };
     let tp = Tp::new("posts", 3);
     let answer = Answer {
@@ -256,6 +265,7 @@ fn the_avro_schema_has_the_verdicts_fields_and_reads_back_what_the_body_wrote() 
         "/warnings/0",
         "/review_priority",
         "/reason/match",
+        "/reason/state",
         "/reason/wave",
     ] {
         assert!(written.pointer(path).is_some(), "{path} in {written}");
@@ -346,6 +356,7 @@ fn a_verdict_without_its_optional_fields_is_written_in_avro_with_their_defaults(
     for (field, default) in [
         ("match", json!(null)),
         ("reused", json!(false)),
+        ("state", json!(null)),
         ("wave", json!(null)),
     ] {
         expected["reason"][field] = default;

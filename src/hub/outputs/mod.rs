@@ -14,6 +14,7 @@ use crate::policy::{ModelId, RuleId, Ruleset};
 use crate::record::{self, OutRecord};
 use crate::schema::verdict::VerdictEncoder;
 use crate::shadow::Shadow;
+use crate::state::Step;
 use crate::telemetry::metric;
 use crate::tp::{Source, Tp};
 use crate::verdict::{self, Answer, Judged, ScoredBy, Verdict};
@@ -102,21 +103,28 @@ impl Composer {
     /// The records of a scored event (its verdict, the copies its rule
     /// routes, its decision record, its sample, its wave record), or its
     /// dead-letter record.
-    pub(super) fn compose(&mut self, mut pending: Pending) -> (Outgoing, Outcome) {
+    ///
+    /// `state`: given the event and the verdict of its models and lists,
+    /// the state step ([`crate::state`]): the rule that raises the
+    /// verdict, if one does, and the changelog records that go with it
+    /// (with its dead letter too, should the verdict not fit the output
+    /// format: the state has counted it).
+    pub(super) fn compose(
+        &mut self,
+        mut pending: Pending,
+        state: impl FnOnce(&Pending, Verdict) -> Step,
+    ) -> (Outgoing, Outcome) {
         if let Some(failure) = pending.failed.take() {
             metrics::counter!(metric::INFERENCE_FAILURES_TOTAL).increment(1);
             let rejection = event::Rejection {
                 reason: RejectReason::InferenceFailed,
                 message: failure.to_string(),
             };
-            return self.dead_letter_of_scored(pending, rejection);
+            return self.dead_letter_of_scored(pending, rejection, Vec::new());
         }
         let rules = pending.rules.clone();
         let rule = &rules.rules()[pending.rule.0];
-        let decision = match pending.matching.marks.as_ref().and_then(|m| m.deciding()) {
-            Some(item) => rule.decided_by(item.verdict),
-            None => rule.judge(|m| pending.scores_of(m)),
-        };
+        let (decision, step) = decide(rule, &pending, state);
         let judged = Judged {
             rules: &pending.rules,
             rule: pending.rule,
@@ -131,6 +139,7 @@ impl Composer {
                 })
                 .collect(),
             marks: pending.matching.marks.as_deref(),
+            state: step.fired.as_ref(),
         };
         let answer = Answer {
             source: &pending.tp,
@@ -147,10 +156,10 @@ impl Composer {
                     reason: RejectReason::Undecodable,
                     message: format!("the verdict could not be written as output.format: {e}"),
                 };
-                return self.dead_letter_of_scored(pending, rejection);
+                return self.dead_letter_of_scored(pending, rejection, step.changelog);
             }
         };
-        let mut also = Vec::new();
+        let mut also = step.changelog;
         for route in rule.routes_for(decision.verdict) {
             // The same format as the verdict, which just fitted it.
             also.extend(
@@ -182,17 +191,20 @@ impl Composer {
     }
 
     /// A valid event's dead letter (its model failed, or its verdict does
-    /// not fit the output format), with its wave record: the wave grew by
-    /// this post either way.
+    /// not fit the output format), with its wave record (the wave grew by
+    /// this post either way) and its changelog records (`changelog`: the
+    /// state counted it).
     fn dead_letter_of_scored(
         &self,
         mut pending: Pending,
         rejection: event::Rejection,
+        changelog: Vec<OutRecord>,
     ) -> (Outgoing, Outcome) {
         let wave = pending.matching.wave_record.take();
         let record = self.rejected(&pending.tp, pending.offset, pending.original, &rejection);
         let mut out: Outgoing = record.into();
         out.also.extend(wave.map(|w| *w));
+        out.also.extend(changelog);
         (out, Outcome::Dlq(rejection.reason))
     }
 
@@ -218,4 +230,22 @@ impl Composer {
             });
         }
     }
+}
+
+/// The rule's decision of a scored event (by its deciding list match, or
+/// its models), raised by the state rule the state step fires, if one does.
+fn decide(
+    rule: &crate::policy::Rule,
+    pending: &Pending,
+    state: impl FnOnce(&Pending, Verdict) -> Step,
+) -> (crate::policy::Decision, Step) {
+    let mut decision = match pending.matching.marks.as_ref().and_then(|m| m.deciding()) {
+        Some(item) => rule.decided_by(item.verdict),
+        None => rule.judge(|m| pending.scores_of(m)),
+    };
+    let step = state(pending, decision.verdict);
+    if let Some(fired) = &step.fired {
+        decision.verdict = decision.verdict.max(fired.raise);
+    }
+    (decision, step)
 }

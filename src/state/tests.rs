@@ -1,0 +1,247 @@
+use super::*;
+use crate::policy::state_rules::StateRule;
+use crate::policy::{Match, Ruleset};
+
+fn keeper(max_bytes: usize) -> Keeper {
+    let settings = StateSettings {
+        changelog_topic: Some("state".into()),
+        max_bytes,
+        ..StateSettings::default()
+    };
+    Keeper::new(&settings).unwrap()
+}
+
+fn rules(conditions: &str, raise: Verdict) -> Ruleset {
+    Ruleset::new("v1".into(), Vec::new()).with_state_rules(vec![StateRule {
+        id: "fast".into(),
+        when: Match::default(),
+        conditions: StateRule::parse_conditions(conditions).unwrap(),
+        raise,
+        label: Some("velocity".into()),
+    }])
+}
+
+fn event(user: &str) -> Event {
+    Event {
+        event_id: "e".into(),
+        text: "hello".into(),
+        user_id: Some(user.into()),
+        lang: None,
+        created_at_ms: None,
+        priority: crate::event::Priority::Normal,
+        metadata: None,
+        tenant: None,
+        warnings: Vec::new(),
+    }
+}
+
+/// One event of `user` at `ms`, judged `verdict` by its models.
+fn step(
+    k: &mut Keeper,
+    store: &mut Store,
+    rules: &Ruleset,
+    user: &str,
+    offset: i64,
+    ms: i64,
+    verdict: Verdict,
+) -> Step {
+    let tp = Tp::new("posts", 0);
+    let event = event(user);
+    k.step(
+        store,
+        Judging {
+            tp: &tp,
+            offset,
+            event: &event,
+            key: Some(user.as_bytes()),
+            timestamp_ms: Some(ms),
+            rules,
+            verdict,
+        },
+    )
+}
+
+#[test]
+fn a_velocity_rule_fires_from_the_event_that_crosses_it() {
+    let mut k = keeper(1 << 20);
+    let mut store = Store::default();
+    let rules = rules("user.posts_1m > 3", Verdict::Review);
+    // On a minute's start.
+    let t0 = 1_800_000_000_000;
+    let mut fired = Vec::new();
+    for i in 0..6 {
+        let s = step(
+            &mut k,
+            &mut store,
+            &rules,
+            "u-9",
+            i,
+            t0 + i * 1000,
+            Verdict::Allow,
+        );
+        // Another user, interleaved, is never raised.
+        let other = step(
+            &mut k,
+            &mut store,
+            &rules,
+            "u-1",
+            100 + i,
+            t0 + i * 1000,
+            Verdict::Allow,
+        );
+        assert!(other.fired.is_none() || i >= 3);
+        fired.push(s.fired.map(|f| (f.entity, f.counter, f.value, f.raise)));
+        assert_eq!(s.changelog.len(), 1);
+    }
+    assert_eq!(fired[..3], [None, None, None]);
+    assert_eq!(
+        fired[3],
+        Some(("user:u-9".into(), "posts_1m".into(), 4, Verdict::Review))
+    );
+    // The next minute starts again.
+    let s = step(
+        &mut k,
+        &mut store,
+        &rules,
+        "u-9",
+        6,
+        t0 + 60_000,
+        Verdict::Allow,
+    );
+    assert!(s.fired.is_none());
+    // Raised verdicts count as the verdict given (offsets 3, 4, 5).
+    let reviews = crate::policy::state_rules::Counter::parse("reviews_1h").unwrap();
+    assert_eq!(
+        store
+            .get("user:u-9")
+            .unwrap()
+            .value(reviews, (t0 / 60_000) as u32),
+        3
+    );
+}
+
+#[test]
+fn a_rule_never_lowers_a_verdict_and_history_counts_raised_verdicts() {
+    let mut k = keeper(1 << 20);
+    let mut store = Store::default();
+    let rules = rules("user.blocks_last3 >= 2", Verdict::Review);
+    let t = 1_800_000_000_000;
+    assert!(
+        step(&mut k, &mut store, &rules, "u", 0, t, Verdict::Block)
+            .fired
+            .is_none()
+    );
+    assert!(
+        step(&mut k, &mut store, &rules, "u", 1, t, Verdict::Block)
+            .fired
+            .is_none()
+    );
+    // Two blocks before: review would raise an allow...
+    let s = step(&mut k, &mut store, &rules, "u", 2, t, Verdict::Allow);
+    assert_eq!(s.fired.map(|f| f.value), Some(2));
+    // ... and never lowers a block.
+    assert!(
+        step(&mut k, &mut store, &rules, "u", 3, t, Verdict::Block)
+            .fired
+            .is_none()
+    );
+}
+
+#[test]
+fn the_budget_forgets_the_least_recently_seen_with_a_tombstone() {
+    let mut k = keeper(1 << 20);
+    let mut store = Store::default();
+    let rules = rules("user.posts_1m > 100", Verdict::Review);
+    let t = 1_800_000_000_000;
+    let mut tombstones = 0;
+    for i in 0..20_000 {
+        let s = step(
+            &mut k,
+            &mut store,
+            &rules,
+            &format!("flood-{i}"),
+            i,
+            t,
+            Verdict::Allow,
+        );
+        tombstones += s.changelog.iter().filter(|r| r.payload.is_none()).count();
+    }
+    assert!(k.bytes <= 1 << 20, "{} bytes", k.bytes);
+    assert_eq!(k.entities, store.len());
+    assert_eq!(tombstones + store.len(), 20_000);
+    // The most recent stay, the oldest went.
+    assert!(store.get("user:flood-19999").is_some());
+    assert!(store.get("user:flood-0").is_none());
+}
+
+#[test]
+fn an_idle_entity_is_forgotten_after_a_day() {
+    let mut k = keeper(1 << 20);
+    let mut store = Store::default();
+    let rules = rules("user.posts_1m > 100", Verdict::Review);
+    let t = 1_800_000_000_000;
+    step(&mut k, &mut store, &rules, "old", 0, t, Verdict::Allow);
+    step(
+        &mut k,
+        &mut store,
+        &rules,
+        "new",
+        1,
+        t + 60_000,
+        Verdict::Allow,
+    );
+    let s = step(
+        &mut k,
+        &mut store,
+        &rules,
+        "new",
+        2,
+        t + 25 * 3_600_000,
+        Verdict::Allow,
+    );
+    assert!(store.get("user:old").is_none());
+    assert_eq!(
+        s.changelog
+            .last()
+            .map(|r| (r.key.clone(), r.payload.is_none())),
+        Some((Some(b"posts/user:old".to_vec()), true))
+    );
+}
+
+#[test]
+fn a_rebuild_keeps_only_changes_before_the_first_offset_read() {
+    let mut k = keeper(1 << 20);
+    let mut store = Store::default();
+    let rules = rules("user.posts_1m > 2", Verdict::Review);
+    let t = 1_800_000_000_000;
+    let mut log = Vec::new();
+    for i in 0..5 {
+        log.extend(step(&mut k, &mut store, &rules, "u", i, t, Verdict::Allow).changelog);
+    }
+    // Another input topic's change on the same changelog partition.
+    let mut foreign = log[0].clone();
+    foreign.key = Some(b"other/user:u".to_vec());
+    log.push(foreign);
+    let mut rebuild = Rebuild::default();
+    for r in &log {
+        let offset = std::str::from_utf8(r.headers[0].1.as_deref().unwrap())
+            .unwrap()
+            .parse()
+            .ok();
+        rebuild
+            .apply(
+                "posts",
+                3,
+                r.key.as_deref().unwrap(),
+                r.payload.as_deref(),
+                offset,
+            )
+            .unwrap();
+    }
+    let restored = rebuild.finish();
+    assert_eq!(restored.len(), 1);
+    // Offsets 0..3 counted: the replayed offset 3 is the fourth post.
+    let mut again = restored;
+    let s = step(&mut k, &mut again, &rules, "u", 3, t, Verdict::Allow);
+    assert_eq!(s.fired.map(|f| f.value), Some(4));
+}
