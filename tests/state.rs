@@ -120,6 +120,7 @@ type At = (i32, i64);
 
 /// An input record, as the recomputation needs it.
 struct Input {
+    event_id: String,
     user: String,
     timestamp_ms: i64,
 }
@@ -165,10 +166,15 @@ fn read_back(bootstrap: &str, isolation: Isolation) -> ReadBack {
     let mut inputs = BTreeMap::new();
     for r in &input {
         let user = String::from_utf8(r.key.clone().unwrap()).unwrap();
-        let id = r.json().unwrap()["event_id"].as_str().unwrap().to_string();
-        users.insert(id, user.clone());
+        let event_id = r.json().unwrap()["event_id"].as_str().unwrap().to_string();
+        users.insert(event_id.clone(), user.clone());
         let timestamp_ms = r.timestamp_ms.unwrap();
-        inputs.insert((r.partition, r.offset), Input { user, timestamp_ms });
+        let input = Input {
+            event_id,
+            user,
+            timestamp_ms,
+        };
+        inputs.insert((r.partition, r.offset), input);
     }
     for r in verdicts {
         let v = r.json().unwrap();
@@ -203,7 +209,13 @@ fn recompute(run: &ReadBack) -> BTreeMap<At, (String, Option<String>)> {
     let mut posts: HashMap<String, HashMap<i64, u64>> = HashMap::new();
     let mut history: HashMap<String, VecDeque<String>> = HashMap::new();
     let mut expected = BTreeMap::new();
-    for (at, Input { user, timestamp_ms }) in &run.inputs {
+    for (
+        at,
+        Input {
+            user, timestamp_ms, ..
+        },
+    ) in &run.inputs
+    {
         let Some(by_score) = run.written.get(at).map(|w| &w[0].by_score) else {
             continue;
         };
@@ -225,8 +237,9 @@ fn recompute(run: &ReadBack) -> BTreeMap<At, (String, Option<String>)> {
         } else if n > 5 && rank(&verdict) < 1 {
             (verdict, rule) = ("review".into(), Some("fast-poster".to_string()));
         }
+        // The models' verdict is remembered, not the raised one.
         let h = history.entry(user.clone()).or_default();
-        h.push_back(verdict.clone());
+        h.push_back(by_score.clone());
         if h.len() > 10 {
             h.pop_front();
         }
@@ -324,8 +337,14 @@ fn crash_and_rebalance(exactly_once: bool) {
         }
         fired += usize::from(want.1.is_some());
     }
+    let mut by_rule: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, rule) in expected.values() {
+        *by_rule
+            .entry(rule.as_deref().unwrap_or("none"))
+            .or_default() += 1;
+    }
     println!(
-        "{} events, {copies} verdicts written, {fired} raised by state rules, {restored} restores",
+        "{} events, {copies} verdicts written, {fired} raised by state rules ({by_rule:?}), {restored} restores",
         expected.len()
     );
     assert!(
@@ -345,6 +364,54 @@ fn crash_and_rebalance(exactly_once: bool) {
     if exactly_once {
         assert_eq!(copies, EVENTS, "read_committed: one verdict per event");
     }
+    explain_names_the_state_that_fired(&config("explain"), &run, &expected);
+}
+
+/// `modstream explain` of the first event each rule raised names the
+/// state rule (read from the changelog before the event's offset).
+fn explain_names_the_state_that_fired(
+    config: &Path,
+    run: &ReadBack,
+    expected: &BTreeMap<At, (String, Option<String>)>,
+) {
+    let mut rules_seen = std::collections::HashSet::new();
+    let firsts = (expected.values().zip(expected.keys()))
+        .filter(|((_, rule), _)| rule.as_ref().is_some_and(|r| rules_seen.insert(r.clone())))
+        .map(|(want, at)| (at, want));
+    let mut explained = 0;
+    for (at, (verdict, rule)) in firsts {
+        let rule = rule.as_deref().unwrap();
+        let event_id = &run.inputs[at].event_id;
+        let out = std::process::Command::new(support::modstream_binary())
+            .args([
+                "explain",
+                "--event-id",
+                event_id,
+                "--topic",
+                INPUT,
+                "--config",
+            ])
+            .arg(config)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "explain {event_id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let want = format!("state rule {rule:?}");
+        assert!(
+            text.contains(&want),
+            "explain {event_id} ({verdict} by {rule}) says:\n{text}"
+        );
+        assert!(text.contains(&format!("verdict: {verdict}")), "{text}");
+        explained += 1;
+    }
+    assert_eq!(
+        explained, 3,
+        "an event raised by each of the three rules explained"
+    );
 }
 
 /// One scenario at a time: each runs a broker and three members.

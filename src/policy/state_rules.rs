@@ -19,6 +19,10 @@
 //! - `allows_lastN`, `reviews_lastN`, `blocks_lastN`: among the verdicts of
 //!   its last `N` earlier events (`N` up to `state.history`).
 //!
+//! The verdicts counted are those of the models and lists, before any state
+//! rule raised them: a raise never feeds a counter (else a user blocked for
+//! two blocks in three posts would stay blocked by its own raised blocks).
+//!
 //! Windows are whole minutes of the events' own time (the record's
 //! timestamp), so a replay judges as the first run did. Every state rule
 //! whose conditions hold fires; the verdict is raised to the highest

@@ -4,7 +4,8 @@
 //! State is kept per input partition ([`Store`], owned by the hub's
 //! partition) and changed where the partition's verdicts are produced, in
 //! offset order: an event is counted, the state rules read its entity's
-//! state, the verdict is raised if one fires, and the verdict is counted.
+//! state, the verdict is raised if one fires, and the verdict of the models
+//! and lists (before any raise) is counted.
 //! So a rule fires from exactly the event that crosses its threshold.
 //!
 //! Durable: every change is a record of `state.changelog_topic` (compacted),
@@ -165,10 +166,10 @@ impl Keeper {
         };
         state.post(minute);
         let fired = self.fire(&entity, &state, minute, &at);
-        let verdict = fired
-            .as_ref()
-            .map_or(at.verdict, |f| f.raise.max(at.verdict));
-        state.verdict(minute, verdict, self.history);
+        // The models' and lists' verdict, not the raised one: a state rule
+        // never feeds the counters it or another reads (a user blocked for
+        // two blocks in three posts is not blocked forever by its own).
+        state.verdict(minute, at.verdict, self.history);
         let mut changelog =
             vec![self.record(at.tp, at.offset, &entity, Some(&state), at.timestamp_ms)];
         let charge = Store::charge(&entity, &state);
@@ -333,18 +334,22 @@ pub struct Rebuild {
 }
 
 impl Rebuild {
-    /// One changelog record of the partition: kept when it answers an
-    /// offset before `before` of `topic`.
+    /// One changelog record of the partition (`offset_header`: its
+    /// [`OFFSET_HEADER`]'s value): kept when it answers an offset before
+    /// `before` of `topic`.
     pub fn apply(
         &mut self,
         topic: &str,
         before: i64,
         key: &[u8],
         value: Option<&[u8]>,
-        offset: Option<i64>,
+        offset_header: Option<&[u8]>,
     ) -> Result<(), String> {
+        let offset: Option<i64> = offset_header
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| h.parse().ok());
         let Some(offset) = offset else {
-            return Err(format!("no {OFFSET_HEADER} header"));
+            return Err(format!("no {OFFSET_HEADER} header with an offset"));
         };
         let key = std::str::from_utf8(key).map_err(|_| "a key that is not UTF-8".to_string())?;
         let Some(entity) = key.strip_prefix(topic).and_then(|k| k.strip_prefix('/')) else {

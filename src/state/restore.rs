@@ -224,7 +224,7 @@ impl Reader {
                     h.iter()
                         .filter(|h| h.key == OFFSET_HEADER)
                         .last()
-                        .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
+                        .and_then(|h| h.value)
                 });
                 let applied = reading.rebuild.apply(
                     &reading.job.tp.topic,

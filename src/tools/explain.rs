@@ -93,7 +93,13 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
                 });
             }
         }
-        let decision = rule.judge(|m| scores_of(&scores, m));
+        let mut decision = rule.judge(|m| scores_of(&scores, m));
+        let state = StateBefore::read(&settings, &f, opts.timeout)?
+            .map(|mut before| before.judge(&settings, &f, &rules, decision.verdict));
+        let fired = state.as_ref().and_then(|s| s.fired.clone());
+        if let Some(f) = &fired {
+            decision.verdict = decision.verdict.max(f.raise);
+        }
         let judged = Judged {
             rules: &rules,
             rule: rule_id,
@@ -107,7 +113,7 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
                 })
                 .collect(),
             marks: None,
-            state: None,
+            state: fired.as_ref(),
         };
         let answer = Answer {
             source: &f.tp,
@@ -117,6 +123,9 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
             timestamp_ms: f.timestamp_ms,
         };
         out.push_str(&describe(&f, &judged));
+        if let Some(state) = &state {
+            out.push_str(&state.describe());
+        }
         let topic = &settings.output.topic;
         let record = verdict::verdict_record(topic, &answer, &judged, None, Timing::Rejudged);
         let body: serde_json::Value =
@@ -125,6 +134,129 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
         out.push('\n');
     }
     Ok(out)
+}
+
+/// With `[state]`: the state of the event's partition as the changelog
+/// holds it just before the event (the changes of earlier offsets), and
+/// what the state rules make of the event.
+struct StateBefore {
+    store: crate::state::Store,
+    /// Changelog records read.
+    records: u64,
+}
+
+/// What the state rules made of the event.
+struct StateJudged {
+    entity: Option<String>,
+    known: bool,
+    records: u64,
+    fired: Option<crate::policy::state_rules::Fired>,
+}
+
+impl StateBefore {
+    /// `None` without `state.changelog_topic`.
+    fn read(
+        settings: &Settings,
+        f: &Found,
+        timeout: Duration,
+    ) -> anyhow::Result<Option<StateBefore>> {
+        let Some(topic) = &settings.state.changelog_topic else {
+            return Ok(None);
+        };
+        let group = format!("modstream-explain-state-{}", std::process::id());
+        let mut cfg =
+            crate::client::consumer(settings, crate::client::ConsumerRole::RangeReader, &group);
+        cfg.set("isolation.level", "read_committed");
+        let consumer: rdkafka::consumer::BaseConsumer = cfg.create()?;
+        let p = f.tp.partition;
+        let (low, high) = consumer.fetch_watermarks(topic, p, range::TIMEOUT)?;
+        let mut assignment = TopicPartitionList::new();
+        assignment.add_partition_offset(topic, p, Offset::Offset(low))?;
+        consumer.assign(&assignment)?;
+        let late =
+            format!("the state changelog was not read to its end within --timeout ({timeout:?})");
+        let deadline = (std::time::Instant::now() + timeout, late.as_str());
+        let mut rebuild = crate::state::Rebuild::default();
+        let mut records = 0;
+        let ends = HashMap::from([(p, if high > low { high } else { 0 })]);
+        range::read_until(&consumer, ends, Some(deadline), |_, parts| {
+            records += 1;
+            let offset = (parts.headers.iter().rev())
+                .find(|(k, _)| k == crate::state::OFFSET_HEADER)
+                .and_then(|(_, v)| v.as_deref());
+            let key = parts.key.unwrap_or_default();
+            // A record that is not a change of state is skipped, as the restore does.
+            let _ = rebuild.apply(&f.tp.topic, f.offset, key, parts.payload, offset);
+            std::ops::ControlFlow::Continue(())
+        })?;
+        Ok(Some(StateBefore {
+            store: rebuild.finish(),
+            records,
+        }))
+    }
+
+    fn judge(
+        &mut self,
+        settings: &Settings,
+        f: &Found,
+        rules: &crate::policy::Ruleset,
+        verdict: verdict::Verdict,
+    ) -> StateJudged {
+        let entity = crate::policy::Field::parse(&settings.state.entity).and_then(|field| {
+            field
+                .value(&f.tp.topic, &f.event)
+                .map(|v| format!("{}:{v}", settings.state.entity_name))
+        });
+        let known = entity
+            .as_deref()
+            .is_some_and(|e| self.store.get(e).is_some());
+        let step = crate::state::Keeper::new(&settings.state).map(|mut keeper| {
+            keeper.step(
+                &mut self.store,
+                crate::state::Judging {
+                    tp: &f.tp,
+                    offset: f.offset,
+                    event: &f.event,
+                    key: f.key.as_deref(),
+                    timestamp_ms: f.timestamp_ms,
+                    rules,
+                    verdict,
+                },
+            )
+        });
+        StateJudged {
+            entity,
+            known,
+            records: self.records,
+            fired: step.and_then(|s| s.fired),
+        }
+    }
+}
+
+impl StateJudged {
+    fn describe(&self) -> String {
+        let Some(entity) = &self.entity else {
+            return "state: the event names no entity (state.entity)\n".into();
+        };
+        let before = if self.known {
+            format!(
+                "{entity}'s state from the changelog before this offset ({} records read)",
+                self.records
+            )
+        } else {
+            format!(
+                "no state of {entity} in the changelog before this offset ({} records read; the cleaner may have compacted it away)",
+                self.records
+            )
+        };
+        match &self.fired {
+            Some(f) => format!(
+                "state: {before}\n  state rule {:?}: {} = {}: raises to {}\n",
+                f.rule, f.counter, f.value, f.raise
+            ),
+            None => format!("state: {before}\n  no state rule raises it\n"),
+        }
+    }
 }
 
 /// One session of each model the configuration names, with its scorer.
