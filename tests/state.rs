@@ -273,6 +273,9 @@ fn crash_and_rebalance(exactly_once: bool) {
     // minute's start.
     let now = chrono::Utc::now().timestamp_millis() - 20 * MINUTE;
     let t0 = now - now % MINUTE;
+    if !exactly_once {
+        a_narrow_changelog_is_refused_at_start(&broker, dir.path());
+    }
     let load = produce(broker.bootstrap(), events(t0), Duration::from_millis(300));
     let mut a = Modstream::start(&config("a"), "state-a", dir.path());
     assert!(
@@ -365,6 +368,32 @@ fn crash_and_rebalance(exactly_once: bool) {
         assert_eq!(copies, EVENTS, "read_committed: one verdict per event");
     }
     explain_names_the_state_that_fired(&config("explain"), &run, &expected);
+}
+
+/// A changelog with fewer partitions than the input stops the start,
+/// naming the key.
+fn a_narrow_changelog_is_refused_at_start(broker: &Broker, dir: &Path) {
+    broker.create_topic("state-narrow", 1);
+    let sub = dir.join("narrow");
+    std::fs::create_dir_all(&sub).unwrap();
+    let config = write_config(&sub, &broker.bootstrap(), "g-narrow", None);
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        &format!("changelog_topic = \"{CHANGELOG}\""),
+        "changelog_topic = \"state-narrow\"",
+    );
+    std::fs::write(&config, text).unwrap();
+    let mut narrow = Modstream::start(&config, "state-narrow", dir);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while narrow.is_running() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_ne!(narrow.exit_code(), Some(0), "the start fails");
+    let log = support::log_of(dir, "state-narrow");
+    assert!(
+        log.contains("state.changelog_topic")
+            && log.contains("it has 1 partitions and input topic posts has 2"),
+        "{log}"
+    );
 }
 
 /// `modstream explain` of the first event each rule raised names the

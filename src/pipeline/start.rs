@@ -164,10 +164,44 @@ async fn check_output_topics(
     let mut seen = std::collections::HashSet::new();
     topics.retain(|(_, topic)| seen.insert(topic.clone()));
     let (sink, timeout) = (sink.clone(), settings.kafka.startup_timeout);
-    tokio::task::spawn_blocking(move || sink.check_topics(&topics, timeout))
+    let checked = sink.clone();
+    tokio::task::spawn_blocking(move || checked.check_topics(&topics, timeout))
         .await
         .map_err(|_| PipelineError::Producer(ProducerError::Abandoned))??;
-    Ok(())
+    check_changelog_partitions(settings, &sink).await
+}
+
+/// The state changelog has a partition for each input partition (a change
+/// is written to the input partition's number).
+async fn check_changelog_partitions(settings: &Settings, sink: &Sink) -> Result<(), PipelineError> {
+    let Some(changelog) = settings.state.changelog_topic.clone() else {
+        return Ok(());
+    };
+    let mut topics = settings.input.topics.clone();
+    topics.push(changelog.clone());
+    let (sink, timeout) = (sink.clone(), settings.kafka.startup_timeout);
+    let counts = tokio::task::spawn_blocking(move || sink.partition_counts(&topics, timeout))
+        .await
+        .map_err(|_| PipelineError::Producer(ProducerError::Abandoned))?;
+    // A cluster that does not answer here answered the topic check just before.
+    let Ok(counts) = counts else {
+        return Ok(());
+    };
+    let have = counts.get(&changelog).copied().unwrap_or(0);
+    let widest = (settings.input.topics.iter())
+        .filter_map(|t| counts.get(t).map(|n| (t, *n)))
+        .max_by_key(|(_, n)| *n);
+    match widest {
+        Some((input, needed)) if needed > have => Err(crate::producer::topics::TopicCheckError {
+            key: "state.changelog_topic".into(),
+            topic: changelog,
+            problem: format!(
+                "it has {have} partitions and input topic {input} has {needed}: the changelog needs one per input partition (add partitions to it)"
+            ),
+        }
+        .into()),
+        _ => Ok(()),
+    }
 }
 
 /// List changes on their way to the matcher (the list topic's items, the

@@ -301,6 +301,26 @@ mod tests {
     }
 
     #[test]
+    fn state_rules_need_the_state_they_read() {
+        let rule = StateRule {
+            id: "fast".into(),
+            when: Match::default(),
+            conditions: StateRule::parse_conditions("user.posts_1m > 5").unwrap(),
+            raise: Verdict::Review,
+            label: None,
+        };
+        let rules = super::super::Ruleset::new("v".into(), Vec::new()).with_state_rules(vec![rule]);
+        let mut state = crate::config::StateSettings::default();
+        let off = rules.check_state(&state).unwrap_err();
+        assert!(off.message.contains("state.changelog_topic"), "{off}");
+        state.changelog_topic = Some("state".into());
+        assert_eq!(rules.check_state(&state), Ok(()));
+        state.entity_name = "device".into();
+        let other = rules.check_state(&state).unwrap_err();
+        assert_eq!(other.at, "state_rules.fast.if");
+    }
+
+    #[test]
     fn conditions_parse_and_hold() {
         let c = StateRule::parse_conditions("user.posts_1m > 5 and user.blocks_24h >= 3").unwrap();
         assert_eq!(c.len(), 2);

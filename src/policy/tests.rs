@@ -454,3 +454,36 @@ mod index {
         assert_eq!(set.rule_for("posts", &event(None, None)), RuleId(1000));
     }
 }
+
+#[test]
+fn state_rules_are_read_and_a_wrong_one_refuses_the_file() {
+    let base = "version = \"v\"\n[[rules]]\nid = \"default\"\nmodels.profanity.is_offensive = { review_at = 0.5, block_at = 0.9 }\n";
+    let good = format!(
+        "{base}[[state_rules]]\nid = \"fast\"\nwhen = {{ tenant = \"kids\" }}\nif = \"user.posts_1m > 5 and user.blocks_24h >= 1\"\nraise = \"block\"\nlabel = \"velocity\"\n"
+    );
+    let rules = Ruleset::parse(&good, FileFormat::Toml, &models()).unwrap();
+    let rule = &rules.state_rules()[0];
+    assert_eq!(
+        (rule.id.as_str(), rule.raise, rule.conditions.len()),
+        ("fast", Verdict::Block, 2)
+    );
+    assert_eq!(rule.label.as_deref(), Some("velocity"));
+    for (bad, at) in [
+        (
+            "if = \"user.posts_1m > 5\"\nraise = \"allow\"",
+            "state_rules[0] (\"x\").raise",
+        ),
+        (
+            "if = \"user.likes_1m > 5\"\nraise = \"review\"",
+            "state_rules[0] (\"x\").if",
+        ),
+        (
+            "if = \"user.posts_1m > 5\"\nraise = \"review\"\nwhen = { colour = \"red\" }",
+            "state_rules[0] (\"x\").when.colour",
+        ),
+    ] {
+        let text = format!("{base}[[state_rules]]\nid = \"x\"\n{bad}\n");
+        let e = Ruleset::parse(&text, FileFormat::Toml, &models()).unwrap_err();
+        assert_eq!(e.at, at, "{e}");
+    }
+}

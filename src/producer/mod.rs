@@ -433,6 +433,19 @@ impl Sink {
             .collect())
     }
 
+    /// How many partitions each of `topics` the cluster lists has (blocking).
+    pub fn partition_counts(
+        &self,
+        topics: &[String],
+        timeout: Duration,
+    ) -> Result<std::collections::HashMap<String, usize>, KafkaError> {
+        let metadata = self.producer.client().fetch_metadata(None, timeout)?;
+        Ok((metadata.topics().iter())
+            .filter(|t| t.error().is_none() && topics.iter().any(|n| n == t.name()))
+            .map(|t| (t.name().to_string(), t.partitions().len()))
+            .collect())
+    }
+
     /// Whether the cluster answers this producer's metadata request (blocking).
     pub fn reachable(&self, timeout: Duration) -> bool {
         self.producer.client().fetch_metadata(None, timeout).is_ok()

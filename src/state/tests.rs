@@ -263,3 +263,84 @@ fn a_rebuild_keeps_only_changes_before_the_first_offset_read() {
     let s = step(&mut k, &mut again, &rules, "u", 3, t, Verdict::Allow);
     assert_eq!(s.fired.map(|f| f.value), Some(4));
 }
+
+#[test]
+fn a_spammer_cannot_spread_its_posts_over_minutes_by_the_time_it_writes() {
+    let mut k = keeper(1 << 20);
+    let mut store = Store::default();
+    let rules = rules("user.posts_1m > 3", Verdict::Review);
+    let t = 1_800_000_000_000;
+    let tp = Tp::new("posts", 0);
+    let mut raised = 0;
+    for i in 0..6 {
+        // Each post claims a different hour; the records arrive within a minute.
+        let mut event = event("spammer");
+        event.created_at_ms = Some(t - i * 3_600_000);
+        let at = Judging {
+            tp: &tp,
+            offset: i,
+            event: &event,
+            key: Some(b"spammer"),
+            timestamp_ms: Some(t + i * 1000),
+            rules: &rules,
+            verdict: Verdict::Allow,
+        };
+        raised += usize::from(k.step(&mut store, at).fired.is_some());
+    }
+    assert_eq!(raised, 3);
+}
+
+/// The spammer's fourth post after three rounds of `flood` one-post
+/// accounts between its posts: its `posts_1m` then, and the entities held.
+fn after_a_flood(max_bytes: usize, flood: usize) -> (Option<u64>, usize) {
+    let mut k = keeper(max_bytes);
+    let mut store = Store::default();
+    let rules = rules("user.posts_1m > 0", Verdict::Review);
+    let t = 1_800_000_000_000;
+    let mut offset = 0;
+    for round in 0..3 {
+        step(
+            &mut k,
+            &mut store,
+            &rules,
+            "spammer",
+            offset,
+            t,
+            Verdict::Allow,
+        );
+        for j in 0..flood {
+            offset += 1;
+            let user = format!("fresh-{round}-{j}");
+            step(&mut k, &mut store, &rules, &user, offset, t, Verdict::Allow);
+        }
+        offset += 1;
+    }
+    assert!(k.bytes <= max_bytes, "{} bytes held", k.bytes);
+    let fourth = step(
+        &mut k,
+        &mut store,
+        &rules,
+        "spammer",
+        offset,
+        t,
+        Verdict::Allow,
+    );
+    (fourth.fired.map(|f| f.value), store.len())
+}
+
+#[test]
+fn a_flood_of_fresh_accounts_within_the_budget_does_not_reset_a_spammer() {
+    // About 8,000 entities fit in 1.5 MiB: 5,000 accounts between two of
+    // its posts leave it remembered, though 15,000 in all were forgotten
+    // from the oldest.
+    let (count, held) = after_a_flood(3 << 19, 5_000);
+    assert!(
+        held < 15_000,
+        "the flood went past the budget ({held} held)"
+    );
+    assert_eq!(count, Some(4));
+    // Past the budget between two posts, it is forgotten (the bound the
+    // docs state): its count starts again.
+    let (count, _) = after_a_flood(3 << 19, 10_000);
+    assert_eq!(count, Some(1));
+}
