@@ -36,6 +36,8 @@ pub(super) struct ProcessRun {
     /// The broker's CPU seconds over the same span (`--broker-pid`).
     pub broker_cpu_s: Option<f64>,
     pub verdicts: usize,
+    /// What the run wrote to its cell's state changelog.
+    pub changelog: crate::state::Changelog,
 }
 
 impl ProcessRun {
@@ -106,19 +108,30 @@ pub(super) async fn run(opts: &BenchOptions, python: &Path) -> anyhow::Result<Ba
 pub(super) async fn own_runs(opts: &BenchOptions) -> anyhow::Result<Vec<OwnRun>> {
     let events = generate(opts.events, 0, "o-");
     let model_dir = std::path::absolute(inference_settings(opts).model_dir)?;
-    let mut runs = Vec::with_capacity(opts.own_runs);
+    // With `--state-rules`, each round runs without state, then with it.
+    let contenders: &[bool] = if opts.state_rules {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    let state_extra = crate::state::rules_config(&model_dir)?;
+    let mut runs = Vec::with_capacity(opts.own_runs * contenders.len());
     for _ in 0..opts.own_runs {
-        let m = modstream(opts, &events, &model_dir, "").await?;
-        let run = OwnRun {
-            events: events.len(),
-            per_s: m.per_s,
-            cpu_us_per_verdict: m.cpu_s_per_million(),
-            kafka_cpu_share: m.kafka_share(),
-            peak_rss_bytes: m.peak_rss_bytes,
-            broker_cpu_us_per_verdict: m.broker_cpu_us_per_verdict(),
-        };
-        run.print();
-        runs.push(run);
+        for &state in contenders {
+            let extra = if state { state_extra.as_str() } else { "" };
+            let m = modstream(opts, &events, &model_dir, extra).await?;
+            let run = OwnRun {
+                events: events.len(),
+                per_s: m.per_s,
+                cpu_us_per_verdict: m.cpu_s_per_million(),
+                kafka_cpu_share: m.kafka_share(),
+                peak_rss_bytes: m.peak_rss_bytes,
+                broker_cpu_us_per_verdict: m.broker_cpu_us_per_verdict(),
+                state: state.then(|| m.changelog.cost(events.len())),
+            };
+            run.print();
+            runs.push(run);
+        }
     }
     Ok(runs)
 }
@@ -153,7 +166,8 @@ pub(super) fn python_script(opts: &BenchOptions) -> anyhow::Result<PathBuf> {
 }
 
 /// `modstream run` with only the topics, group and model set, and `extra`
-/// (TOML appended after `[inference]`).
+/// (TOML appended after `[inference]`; [`crate::state::STATE_TOPIC`] in it
+/// stands for the cell's state changelog).
 pub(super) async fn modstream(
     opts: &BenchOptions,
     events: &[GeneratedEvent],
@@ -172,7 +186,8 @@ pub(super) async fn modstream(
             cell.verdicts,
             cell.dlq,
             model_dir.display().to_string()
-        ))
+        )
+        .replace(crate::state::STATE_TOPIC, &cell.state))
     })
     .await
 }
@@ -206,7 +221,8 @@ pub(super) async fn service_process(
     let _ = Command::new("kill").args(["-TERM", &pid]).status();
     let _ = tokio::task::spawn_blocking(move || child.wait()).await?;
     let _ = std::fs::remove_dir_all(&dir);
-    watched
+    let changelog = crate::state::changelog_of(&cell).await?;
+    watched.map(|run| ProcessRun { changelog, ..run })
 }
 
 pub(super) async fn python_job(
@@ -300,6 +316,7 @@ async fn watch(
         cpu: last.cpu.since(&first.cpu),
         broker_cpu_s: last.broker_s.zip(first.broker_s).map(|(l, f)| l - f),
         verdicts: last.verdicts.saturating_sub(first.verdicts),
+        changelog: Default::default(),
     })
 }
 

@@ -30,8 +30,13 @@ pub(super) struct Cell {
     pub dlq: String,
     /// Sampling's records (`--sampling-runs`).
     pub samples: String,
+    /// The state changelog (`--state-rules`), as many partitions as the input.
+    pub state: String,
     pub group: String,
 }
+
+/// The state changelog of the embedded cluster.
+const DEMO_STATE: &str = "moderation.state";
 
 impl Cell {
     pub(super) async fn new(opts: &BenchOptions) -> anyhow::Result<Cell> {
@@ -48,6 +53,7 @@ impl Cell {
                 // The shadow model's comparison records (`--shadow-model`).
                 ("moderation.shadow", 1),
                 (DEMO_SAMPLES, 1),
+                (DEMO_STATE, partitions),
             ])?;
             return Ok(Cell {
                 bootstrap: broker.bootstrap_servers().to_string(),
@@ -58,6 +64,7 @@ impl Cell {
                 verdicts: DEMO_VERDICTS.to_string(),
                 dlq: DEMO_DLQ.to_string(),
                 samples: DEMO_SAMPLES.to_string(),
+                state: DEMO_STATE.to_string(),
                 group: "bench".to_string(),
             });
         };
@@ -77,6 +84,7 @@ impl Cell {
             verdicts: format!("{prefix}-verdicts"),
             dlq: format!("{prefix}-dlq"),
             samples: format!("{prefix}-samples"),
+            state: format!("{prefix}-state"),
             group: prefix,
         };
         use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -89,6 +97,7 @@ impl Cell {
             (&cell.verdicts, verdict_partitions),
             (&cell.dlq, 1),
             (&cell.samples, 1),
+            (&cell.state, partitions),
         ] {
             // The cluster's default replication first; 1 where that is refused.
             let mut created = Err(String::new());

@@ -32,6 +32,7 @@ mod rows;
 mod runs;
 mod sampling;
 mod session;
+mod state;
 mod token_batching;
 
 use std::path::{Path, PathBuf};
@@ -101,6 +102,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
     let token_batching = token_batching::rows(&opts).await?;
     let curves = curves::rows(&opts).await?;
     let matcher_curves = matcher_curves::rows(&opts)?;
+    let state_restores = state::restores(&opts).await?;
     let report = Report {
         machine: format!(
             "{} cores",
@@ -137,6 +139,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<Report> {
         token_batching,
         curves,
         matcher_curves,
+        state_restores,
     };
     write_report(&report, &opts.out_dir)?;
     Ok(report)

@@ -13,6 +13,7 @@ mod extras;
 mod matching;
 mod repeats;
 mod sampling;
+mod state;
 
 /// Opens a generated block: `<!-- bench-tables: PATH -->`, PATH relative
 /// to the repository root (several paths: those runs side by side, see

@@ -150,6 +150,16 @@ pub struct BenchOptions {
     /// the service's own CPU per verdict, before and after a change.
     #[arg(long, default_value_t = 0)]
     pub own_runs: usize,
+    /// With `--own-runs`: each round runs `modstream run` without state,
+    /// then with two state rules reading each user's state (a changelog
+    /// topic as large as the input): CPU per verdict both ways, and the
+    /// changelog's bytes per verdict.
+    #[arg(long)]
+    pub state_rules: bool,
+    /// A changelog partition of each of these many entities read back by
+    /// the state restore thread, timed (empty: skip).
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub state_restore: Vec<u64>,
     /// Batching by tokens against batching by count, on a long-tailed mix
     /// of post lengths (most under 20 tokens, a tail to 512): each
     /// `batching.max_batch_tokens` given here (with `--token-batch-size` as

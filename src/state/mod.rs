@@ -76,6 +76,11 @@ impl Store {
         self.entities.is_empty()
     }
 
+    /// What its entities are charged against `state.max_bytes`.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// An entity's state, as the changelog has it.
     pub fn get(&self, entity: &str) -> Option<&EntityState> {
         self.entities.get(entity)

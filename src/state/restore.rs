@@ -117,6 +117,7 @@ struct Reader {
 
 impl Reader {
     fn run(mut self, jobs: &std::sync::mpsc::Receiver<Job>) {
+        let mut last_check = Instant::now();
         loop {
             let idle = self.reading.is_empty() && self.waiting.is_empty();
             let next = if idle {
@@ -142,7 +143,13 @@ impl Reader {
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
-            self.poll();
+            // Positions are looked at every 100 ms, or when nothing came,
+            // not per record (the lookup costs more than a record).
+            let read = self.poll();
+            if read && last_check.elapsed() < Duration::from_millis(100) {
+                continue;
+            }
+            last_check = Instant::now();
             if self.finish_done().is_err() {
                 return;
             }
@@ -209,15 +216,17 @@ impl Reader {
         Ok(high)
     }
 
-    fn poll(&mut self) {
+    /// One record read and applied; whether one came.
+    fn poll(&mut self) -> bool {
         match self.consumer.poll(Duration::from_millis(100)) {
-            None => {}
+            None => false,
             Some(Err(e)) => {
                 tracing::warn!(topic = %self.topic, error = %e, "state changelog read failed");
+                false
             }
             Some(Ok(message)) => {
                 let Some(reading) = self.reading.get_mut(&message.partition()) else {
-                    return;
+                    return true;
                 };
                 reading.records += 1;
                 let offset = message.headers().and_then(|h| {
@@ -236,6 +245,7 @@ impl Reader {
                 if let Err(why) = applied {
                     tracing::warn!(topic = %self.topic, partition = message.partition(), offset = message.offset(), why, "state changelog record skipped");
                 }
+                true
             }
         }
     }

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 mod sweep_rows;
 
 pub use sweep_rows::{
-    CascadeRow, CostRow, Curve, CurveRow, Held, MatcherCurveRow, OwnRun, SessionRow, TokenBatchRow,
-    TokenizationRow,
+    CascadeRow, CostRow, Curve, CurveRow, Held, MatcherCurveRow, OwnRun, RestoreRow, SessionRow,
+    StateCost, TokenBatchRow, TokenizationRow,
 };
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -207,6 +207,9 @@ pub struct Report {
     /// The matcher's curves (`--list-items`, `--wave-clusters`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub matcher_curves: Vec<MatcherCurveRow>,
+    /// State restores timed (`--state-restore`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub state_restores: Vec<RestoreRow>,
 }
 
 /// Sampling's cost: the default cell at saturation on the generated

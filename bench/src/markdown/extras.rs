@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use modstream::tools::report::{BaselineRow, Curve, CurveRow, Report, TokenBatchRow};
 
-use super::{MIB, matching, sampling};
+use super::{MIB, matching, sampling, state};
 use modstream::tools::stats::median;
 
 /// modstream at its default configuration against the plain Python consumer.
@@ -60,6 +60,9 @@ fn baseline(out: &mut String, b: &BaselineRow) {
 
 /// `--own-runs`: each run of the default configuration and their median.
 fn own_runs(out: &mut String, report: &Report) {
+    if state::own_runs(out, report) {
+        return;
+    }
     let runs = &report.own_runs;
     let Some(first) = runs.first() else {
         return;
@@ -230,6 +233,7 @@ pub(super) fn extras(out: &mut String, report: &Report) {
         baseline(out, b);
     }
     own_runs(out, report);
+    state::restores(out, report);
     token_batching(out, report);
     curves(out, report);
     if let Some(s) = &report.shadow {

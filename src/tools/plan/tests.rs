@@ -56,6 +56,7 @@ fn with_own_runs() -> Report {
             kafka_cpu_share: 0.2,
             peak_rss_bytes: 1,
             broker_cpu_us_per_verdict: None,
+            state: None,
         })
         .collect();
     report

@@ -90,6 +90,31 @@ pub struct OwnRun {
     pub peak_rss_bytes: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub broker_cpu_us_per_verdict: Option<f64>,
+    /// With `--state-rules`: this run kept entity state for two state
+    /// rules, and what it wrote to the changelog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<StateCost>,
+}
+
+/// What keeping state wrote (`--state-rules`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StateCost {
+    pub changelog_records: u64,
+    /// Keys, values and headers of the changelog's records ÷ verdicts.
+    pub changelog_bytes_per_verdict: f64,
+}
+
+/// A changelog partition of `entities` entities read back by the restore
+/// thread (`--state-restore`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RestoreRow {
+    pub entities: u64,
+    pub records: u64,
+    pub changelog_bytes: u64,
+    pub seconds: f64,
+    pub entities_per_s: f64,
+    /// The restored state's charge against `state.max_bytes`.
+    pub state_bytes: u64,
 }
 
 /// One contender of the token-batching sweep (`--token-budgets`): batching
