@@ -485,3 +485,54 @@ fn the_list_and_wave_curves_load_each_list_and_find_its_texts() {
     assert!(tables.contains("**Cost as the known-bad list items grow**"));
     assert!(tables.contains("**The matcher alone as the wave clusters held grow**"));
 }
+
+/// `--own-runs --state-rules` and `--state-restore` on the embedded cluster:
+/// the run with state wrote one change per verdict, the restore read back
+/// every entity written, and both tables render.
+#[test]
+fn a_tiny_state_bench_counts_the_changelog_and_the_restore() {
+    let out = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(support::modstream_binary())
+        .current_dir(support::repo_root())
+        .args([
+            "bench",
+            "--events",
+            "300",
+            "--batch-sizes",
+            "16",
+            "--delays-ms",
+            "5",
+            "--loads",
+            "--overload",
+            "0",
+            "--step-seconds",
+            "0",
+            "--repeat-shares",
+            "--target-p99-ms",
+            "0",
+            "--own-runs",
+            "1",
+            "--state-rules",
+            "--state-restore",
+            "200",
+            "--out",
+        ])
+        .arg(out.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let report = written_report(out.path());
+    let states: Vec<_> = report.own_runs.iter().map(|r| r.state.as_ref()).collect();
+    assert_eq!(states.len(), 2, "a run without state, then one with it");
+    assert!(states[0].is_none());
+    let with = states[1].expect("the second run kept state");
+    assert_eq!(with.changelog_records, 300, "one change per event");
+    assert!(with.changelog_bytes_per_verdict > 50.0, "{with:?}");
+    let restore = &report.state_restores[0];
+    assert_eq!((restore.entities, restore.records), (200, 200));
+    assert!(restore.entities_per_s > 0.0 && restore.state_bytes > 0);
+    let tables = modstream_bench::markdown(&report);
+    assert!(
+        tables.contains("without and with state rules") && tables.contains("**State restore**")
+    );
+}

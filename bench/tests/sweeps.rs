@@ -270,6 +270,8 @@ fn tiny_options() -> BenchOptions {
         match_floods: 0,
         sampling_runs: 0,
         own_runs: 0,
+        state_rules: false,
+        state_restore: Vec::new(),
         token_budgets: Vec::new(),
         token_batch_size: 256,
         token_target_p99_ms: 0,
