@@ -121,3 +121,99 @@ fn a_flood_of_large_records_stays_within_the_byte_budget() {
     );
     assert!(service.terminate(Duration::from_secs(30)), "stops cleanly");
 }
+
+/// A metric's value in a Prometheus exposition (the first series of it).
+fn metric(exposition: &str, name: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Entity state is bounded by `state.max_bytes` under a flood of distinct
+/// users (each a new entity, about 36 MiB of state for 200,000 of them
+/// unbounded): the state's charge stays within its 4 MiB, the least
+/// recently seen forgotten, and the process's peak RSS within settled +
+/// the byte budget + `state.max_bytes` + the constant above.
+#[test]
+fn a_flood_of_distinct_users_keeps_the_state_within_its_budget() {
+    const USERS: usize = 100_000;
+    const STATE_MIB: u64 = 4;
+    let broker = Broker::start();
+    broker.create_topic(INPUT, PARTITIONS);
+    broker.create_topic(VERDICTS, PARTITIONS);
+    broker.create_topic(DLQ, 1);
+    broker.create_topic("state", PARTITIONS);
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        "version = \"v\"\n[[rules]]\nid = \"default\"\nmodels.default.offensive = { review_at = 0.5, block_at = 0.85 }\n\
+         [[state_rules]]\nid = \"fast\"\nif = \"user.posts_1m > 5\"\nraise = \"review\"\n",
+    )
+    .unwrap();
+    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-users");
+    let (profanity, null) = (
+        support::repo_root().join("models/profanity-check"),
+        support::repo_root().join("models/null-text"),
+    );
+    let port = support::free_port();
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace(
+            &profanity.display().to_string(),
+            &null.display().to_string(),
+        )
+        .replace(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:{port}\""),
+        );
+    std::fs::write(
+        &config,
+        format!(
+            "{text}\n[policy]\nfile = \"{}\"\n[state]\nchangelog_topic = \"state\"\nmax_bytes = {}\n",
+            policy.display(),
+            STATE_MIB * 1024 * 1024
+        ),
+    )
+    .unwrap();
+    let mut service = Modstream::start(&config, "users", dir.path());
+    let pid = service.pid().expect("modstream runs");
+    let warm = support::produce(&broker.bootstrap(), &support::events("w-", 0..20));
+    let v = support::verify(&broker.bootstrap(), &warm, Duration::from_secs(90));
+    assert!(v.lost.is_empty(), "warm-up lost {:?}", v.lost);
+    let settled = status_mib(pid, "VmRSS:");
+    let flood: Vec<_> = (0..USERS)
+        .map(|i| {
+            let (id, user) = (format!("u-{i}"), format!("user-{i}"));
+            let payload =
+                serde_json::json!({"event_id": id, "user_id": user, "text": "hello there"});
+            (id, user, payload.to_string().into_bytes())
+        })
+        .collect();
+    let acked = support::produce(&broker.bootstrap(), &flood);
+    let v = support::verify(&broker.bootstrap(), &acked, Duration::from_secs(300));
+    assert!(v.lost.is_empty(), "lost {} events", v.lost.len());
+    let peak = status_mib(pid, "VmHWM:");
+    let (_, exposition) = support::http_get(port, "/metrics");
+    let bytes = metric(&exposition, "modstream_state_bytes").expect("state bytes exported");
+    let entities = metric(&exposition, "modstream_state_entities").expect("entities exported");
+    let evicted = metric(&exposition, "modstream_state_evicted_total").unwrap_or(0.0);
+    let bound = settled + BUDGET_MIB + STATE_MIB + CONSTANT_MIB;
+    println!(
+        "{USERS} one-post users: state {bytes} bytes, {entities} entities, {evicted} forgotten; RSS settled {settled} MiB, peak {peak} MiB, bound {bound} MiB"
+    );
+    assert!(
+        bytes <= (STATE_MIB * 1024 * 1024) as f64,
+        "state charge {bytes} over {STATE_MIB} MiB"
+    );
+    assert!(
+        entities > 0.0 && entities + evicted >= USERS as f64,
+        "{entities} held, {evicted} forgotten"
+    );
+    assert!(
+        settled > 0 && peak <= bound,
+        "peak RSS {peak} MiB over {bound} MiB"
+    );
+    assert!(service.terminate(Duration::from_secs(30)), "stops cleanly");
+}
