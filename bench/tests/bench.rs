@@ -48,6 +48,30 @@ fn bench_binary(out: &std::path::Path) -> Report {
     written_report(out)
 }
 
+/// `modstream bench` on a small cell (400 events, batches of 16, no latency,
+/// step, cache or overload runs) with `args` on top; the report it wrote
+/// into `out`.
+fn small_bench(out: &std::path::Path, args: &[&str]) -> Report {
+    let status = std::process::Command::new(support::modstream_binary())
+        .current_dir(support::repo_root())
+        .args(["bench", "--events", "400", "--batch-sizes", "16"])
+        .args(["--delays-ms", "5", "--loads", "--overload", "0"])
+        .args([
+            "--target-p99-ms",
+            "0",
+            "--step-seconds",
+            "0",
+            "--repeat-shares",
+        ])
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    written_report(out)
+}
+
 /// The bench.json a run wrote into `out`.
 fn written_report(out: &std::path::Path) -> Report {
     serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).unwrap()).unwrap()
@@ -433,29 +457,10 @@ fn the_cascade_cost_and_session_sweeps_report_what_users_pay() {
 #[test]
 fn the_list_and_wave_curves_load_each_list_and_find_its_texts() {
     let out = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new(support::modstream_binary())
-        .current_dir(support::repo_root())
-        .args(["bench", "--events", "400", "--batch-sizes", "16"])
-        .args(["--delays-ms", "5", "--loads", "--overload", "0"])
-        .args([
-            "--target-p99-ms",
-            "0",
-            "--step-seconds",
-            "0",
-            "--repeat-shares",
-        ])
-        .args([
-            "--list-items",
-            "50,500",
-            "--wave-clusters",
-            "0,200",
-            "--out",
-        ])
-        .arg(out.path())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let report = written_report(out.path());
+    let report = small_bench(
+        out.path(),
+        &["--list-items", "50,500", "--wave-clusters", "0,200"],
+    );
     use modstream::tools::report::{Curve, Held};
     let service: Vec<_> = (report.curves.iter())
         .filter(|c| c.curve == Curve::ListItems)
@@ -492,41 +497,15 @@ fn the_list_and_wave_curves_load_each_list_and_find_its_texts() {
 #[test]
 fn a_tiny_state_bench_counts_the_changelog_and_the_restore() {
     let out = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new(support::modstream_binary())
-        .current_dir(support::repo_root())
-        .args([
-            "bench",
-            "--events",
-            "300",
-            "--batch-sizes",
-            "16",
-            "--delays-ms",
-            "5",
-            "--loads",
-            "--overload",
-            "0",
-            "--step-seconds",
-            "0",
-            "--repeat-shares",
-            "--target-p99-ms",
-            "0",
-            "--own-runs",
-            "1",
-            "--state-rules",
-            "--state-restore",
-            "200",
-            "--out",
-        ])
-        .arg(out.path())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let report = written_report(out.path());
+    let report = small_bench(
+        out.path(),
+        &["--own-runs", "1", "--state-rules", "--state-restore", "200"],
+    );
     let states: Vec<_> = report.own_runs.iter().map(|r| r.state.as_ref()).collect();
     assert_eq!(states.len(), 2, "a run without state, then one with it");
     assert!(states[0].is_none());
     let with = states[1].expect("the second run kept state");
-    assert_eq!(with.changelog_records, 300, "one change per event");
+    assert_eq!(with.changelog_records, 400, "one change per event");
     assert!(with.changelog_bytes_per_verdict > 50.0, "{with:?}");
     let restore = &report.state_restores[0];
     assert_eq!((restore.entities, restore.records), (200, 200));

@@ -54,7 +54,11 @@ impl<D: Deliver> Hub<D> {
                 };
                 self.remember_scores(&pending);
                 let keeper = self.state.as_mut();
-                let store = self.partitions.get_mut(tp).and_then(Partition::state_mut);
+                // Without state, no second lookup of the partition per event.
+                let store = match keeper {
+                    Some(_) => self.partitions.get_mut(tp).and_then(Partition::state_mut),
+                    None => None,
+                };
                 let (out, outcome) =
                     self.outputs
                         .compose(pending, |p, verdict| match (keeper, store) {
