@@ -103,8 +103,7 @@ async fn write_changelog(cell: &Cell, entities: u64) -> anyhow::Result<u64> {
         cell.input.clone(),
     );
     tokio::task::spawn_blocking(move || {
-        use rdkafka::message::{Header, OwnedHeaders};
-        use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+        use rdkafka::producer::{BaseProducer, Producer};
         let producer: BaseProducer = rdkafka::ClientConfig::new()
             .set("bootstrap.servers", &bootstrap)
             .set("linger.ms", "20")
@@ -126,17 +125,7 @@ async fn write_changelog(cell: &Cell, entities: u64) -> anyhow::Result<u64> {
             // One entity at a time: the store is dropped as it goes.
             let mut store = modstream::state::Store::default();
             let user = format!("u-{i}");
-            let event = modstream::event::Event {
-                event_id: format!("e-{i}"),
-                text: String::new(),
-                user_id: Some(user.clone()),
-                lang: None,
-                created_at_ms: None,
-                priority: modstream::event::Priority::Normal,
-                metadata: None,
-                tenant: None,
-                warnings: Vec::new(),
-            };
+            let event = one_post(&user);
             let at = modstream::state::Judging {
                 tp: &tp,
                 offset: i as i64,
@@ -147,33 +136,7 @@ async fn write_changelog(cell: &Cell, entities: u64) -> anyhow::Result<u64> {
                 verdict: Verdict::Allow,
             };
             for record in keeper.step(&mut store, at).changelog {
-                let headers = (record.headers.iter()).fold(OwnedHeaders::new(), |h, (k, v)| {
-                    h.insert(Header {
-                        key: k.as_ref(),
-                        value: v.as_deref(),
-                    })
-                });
-                let (key, payload) = (
-                    record.key.unwrap_or_default(),
-                    record.payload.unwrap_or_default(),
-                );
-                bytes += (key.len() + payload.len()) as u64;
-                bytes += (record.headers.iter())
-                    .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
-                    .sum::<usize>() as u64;
-                let mut base = BaseRecord::to(&topic)
-                    .partition(0)
-                    .key(key.as_slice())
-                    .payload(payload.as_slice())
-                    .headers(headers);
-                while let Err((e, back)) = producer.send(base) {
-                    let full = rdkafka::error::KafkaError::MessageProduction(
-                        rdkafka::types::RDKafkaErrorCode::QueueFull,
-                    );
-                    anyhow::ensure!(e == full, "{e}");
-                    base = back;
-                    producer.poll(Duration::from_millis(10));
-                }
+                bytes += send(&producer, &topic, record)?;
             }
             keeper.dropped(&store);
         }
@@ -181,6 +144,60 @@ async fn write_changelog(cell: &Cell, entities: u64) -> anyhow::Result<u64> {
         anyhow::Ok(bytes)
     })
     .await?
+}
+
+/// A user's post, as the state step reads it.
+fn one_post(user: &str) -> modstream::event::Event {
+    modstream::event::Event {
+        event_id: format!("e-{user}"),
+        text: String::new(),
+        user_id: Some(user.to_string()),
+        lang: None,
+        created_at_ms: None,
+        priority: modstream::event::Priority::Normal,
+        metadata: None,
+        tenant: None,
+        warnings: Vec::new(),
+    }
+}
+
+/// One changelog record to the topic's partition 0 (waiting while the
+/// producer's queue is full); its bytes (key, value, headers).
+fn send(
+    producer: &rdkafka::producer::BaseProducer,
+    topic: &str,
+    record: modstream::record::OutRecord,
+) -> anyhow::Result<u64> {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::BaseRecord;
+    let headers = (record.headers.iter()).fold(OwnedHeaders::new(), |h, (k, v)| {
+        h.insert(Header {
+            key: k.as_ref(),
+            value: v.as_deref(),
+        })
+    });
+    let header_bytes: usize = (record.headers.iter())
+        .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+        .sum();
+    let (key, payload) = (
+        record.key.unwrap_or_default(),
+        record.payload.unwrap_or_default(),
+    );
+    let bytes = (key.len() + payload.len() + header_bytes) as u64;
+    let mut base = BaseRecord::to(topic)
+        .partition(0)
+        .key(key.as_slice())
+        .payload(payload.as_slice())
+        .headers(headers);
+    while let Err((e, back)) = producer.send(base) {
+        let full = rdkafka::error::KafkaError::MessageProduction(
+            rdkafka::types::RDKafkaErrorCode::QueueFull,
+        );
+        anyhow::ensure!(e == full, "{e}");
+        base = back;
+        producer.poll(Duration::from_millis(10));
+    }
+    Ok(bytes)
 }
 
 /// The restore thread reads the changelog's partition 0 for the input's

@@ -33,7 +33,9 @@
 //! least recently seen entity of the partition being updated is forgotten,
 //! and an entity with nothing in the last day is forgotten when it is the
 //! least recently seen; either writes a tombstone to the changelog, so a
-//! restored owner forgets it too.
+//! restored owner forgets it too. (The budget spans all of an instance's
+//! partitions: a new owner holding other partitions may forget other
+//! entities later than the old one would have. Exact while within it.)
 
 use std::borrow::Cow;
 
@@ -146,7 +148,7 @@ impl Keeper {
     }
 
     /// Counts an event in its entity's state, judges it by the state rules,
-    /// and counts its verdict (raised if a rule fired).
+    /// and counts the verdict of its models and lists (never the raised one).
     pub fn step(&mut self, store: &mut Store, at: Judging<'_>) -> Step {
         let Some(id) = self.field.value(&at.tp.topic, at.event) else {
             return Step::default();

@@ -94,12 +94,8 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
             }
         }
         let mut decision = rule.judge(|m| scores_of(&scores, m));
-        let state = StateBefore::read(&settings, &f, opts.timeout)?
-            .map(|mut before| before.judge(&settings, &f, &rules, decision.verdict));
+        let state = StateJudged::of(&settings, &f, &rules, &mut decision, opts.timeout)?;
         let fired = state.as_ref().and_then(|s| s.fired.clone());
-        if let Some(f) = &fired {
-            decision.verdict = decision.verdict.max(f.raise);
-        }
         let judged = Judged {
             rules: &rules,
             rule: rule_id,
@@ -234,6 +230,25 @@ impl StateBefore {
 }
 
 impl StateJudged {
+    /// With `[state]`: what the state rules make of the event, from the
+    /// changelog before it; `decision` raised if one fires.
+    fn of(
+        settings: &Settings,
+        f: &Found,
+        rules: &crate::policy::Ruleset,
+        decision: &mut crate::policy::Decision,
+        timeout: Duration,
+    ) -> anyhow::Result<Option<StateJudged>> {
+        let Some(mut before) = StateBefore::read(settings, f, timeout)? else {
+            return Ok(None);
+        };
+        let judged = before.judge(settings, f, rules, decision.verdict);
+        if let Some(fired) = &judged.fired {
+            decision.verdict = decision.verdict.max(fired.raise);
+        }
+        Ok(Some(judged))
+    }
+
     fn describe(&self) -> String {
         let Some(entity) = &self.entity else {
             return "state: the event names no entity (state.entity)\n".into();
