@@ -37,6 +37,10 @@ label = "velocity"
 id = "repeat-offender"
 if = "user.blocks_last3 >= 2"
 raise = "block"
+[[state_rules]]
+id = "insult-run"
+if = "user.offensive_over_0.3_10m >= 3"
+raise = "review"
 "#;
 
 fn write_config(dir: &Path, bootstrap: &str, group: &str, exactly_once: Option<&str>) -> PathBuf {
@@ -139,6 +143,8 @@ struct Written {
     verdict: String,
     /// The verdict of the models alone (the highest threshold crossed).
     by_score: String,
+    /// Its `offensive` score (f32, as the state compares it).
+    offensive: f32,
     state_rule: Option<String>,
 }
 
@@ -195,6 +201,9 @@ fn read_back(bootstrap: &str, isolation: Isolation) -> ReadBack {
             user: users[v["event_id"].as_str().unwrap()].clone(),
             verdict: v["verdict"].as_str().unwrap().to_string(),
             by_score,
+            offensive: v["reason"]["models"][0]["scores"]["offensive"]
+                .as_f64()
+                .unwrap() as f32,
             state_rule: v["reason"]["state"]["rule"].as_str().map(String::from),
         });
     }
@@ -207,6 +216,7 @@ fn recompute(run: &ReadBack) -> BTreeMap<At, (String, Option<String>)> {
     // user → (minute → posts), and the last verdicts; every post is within
     // the day before the next.
     let mut posts: HashMap<String, HashMap<i64, u64>> = HashMap::new();
+    let mut insults: HashMap<String, HashMap<i64, u64>> = HashMap::new();
     let mut history: HashMap<String, VecDeque<String>> = HashMap::new();
     let mut expected = BTreeMap::new();
     for (
@@ -216,13 +226,26 @@ fn recompute(run: &ReadBack) -> BTreeMap<At, (String, Option<String>)> {
         },
     ) in &run.inputs
     {
-        let Some(by_score) = run.written.get(at).map(|w| &w[0].by_score) else {
+        let Some(Written {
+            by_score,
+            offensive,
+            ..
+        }) = run.written.get(at).map(|w| &w[0])
+        else {
             continue;
         };
         let minute = timestamp_ms / MINUTE;
         let minutes = posts.entry(user.clone()).or_default();
         *minutes.entry(minute).or_default() += 1;
         let (n, day) = (minutes[&minute], minutes.values().sum::<u64>());
+        let insulting = insults.entry(user.clone()).or_default();
+        if *offensive > 0.3 {
+            *insulting.entry(minute).or_default() += 1;
+        }
+        let last_10m: u64 = (insulting.iter())
+            .filter(|(m, _)| **m > minute - 10 && **m <= minute)
+            .map(|(_, n)| n)
+            .sum();
         let blocks = history.get(user).map_or(0, |h| {
             h.iter().rev().take(3).filter(|v| *v == "block").count()
         });
@@ -236,6 +259,8 @@ fn recompute(run: &ReadBack) -> BTreeMap<At, (String, Option<String>)> {
             (verdict, rule) = ("review".into(), Some("long-run".to_string()));
         } else if n > 5 && rank(&verdict) < 1 {
             (verdict, rule) = ("review".into(), Some("fast-poster".to_string()));
+        } else if last_10m >= 3 && rank(&verdict) < 1 {
+            (verdict, rule) = ("review".into(), Some("insult-run".to_string()));
         }
         // The models' verdict is remembered, not the raised one.
         let h = history.entry(user.clone()).or_default();
@@ -438,8 +463,8 @@ fn explain_names_the_state_that_fired(
         explained += 1;
     }
     assert_eq!(
-        explained, 3,
-        "an event raised by each of the three rules explained"
+        explained, 4,
+        "an event raised by each of the four rules explained"
     );
 }
 

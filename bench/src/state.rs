@@ -134,6 +134,7 @@ async fn write_changelog(cell: &Cell, entities: u64) -> anyhow::Result<u64> {
                 timestamp_ms: Some(now),
                 rules: &rules,
                 verdict: Verdict::Allow,
+                score: &|_| None,
             };
             for record in keeper.step(&mut store, at).changelog {
                 bytes += send(&producer, &topic, record)?;

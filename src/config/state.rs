@@ -49,11 +49,13 @@ pub(super) fn validate(s: &StateSettings) -> Result<(), ConfigError> {
         && s.entity_name.len() <= 32
         && s.entity_name
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_');
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        // `metadata.KEY` in a state rule's `if` is a field of the event.
+        && s.entity_name != "metadata";
     if !name_ok {
         return Err(invalid(
             "state.entity_name",
-            "1 to 32 characters of A-Z a-z 0-9 _",
+            "1 to 32 characters of A-Z a-z 0-9 _, not \"metadata\"",
         ));
     }
     if !(1..=64).contains(&s.history) {

@@ -72,6 +72,7 @@ impl<D: Deliver> Hub<D> {
                                     timestamp_ms: p.original.timestamp_ms,
                                     rules: &p.rules,
                                     verdict,
+                                    score: &|label| label_score(&p.scores, label),
                                 },
                             ),
                             _ => Step::default(),
@@ -341,4 +342,15 @@ fn combine(
         outcome,
         refused_copies,
     }
+}
+
+/// The highest score for `label` among the models that scored an event.
+fn label_score(scores: &[crate::verdict::ModelScores], label: &str) -> Option<f32> {
+    scores
+        .iter()
+        .filter_map(|m| {
+            let at = m.scorer.labels().iter().position(|l| l == label)?;
+            m.probabilities.get(at).copied()
+        })
+        .reduce(f32::max)
 }

@@ -231,7 +231,7 @@ impl FileSpec {
         let mut state_rules = Vec::new();
         for (i, spec) in self.state_rules.into_iter().enumerate() {
             let at = format!("state_rules[{i}] ({:?})", spec.id);
-            let rule = spec.check().map_err(|(key, m)| {
+            let rule = spec.check(models).map_err(|(key, m)| {
                 PolicyError::new(
                     format!("{at}{}{key}", if key.is_empty() { "" } else { "." }),
                     m,
@@ -247,11 +247,28 @@ impl FileSpec {
 }
 
 impl StateRuleSpec {
-    fn check(self) -> Result<StateRule, SpecError> {
+    fn check(self, models: &[ModelLabels]) -> Result<StateRule, SpecError> {
         check_id(&self.id)?;
         let fields = check_when(self.when)?;
         let conditions =
             StateRule::parse_conditions(&self.conditions).map_err(|m| ("if".into(), m))?;
+        let scores = super::state_rules::Tracked::of(&conditions).scores;
+        if let Some(score) = scores
+            .iter()
+            .find(|s| !models.iter().any(|m| m.index(&s.label).is_some()))
+        {
+            let labels: Vec<&str> = models
+                .iter()
+                .flat_map(|m| m.labels.iter().map(String::as_str))
+                .collect();
+            return Err((
+                "if".into(),
+                format!(
+                    "no model has label {:?} (their labels are {labels:?})",
+                    score.label
+                ),
+            ));
+        }
         let raise = match Verdict::parse(&self.raise) {
             Some(v @ (Verdict::Review | Verdict::Block)) => v,
             _ => {

@@ -106,6 +106,8 @@ pub struct Ruleset {
     index: index::TenantIndex,
     /// Rules on an entity's state, after the deciding rule ([`state_rules`]).
     state_rules: Vec<state_rules::StateRule>,
+    /// The scores and distinct values they count.
+    state_tracked: state_rules::Tracked,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -319,11 +321,14 @@ impl Ruleset {
             rules,
             index,
             state_rules: Vec::new(),
+            state_tracked: state_rules::Tracked::default(),
         }
     }
 
     /// These state rules beside the rules.
     pub fn with_state_rules(mut self, state_rules: Vec<state_rules::StateRule>) -> Ruleset {
+        self.state_tracked =
+            state_rules::Tracked::of(state_rules.iter().flat_map(|r| &r.conditions));
         self.state_rules = state_rules;
         self
     }
@@ -331,6 +336,11 @@ impl Ruleset {
     /// The state rules, in order.
     pub fn state_rules(&self) -> &[state_rules::StateRule] {
         &self.state_rules
+    }
+
+    /// The scores and distinct values the state rules count.
+    pub fn state_tracked(&self) -> &state_rules::Tracked {
+        &self.state_tracked
     }
 
     /// The rules, in order.

@@ -481,9 +481,20 @@ fn state_rules_are_read_and_a_wrong_one_refuses_the_file() {
             "if = \"user.posts_1m > 5\"\nraise = \"review\"\nwhen = { colour = \"red\" }",
             "state_rules[0] (\"x\").when.colour",
         ),
+        // A label no model has would never count: refused, not silent.
+        (
+            "if = \"user.offensive_over_0.8_1h > 2\"\nraise = \"review\"",
+            "state_rules[0] (\"x\").if",
+        ),
     ] {
         let text = format!("{base}[[state_rules]]\nid = \"x\"\n{bad}\n");
         let e = Ruleset::parse(&text, FileFormat::Toml, &models()).unwrap_err();
         assert_eq!(e.at, at, "{e}");
     }
+    // A label of either model counts.
+    let scored = format!(
+        "{base}[[state_rules]]\nid = \"toxic\"\nif = \"user.Toxic_over_0.7_1h >= 2 and user.is_offensive_over_0.9_10m >= 1\"\nraise = \"review\"\n"
+    );
+    let rules = Ruleset::parse(&scored, FileFormat::Toml, &models()).unwrap();
+    assert_eq!(rules.state_tracked().scores.len(), 2);
 }

@@ -43,7 +43,7 @@ use hashlink::LinkedHashMap;
 
 use crate::config::StateSettings;
 use crate::event::Event;
-use crate::policy::state_rules::Fired;
+use crate::policy::state_rules::{Fired, Subject, event_value};
 use crate::policy::{Field, Ruleset, Verdict};
 use crate::record::{OutRecord, RecordKind};
 use crate::telemetry::metric;
@@ -113,6 +113,20 @@ pub struct Judging<'a> {
     pub rules: &'a Ruleset,
     /// The verdict of the models and lists.
     pub verdict: Verdict,
+    /// The event's score for a label: the highest of the models that
+    /// scored it; `None` where none has the label.
+    pub score: &'a dyn Fn(&str) -> Option<f32>,
+}
+
+/// A distinct value's hash in an entity's state: SHA-256's first 8 bytes,
+/// so that a poster cannot choose values that collide (that count as one):
+/// finding one pair takes about 2^32 tries, and each pair counts one less.
+pub fn distinct_hash(value: &str) -> u64 {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(value.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_le_bytes(first)
 }
 
 /// The state settings and what all partitions' state holds.
@@ -171,7 +185,9 @@ impl Keeper {
             }
             None => EntityState::default(),
         };
-        state.post(minute);
+        if state.post(minute) {
+            self.count_tracked(&mut state, minute, &at);
+        }
         let fired = self.fire(&entity, &state, minute, &at);
         // The models' and lists' verdict, not the raised one: a state rule
         // never feeds the counters it or another reads (a user blocked for
@@ -200,6 +216,22 @@ impl Keeper {
         Step { fired, changelog }
     }
 
+    /// Counts the event's scores above the thresholds and its distinct
+    /// values, for the counters of the rules in force.
+    fn count_tracked(&self, state: &mut EntityState, minute: u32, at: &Judging<'_>) {
+        let tracked = at.rules.state_tracked();
+        for score in &tracked.scores {
+            if (at.score)(&score.label).is_some_and(|s| s > score.over) {
+                state.over(&score.key, minute);
+            }
+        }
+        for of in &tracked.distinct {
+            if let Some(value) = of.field.value(&at.tp.topic, at.event) {
+                state.seen(&of.name, distinct_hash(&value), minute);
+            }
+        }
+    }
+
     /// The first state rule that gives the highest raise above `verdict`.
     fn fire(
         &self,
@@ -215,19 +247,26 @@ impl Keeper {
             {
                 continue;
             }
-            let holds = rule
-                .conditions
-                .iter()
-                .all(|c| c.op.holds(state.value(c.counter, minute), c.than));
-            if !holds {
+            let holds = rule.conditions.iter().all(|c| {
+                let value = match &c.subject {
+                    Subject::Counter { counter, .. } => Some(state.value(counter, minute) as f64),
+                    Subject::Event { field, .. } => event_value(field, &at.tp.topic, at.event),
+                };
+                value.is_some_and(|v| c.op.holds(v, c.than))
+            });
+            // A rule has a counter (StateRule::parse_conditions): it names it.
+            let first = rule.conditions.iter().find_map(|c| match &c.subject {
+                Subject::Counter { name, counter, .. } => Some((name, counter)),
+                Subject::Event { .. } => None,
+            });
+            let (true, Some((name, counter))) = (holds, first) else {
                 continue;
-            }
-            let first = &rule.conditions[0];
+            };
             best = Some(Fired {
                 rule: rule.id.clone(),
                 entity: entity.to_string(),
-                counter: first.name.clone(),
-                value: state.value(first.counter, minute),
+                counter: name.clone(),
+                value: state.value(counter, minute),
                 raise: rule.raise,
                 label: rule.label.clone(),
             });

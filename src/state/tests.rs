@@ -57,6 +57,7 @@ fn step(
             timestamp_ms: Some(ms),
             rules,
             verdict,
+            score: &|_| None,
         },
     )
 }
@@ -118,7 +119,7 @@ fn a_velocity_rule_fires_from_the_event_that_crosses_it() {
         store
             .get("user:u-9")
             .unwrap()
-            .value(reviews, (t0 / 60_000) as u32),
+            .value(&reviews, (t0 / 60_000) as u32),
         0
     );
 }
@@ -284,6 +285,7 @@ fn a_spammer_cannot_spread_its_posts_over_minutes_by_the_time_it_writes() {
             timestamp_ms: Some(t + i * 1000),
             rules: &rules,
             verdict: Verdict::Allow,
+            score: &|_| None,
         };
         raised += usize::from(k.step(&mut store, at).fired.is_some());
     }
@@ -343,4 +345,186 @@ fn a_flood_of_fresh_accounts_within_the_budget_does_not_reset_a_spammer() {
     // docs state): its count starts again.
     let (count, _) = after_a_flood(3 << 19, 10_000);
     assert_eq!(count, Some(1));
+}
+
+/// One event judged with its own scores (`offensive`: the label's score).
+fn step_scored(
+    k: &mut Keeper,
+    store: &mut Store,
+    rules: &Ruleset,
+    event: &Event,
+    offset: i64,
+    ms: i64,
+    offensive: f32,
+) -> Step {
+    let tp = Tp::new("posts", 0);
+    let user = event.user_id.clone().unwrap_or_default();
+    k.step(
+        store,
+        Judging {
+            tp: &tp,
+            offset,
+            event,
+            key: Some(user.as_bytes()),
+            timestamp_ms: Some(ms),
+            rules,
+            verdict: Verdict::Allow,
+            score: &|label| (label == "offensive").then_some(offensive),
+        },
+    )
+}
+
+#[test]
+fn a_label_over_its_threshold_is_counted_however_the_poster_mixes_its_posts() {
+    let mut k = keeper(1 << 20);
+    let mut store = Store::default();
+    let rules = rules("user.offensive_over_0.8_1h >= 3", Verdict::Block);
+    let t = 1_800_000_000_000;
+    // Insults the models allowed (0.85 is above the rule's threshold, not
+    // the policy's), spread with benign posts and one exactly at 0.8.
+    let scores = [0.85, 0.1, 0.8, 0.9, 0.05, 0.2, 0.99, 0.3];
+    let spammer = event("spammer");
+    let other = event("other");
+    let mut fired = Vec::new();
+    for (i, s) in scores.into_iter().enumerate() {
+        let ms = t + i as i64 * 300_000;
+        let step = step_scored(&mut k, &mut store, &rules, &spammer, i as i64, ms, s);
+        fired.push(step.fired.map(|f| f.value));
+        // Another user's insults count for it alone.
+        let o = step_scored(&mut k, &mut store, &rules, &other, 100 + i as i64, ms, 0.95);
+        assert_eq!(o.fired.is_some(), i >= 2, "other at {i}");
+    }
+    // From the third insult on, benign posts after it too: the count holds
+    // over the hour, it is not reset by clean posts in between.
+    assert_eq!(
+        fired,
+        [None, None, None, None, None, None, Some(3), Some(3)]
+    );
+    // An hour after the first insult, it no longer counts.
+    let late = step_scored(&mut k, &mut store, &rules, &spammer, 9, t + 3_600_000, 0.1);
+    assert!(late.fired.is_none());
+    // In the changelog, by name; a restored owner counts on from it.
+    let json = String::from_utf8(late.changelog[0].payload.clone().unwrap()).unwrap();
+    assert!(json.contains(r#""o":{"offensive>0.8":[["#), "{json}");
+    let mut rebuild = Rebuild::default();
+    let key = changelog_key("posts", "user:spammer");
+    rebuild
+        .apply(
+            "posts",
+            100,
+            key.as_bytes(),
+            Some(json.as_bytes()),
+            Some(b"9"),
+        )
+        .unwrap();
+    let mut restored = rebuild.finish();
+    let next = step_scored(
+        &mut k,
+        &mut restored,
+        &rules,
+        &spammer,
+        10,
+        t + 3_700_000,
+        0.9,
+    );
+    assert_eq!(next.fired.map(|f| f.value), Some(3));
+}
+
+#[test]
+fn distinct_values_count_once_each_and_a_flood_of_them_stays_counted() {
+    let mut k = keeper(1 << 20);
+    let mut store = Store::default();
+    let rules = rules("user.distinct_metadata.url_10m > 3", Verdict::Review);
+    let t = 1_800_000_000_000;
+    let post = |url: &str| {
+        let mut e = event("spammer");
+        let mut m = serde_json::Map::new();
+        m.insert("url".into(), serde_json::Value::String(url.into()));
+        e.metadata = Some(m);
+        e
+    };
+    let mut offset = 0;
+    let mut send = |k: &mut Keeper, store: &mut Store, url: &str, ms: i64| {
+        offset += 1;
+        step_scored(k, store, &rules, &post(url), offset, ms, 0.0)
+            .fired
+            .map(|f| f.value)
+    };
+    // The same link again and again is one value.
+    for i in 0..10 {
+        assert_eq!(
+            send(&mut k, &mut store, "https://a.example", t + i * 1000),
+            None
+        );
+    }
+    let fired: Vec<_> = ["b", "c", "d", "e"]
+        .iter()
+        .map(|u| {
+            send(
+                &mut k,
+                &mut store,
+                &format!("https://{u}.example"),
+                t + 20_000,
+            )
+        })
+        .collect();
+    assert_eq!(fired, [None, None, Some(4), Some(5)]);
+    // Hundreds of distinct links: counted up to the cap, never wrapped to few.
+    for i in 0..300 {
+        let fired = send(
+            &mut k,
+            &mut store,
+            &format!("https://x{i}.example"),
+            t + 30_000,
+        );
+        assert_eq!(
+            fired,
+            Some((6 + i as u64).min(crate::policy::state_rules::DISTINCT_CAP as u64))
+        );
+    }
+    // Ten minutes on, the old links are out of the window.
+    assert_eq!(
+        send(&mut k, &mut store, "https://a.example", t + 660_000),
+        None
+    );
+}
+
+#[test]
+fn a_condition_on_the_events_own_number_holds_only_where_it_is_one() {
+    let mut k = keeper(1 << 20);
+    let mut store = Store::default();
+    let rules = rules(
+        "user.posts_1m > 1 and metadata.account_age_s < 1d",
+        Verdict::Review,
+    );
+    let t = 1_800_000_000_000;
+    let with_age = |user: &str, age: Option<serde_json::Value>| {
+        let mut e = event(user);
+        e.metadata = age.map(|a| {
+            let mut m = serde_json::Map::new();
+            m.insert("account_age_s".into(), a);
+            m
+        });
+        e
+    };
+    let cases = [
+        ("new", Some(serde_json::json!(3600)), true),
+        ("new-as-text", Some(serde_json::json!("3600")), true),
+        ("old", Some(serde_json::json!(86_400 * 30)), false),
+        ("at-a-day", Some(serde_json::json!(86_400)), false),
+        ("not-a-number", Some(serde_json::json!("young")), false),
+        ("no-age", None, false),
+    ];
+    for (i, (user, age, raised)) in cases.into_iter().enumerate() {
+        let e = with_age(user, age);
+        let offset = 10 * i as i64;
+        let first = step_scored(&mut k, &mut store, &rules, &e, offset, t, 0.0);
+        assert!(first.fired.is_none(), "{user}: one post");
+        let second = step_scored(&mut k, &mut store, &rules, &e, offset + 1, t + 1000, 0.0);
+        assert_eq!(
+            second.fired.map(|f| (f.counter, f.value)),
+            raised.then(|| ("posts_1m".to_string(), 2)),
+            "{user}"
+        );
+    }
 }

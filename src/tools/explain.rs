@@ -80,21 +80,15 @@ pub fn run(opts: &ExplainOptions) -> anyhow::Result<String> {
     for f in found {
         let rule_id = rules.rule_for(&opts.topic, &f.event);
         let rule = &rules.rules()[rule_id.0];
-        let mut scores: Vec<Scored> = Vec::new();
-        for (i, (scorer, model)) in models.iter_mut().enumerate() {
-            let i = ModelId(i);
-            if rule.runs_after(i, |m| scores_of(&scores, m)) {
-                let mut texts = [f.event.text.clone()];
-                let p = model.score(&mut texts)?.pop().unwrap_or_default();
-                scores.push(Scored {
-                    model: i,
-                    scorer,
-                    probabilities: p,
-                });
-            }
-        }
+        let scores = run_models(&mut models, rule, &f.event.text)?;
         let mut decision = rule.judge(|m| scores_of(&scores, m));
-        let state = StateJudged::of(&settings, &f, &rules, &mut decision, opts.timeout)?;
+        let score = |label: &str| label_score(&scores, label);
+        let at = StateAt {
+            f: &f,
+            rules: &rules,
+            score: &score,
+        };
+        let state = StateJudged::of(&settings, at, &mut decision, opts.timeout)?;
         let fired = state.as_ref().and_then(|s| s.fired.clone());
         let judged = Judged {
             rules: &rules,
@@ -194,8 +188,7 @@ impl StateBefore {
     fn judge(
         &mut self,
         settings: &Settings,
-        f: &Found,
-        rules: &crate::policy::Ruleset,
+        StateAt { f, rules, score }: StateAt<'_>,
         verdict: verdict::Verdict,
     ) -> StateJudged {
         let entity = crate::policy::Field::parse(&settings.state.entity).and_then(|field| {
@@ -217,6 +210,7 @@ impl StateBefore {
                     timestamp_ms: f.timestamp_ms,
                     rules,
                     verdict,
+                    score,
                 },
             )
         });
@@ -229,20 +223,28 @@ impl StateBefore {
     }
 }
 
+/// The event the state rules judge: where it was found, the rules, and
+/// its scores by label (the highest of the models that scored it).
+#[derive(Clone, Copy)]
+struct StateAt<'a> {
+    f: &'a Found,
+    rules: &'a crate::policy::Ruleset,
+    score: &'a dyn Fn(&str) -> Option<f32>,
+}
+
 impl StateJudged {
     /// With `[state]`: what the state rules make of the event, from the
     /// changelog before it; `decision` raised if one fires.
     fn of(
         settings: &Settings,
-        f: &Found,
-        rules: &crate::policy::Ruleset,
+        at: StateAt<'_>,
         decision: &mut crate::policy::Decision,
         timeout: Duration,
     ) -> anyhow::Result<Option<StateJudged>> {
-        let Some(mut before) = StateBefore::read(settings, f, timeout)? else {
+        let Some(mut before) = StateBefore::read(settings, at.f, timeout)? else {
             return Ok(None);
         };
-        let judged = before.judge(settings, f, rules, decision.verdict);
+        let judged = before.judge(settings, at, decision.verdict);
         if let Some(fired) = &judged.fired {
             decision.verdict = decision.verdict.max(fired.raise);
         }
@@ -397,6 +399,38 @@ struct Scored<'a> {
     model: ModelId,
     scorer: &'a Scorer,
     probabilities: Vec<f32>,
+}
+
+/// The event's text scored by the models `rule` runs, in order.
+fn run_models<'m>(
+    models: &'m mut [(Scorer, inference::Model)],
+    rule: &crate::policy::Rule,
+    text: &str,
+) -> anyhow::Result<Vec<Scored<'m>>> {
+    let mut scores: Vec<Scored> = Vec::new();
+    for (i, (scorer, model)) in models.iter_mut().enumerate() {
+        let i = ModelId(i);
+        if rule.runs_after(i, |m| scores_of(&scores, m)) {
+            let mut texts = [text.to_string()];
+            let p = model.score(&mut texts)?.pop().unwrap_or_default();
+            scores.push(Scored {
+                model: i,
+                scorer,
+                probabilities: p,
+            });
+        }
+    }
+    Ok(scores)
+}
+
+/// The highest score for `label` among the models that scored the event.
+fn label_score(scores: &[Scored], label: &str) -> Option<f32> {
+    (scores.iter())
+        .filter_map(|s| {
+            let at = s.scorer.labels().iter().position(|l| l == label)?;
+            s.probabilities.get(at).copied()
+        })
+        .reduce(f32::max)
 }
 
 /// Model `m`'s labels and probabilities among those scored so far.
