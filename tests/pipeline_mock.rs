@@ -261,3 +261,94 @@ async fn the_generator_sends_more_records_at_once_than_the_producer_queue_holds(
         .await
         .expect("every record acknowledged");
 }
+
+/// W3C trace context: a post's `traceparent` (and `tracestate`) is carried
+/// onto its verdict, so the services downstream continue its trace; an
+/// invalid one is not continued; a dead letter keeps the input's headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_posts_trace_context_is_continued_on_its_verdict() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    const TRACED: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const INVALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01";
+    let broker = start_broker();
+    let bootstrap = broker.bootstrap_servers().to_string();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    // (event id, payload, traceparent, tracestate)
+    let posts = [
+        (
+            "t-traced",
+            r#"{"event_id":"t-traced","text":"hello there"}"#,
+            Some(TRACED),
+            Some("congo=t61rcWkgMzE"),
+        ),
+        (
+            "t-invalid",
+            r#"{"event_id":"t-invalid","text":"hello again"}"#,
+            Some(INVALID),
+            None,
+        ),
+        (
+            "t-none",
+            r#"{"event_id":"t-none","text":"hello once more"}"#,
+            None,
+            None,
+        ),
+        ("t-dead", r#"{"event_id":"t-dead"}"#, Some(TRACED), None),
+    ];
+    for (id, payload, parent, state) in posts {
+        let mut headers = OwnedHeaders::new();
+        for (key, value) in [("traceparent", parent), ("tracestate", state)] {
+            if let Some(value) = value {
+                headers = headers.insert(Header {
+                    key,
+                    value: Some(value),
+                });
+            }
+        }
+        let record = FutureRecord::to(DEMO_INPUT)
+            .key(id)
+            .payload(payload)
+            .headers(headers);
+        producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    let settings = demo::demo_settings(&bootstrap, "g-trace").unwrap();
+    let shutdown = Shutdown::new();
+    let pipeline = tokio::spawn(modstream::pipeline::run(settings, shutdown.clone()));
+    let verdicts = read_settled(&bootstrap, DEMO_VERDICTS, PARTITIONS, 3).await;
+    let dlq = read_settled(&bootstrap, DEMO_DLQ, 1, 1).await;
+    shutdown.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(60), pipeline)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let header = |r: &ReadRecord, name: &str| {
+        r.headers
+            .get(name)
+            .map(|v| String::from_utf8(v.clone()).unwrap())
+    };
+    let by_id: HashMap<String, &ReadRecord> = verdicts
+        .iter()
+        .map(|v| (verdict_json(v)["event_id"].as_str().unwrap().to_string(), v))
+        .collect();
+    assert_eq!(by_id.len(), 3, "one verdict per valid post");
+    let traced = by_id["t-traced"];
+    assert_eq!(header(traced, "traceparent").as_deref(), Some(TRACED));
+    assert_eq!(
+        header(traced, "tracestate").as_deref(),
+        Some("congo=t61rcWkgMzE")
+    );
+    for id in ["t-invalid", "t-none"] {
+        assert_eq!(header(by_id[id], "traceparent"), None, "{id}");
+    }
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(header(&dlq[0], "traceparent").as_deref(), Some(TRACED));
+}

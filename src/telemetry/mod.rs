@@ -12,6 +12,7 @@ use crate::config::TelemetrySettings;
 pub mod health;
 pub mod metric;
 mod tally;
+pub mod trace_context;
 
 pub use health::{Health, ModelPlacement, Stall, StallKind, StallReporter, serve};
 pub use tally::{FaultCounts, FaultTally};

@@ -16,6 +16,7 @@ use crate::schema::verdict::VerdictEncoder;
 use crate::shadow::Shadow;
 use crate::state::Step;
 use crate::telemetry::metric;
+use crate::telemetry::trace_context::TraceContext;
 use crate::tp::{Source, Tp};
 use crate::verdict::{self, Answer, Judged, ScoredBy, Verdict};
 
@@ -148,8 +149,15 @@ impl Composer {
             event: &pending.event,
             timestamp_ms: pending.original.timestamp_ms,
         };
+        // The records that answer the post continue its trace.
+        let trace = TraceContext::from_headers(&pending.original.headers)
+            .map(|t| t.headers(t.span_id))
+            .unwrap_or_default();
         let main = match self.verdict(&self.output.topic, &answer, &judged, None) {
-            Ok(main) => main,
+            Ok(mut main) => {
+                main.headers.extend(trace.iter().cloned());
+                main
+            }
             Err(e) => {
                 tracing::error!(error = %e, "a verdict does not fit the output format; dead-lettered");
                 let rejection = event::Rejection {
@@ -162,13 +170,16 @@ impl Composer {
         let mut also = step.changelog;
         for route in rule.routes_for(decision.verdict) {
             // The same format as the verdict, which just fitted it.
-            also.extend(
-                self.verdict(&route.topic, &answer, &judged, route.priority.as_deref())
-                    .ok(),
-            );
+            let routed = self.verdict(&route.topic, &answer, &judged, route.priority.as_deref());
+            also.extend(routed.ok().map(|mut r| {
+                r.headers.extend(trace.iter().cloned());
+                r
+            }));
         }
         if let Some(topic) = &self.output.decisions_topic {
-            also.push(verdict::decision_record(topic, &answer, &judged));
+            let mut decision = verdict::decision_record(topic, &answer, &judged);
+            decision.headers.extend(trace.iter().cloned());
+            also.push(decision);
         }
         if let Some(sampling) = &mut self.sampling {
             also.extend(sampling.sample(&pending, &answer, &judged));
