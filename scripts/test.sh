@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (ONNX Runtime library, Apache
-# Kafka's jars, Apicurio Registry, the test tools, the Python venvs, the MiniLM model; all cached),
+# Kafka's jars, Apicurio Registry, Jaeger, the test tools, the Python venvs, the MiniLM model; all cached),
 # checks formatting and lints, then runs the whole suite. Every set-up step is
 # here, before `cargo test`: no test installs anything (tests run in parallel).
 # Reruns reuse the cache and the build.
@@ -16,6 +16,8 @@ KAFKA_LIBS=$(scripts/fetch-kafka.sh | tail -n 1)
 export KAFKA_LIBS
 MODSTREAM_APICURIO=$(scripts/fetch-apicurio.sh | tail -n 1)
 export MODSTREAM_APICURIO
+MODSTREAM_JAEGER=$(scripts/fetch-jaeger.sh | tail -n 1)
+export MODSTREAM_JAEGER
 scripts/install-test-tools.sh
 MODSTREAM_K8S_PYTHON=$(scripts/k8s-validate-venv.sh | tail -n 1)
 MODSTREAM_BASELINE_PYTHON=$(bench/python-baseline.sh | tail -n 1)

@@ -22,6 +22,7 @@ mod sampling;
 mod state;
 #[cfg(test)]
 mod tests;
+mod traces;
 mod validate;
 
 pub use delivery::DeliveryMode;
@@ -33,6 +34,7 @@ pub use properties::{Properties, REDACTED, is_secret};
 pub use registry::{CloudEventsOutput, InputFormat, OutputFormat, SchemaRegistrySettings};
 pub use sampling::SamplingSettings;
 pub use state::StateSettings;
+pub use traces::{OTEL_ENDPOINTS, TracingSettings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -78,6 +80,8 @@ pub struct Settings {
     pub state: StateSettings,
     #[serde(default)]
     pub telemetry: TelemetrySettings,
+    #[serde(default)]
+    pub tracing: TracingSettings,
     #[serde(default)]
     pub schema_registry: SchemaRegistrySettings,
     /// The file these settings were read from (SIGHUP reads it again).
@@ -428,6 +432,7 @@ impl Settings {
         matching::validate(&self.matching)?;
         sampling::validate(&self.sampling)?;
         state::validate(&self.state)?;
+        traces::validate(&self.tracing)?;
         if let Some(model) = &self.sampling.model
             && !self.models().iter().any(|m| &m.name == model)
         {

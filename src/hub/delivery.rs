@@ -117,6 +117,7 @@ impl<D: Deliver> Hub<D> {
             tp: tp.clone(),
             offset,
         };
+        let span = out.span;
         let main = self
             .outbox
             .deliver(out.main, source.clone(), self.abort.clone());
@@ -140,6 +141,9 @@ impl<D: Deliver> Hub<D> {
                 outcome: delivered,
                 refused_copies,
             } = combine(main, also);
+            if let Some(span) = span {
+                span.end(delivered.as_ref().map(|_| ()).map_err(ToString::to_string));
+            }
             let outcome = delivered.map(|()| outcome);
             drop(bytes);
             Ack {

@@ -9,6 +9,8 @@ use crate::inference::{InferenceJob, InferenceResult, ScoreError};
 use crate::partition::{ModelScores, ReadyBatch};
 use crate::policy::ModelId;
 use crate::telemetry::metric;
+use crate::telemetry::trace_context::TraceContext;
+use crate::telemetry::traces::Run;
 use tokio::time::Instant;
 
 impl<D: Deliver> Hub<D> {
@@ -111,6 +113,24 @@ impl<D: Deliver> Hub<D> {
         let scorer = lane.scorer_of(result.version);
         metrics::counter!(metric::MODEL_EVENTS_TOTAL, "model" => scorer.id.clone())
             .increment(result.scores.len() as u64);
+        if let Some(traces) = &self.traces {
+            let posts = || {
+                segments
+                    .iter()
+                    .flat_map(|s| &s.items)
+                    .filter(|p| p.needs(l))
+            };
+            traces.run(Run {
+                model: &scorer.id,
+                version: scorer.model().1,
+                size: result.scores.len(),
+                elapsed: result.elapsed,
+                oldest: posts().map(|p| p.received_at.into_std()).min(),
+                links: posts()
+                    .filter_map(|p| TraceContext::from_headers(&p.original.headers))
+                    .collect(),
+            });
+        }
         let mut scores = result.scores.into_iter();
         let mut texts = result.texts.into_iter();
         for mut segment in segments {

@@ -242,6 +242,9 @@ pub struct Hub<D: Deliver> {
     state: Option<crate::state::Keeper>,
     restore_jobs: Option<std::sync::mpsc::Sender<crate::state::restore::Job>>,
     restored: Option<mpsc::Receiver<crate::state::restore::Restored>>,
+    /// With `[tracing]`: each model run's span (the posts' are the
+    /// composer's).
+    traces: Option<crate::telemetry::traces::Traces>,
 }
 
 impl<D: Deliver> Hub<D> {
@@ -300,8 +303,16 @@ impl<D: Deliver> Hub<D> {
             state: None,
             restore_jobs: None,
             restored: None,
+            traces: None,
             settings,
         }
+    }
+
+    /// Record spans of the posts and the model runs (`None`: tracing off).
+    pub fn with_traces(mut self, traces: Option<crate::telemetry::traces::Traces>) -> Self {
+        self.outputs.set_traces(traces.clone());
+        self.traces = traces;
+        self
     }
 
     /// Keep entity state ([`crate::state`]), each new partition's read back

@@ -53,6 +53,8 @@ pub enum PipelineError {
     #[error(transparent)]
     State(#[from] crate::state::restore::RestoreError),
     #[error(transparent)]
+    Traces(#[from] crate::telemetry::traces::TracesError),
+    #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Consumer(#[from] ConsumerError),
@@ -198,6 +200,8 @@ pub async fn run_loaded(
         &tasks.stages_stop,
     );
     let lanes = models.lanes();
+    let (traces, exporting) =
+        crate::telemetry::traces::start(&settings.tracing, &settings.kafka.group_id)?.unzip();
     let hub = Hub::new(
         settings,
         lanes,
@@ -210,7 +214,8 @@ pub async fn run_loaded(
     .with_shadow(shadow)
     .with_formats(schemas, verdict_encoder)
     .with_matcher(matcher)
-    .with_state(state);
+    .with_state(state)
+    .with_traces(traces);
     let inputs = Inputs {
         records,
         control: channels.control,
@@ -230,6 +235,10 @@ pub async fn run_loaded(
         consumer_done,
     };
     let closed = stopped.close().await;
+    if let Some(exporting) = exporting {
+        // The spans still held go out (a blocking send, off the runtime).
+        let _ = tokio::task::spawn_blocking(move || exporting.shutdown()).await;
+    }
     tasks.wait().await;
     closed?;
     summary.faults = health.faults.counts();

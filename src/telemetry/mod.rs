@@ -13,6 +13,7 @@ pub mod health;
 pub mod metric;
 mod tally;
 pub mod trace_context;
+pub mod traces;
 
 pub use health::{Health, ModelPlacement, Stall, StallKind, StallReporter, serve};
 pub use tally::{FaultCounts, FaultTally};

@@ -17,6 +17,7 @@ use crate::shadow::Shadow;
 use crate::state::Step;
 use crate::telemetry::metric;
 use crate::telemetry::trace_context::TraceContext;
+use crate::telemetry::traces::{Post, PostSpan, Traces};
 use crate::tp::{Source, Tp};
 use crate::verdict::{self, Answer, Judged, ScoredBy, Verdict};
 
@@ -31,6 +32,8 @@ use sampling::Sampling;
 pub(super) struct Outgoing {
     pub(super) main: OutRecord,
     pub(super) also: Vec<OutRecord>,
+    /// With `[tracing]`: the post's span, ended when they are acknowledged.
+    pub(super) span: Option<PostSpan>,
 }
 
 impl From<OutRecord> for Outgoing {
@@ -38,6 +41,7 @@ impl From<OutRecord> for Outgoing {
         Outgoing {
             main,
             also: Vec::new(),
+            span: None,
         }
     }
 }
@@ -69,6 +73,8 @@ pub(super) struct Composer {
     sampling: Option<Sampling>,
     /// The candidate model offered the live verdicts, if one is configured.
     shadow: Option<Shadow>,
+    /// With `[tracing]`: each post's span.
+    traces: Option<Traces>,
 }
 
 impl Composer {
@@ -79,7 +85,12 @@ impl Composer {
             encoder: None,
             sampling: Sampling::new(settings),
             shadow: None,
+            traces: None,
         }
+    }
+
+    pub(super) fn set_traces(&mut self, traces: Option<Traces>) {
+        self.traces = traces;
     }
 
     pub(super) fn set_encoder(&mut self, encoder: Option<VerdictEncoder>) {
@@ -149,10 +160,27 @@ impl Composer {
             event: &pending.event,
             timestamp_ms: pending.original.timestamp_ms,
         };
-        // The records that answer the post continue its trace.
-        let trace = TraceContext::from_headers(&pending.original.headers)
-            .map(|t| t.headers(t.span_id))
-            .unwrap_or_default();
+        // The records that answer the post continue its trace: from its
+        // span, or (tracing off) from its producer's.
+        let parent = TraceContext::from_headers(&pending.original.headers);
+        let span = self.traces.as_ref().map(|traces| {
+            traces.post(Post {
+                topic: &pending.tp.topic,
+                partition: pending.tp.partition,
+                offset: pending.offset,
+                parent: parent.as_ref(),
+                received_at: pending.received_at.into_std(),
+                rule: &rule.id,
+                verdict: decision.verdict.as_str(),
+                state_rule: step.fired.as_ref().map(|f| f.rule.as_str()),
+            })
+        });
+        let trace = match &span {
+            Some(span) => span.context(),
+            None => parent,
+        }
+        .map(|t| t.headers(t.span_id))
+        .unwrap_or_default();
         let main = match self.verdict(&self.output.topic, &answer, &judged, None) {
             Ok(mut main) => {
                 main.headers.extend(trace.iter().cloned());
@@ -198,7 +226,7 @@ impl Composer {
         };
         // Last: the shadow takes the event's text.
         self.offer_shadow(&mut pending);
-        (Outgoing { main, also }, Outcome::Verdict(decided))
+        (Outgoing { main, also, span }, Outcome::Verdict(decided))
     }
 
     /// A valid event's dead letter (its model failed, or its verdict does
