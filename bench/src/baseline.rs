@@ -22,7 +22,7 @@ use super::print::Print;
 use super::process::{CpuTime, cpu_time_of, peak_rss_of, service_binary};
 use modstream::tools::generator::{GeneratedEvent, generate};
 use modstream::tools::read::TopicReader;
-use modstream::tools::report::{BaselineRow, OwnRun, PythonRun};
+use modstream::tools::report::{BaselineRow, OwnRun, PythonRun, TracingCost};
 use modstream::tools::send;
 
 /// What one process did with the events.
@@ -108,18 +108,31 @@ pub(super) async fn run(opts: &BenchOptions, python: &Path) -> anyhow::Result<Ba
 pub(super) async fn own_runs(opts: &BenchOptions) -> anyhow::Result<Vec<OwnRun>> {
     let events = generate(opts.events, 0, "o-");
     let model_dir = std::path::absolute(inference_settings(opts).model_dir)?;
-    // With `--state-rules`, each round runs without state, then with it.
-    let contenders: &[bool] = if opts.state_rules {
-        &[false, true]
-    } else {
-        &[false]
-    };
+    // Each round runs the default configuration, then each contender.
+    let mut contenders = vec![OwnContender::Plain];
+    if opts.state_rules {
+        contenders.push(OwnContender::State);
+    }
+    contenders.extend(
+        opts.tracing_ratios
+            .iter()
+            .map(|r| OwnContender::Tracing(*r)),
+    );
     let state_extra = crate::state::rules_config(&model_dir)?;
+    let sink = match opts.tracing_ratios.is_empty() {
+        true => None,
+        false => Some(crate::traces::Sink::start().await?),
+    };
     let mut runs = Vec::with_capacity(opts.own_runs * contenders.len());
     for _ in 0..opts.own_runs {
-        for &state in contenders {
-            let extra = if state { state_extra.as_str() } else { "" };
-            let m = modstream(opts, &events, &model_dir, extra).await?;
+        for &contender in &contenders {
+            let extra = match (contender, &sink) {
+                (OwnContender::State, _) => state_extra.clone(),
+                (OwnContender::Tracing(ratio), Some(sink)) => sink.config(ratio),
+                _ => String::new(),
+            };
+            let exported = sink.as_ref().map_or(0, |s| s.bytes());
+            let m = modstream(opts, &events, &model_dir, &extra).await?;
             let run = OwnRun {
                 events: events.len(),
                 per_s: m.per_s,
@@ -127,13 +140,32 @@ pub(super) async fn own_runs(opts: &BenchOptions) -> anyhow::Result<Vec<OwnRun>>
                 kafka_cpu_share: m.kafka_share(),
                 peak_rss_bytes: m.peak_rss_bytes,
                 broker_cpu_us_per_verdict: m.broker_cpu_us_per_verdict(),
-                state: state.then(|| m.changelog.cost(events.len())),
+                state: (contender == OwnContender::State).then(|| m.changelog.cost(events.len())),
+                tracing: match (contender, &sink) {
+                    (OwnContender::Tracing(ratio), Some(sink)) => Some(TracingCost {
+                        sampling_ratio: ratio,
+                        otlp_bytes_per_verdict: (sink.bytes() - exported) as f64
+                            / events.len().max(1) as f64,
+                    }),
+                    _ => None,
+                },
             };
             run.print();
             runs.push(run);
         }
     }
     Ok(runs)
+}
+
+/// What one `--own-runs` run turns on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum OwnContender {
+    /// The default configuration.
+    Plain,
+    /// `--state-rules`.
+    State,
+    /// `--tracing-ratios`: tracing on at this ratio.
+    Tracing(f64),
 }
 
 /// ONNX Runtime's intra-op threads in the Python job.

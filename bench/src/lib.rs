@@ -34,6 +34,7 @@ mod sampling;
 mod session;
 mod state;
 mod token_batching;
+mod traces;
 
 use std::path::{Path, PathBuf};
 

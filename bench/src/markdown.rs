@@ -14,6 +14,7 @@ mod matching;
 mod repeats;
 mod sampling;
 mod state;
+mod traces;
 
 /// Opens a generated block: `<!-- bench-tables: PATH -->`, PATH relative
 /// to the repository root (several paths: those runs side by side, see

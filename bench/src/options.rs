@@ -156,6 +156,12 @@ pub struct BenchOptions {
     /// changelog's bytes per verdict.
     #[arg(long)]
     pub state_rules: bool,
+    /// With `--own-runs`: each round also runs `modstream run` with
+    /// `[tracing]` on at each of these sampling ratios (posts without a
+    /// trace context, so the ratio decides), its spans sent to an OTLP/HTTP
+    /// sink in the bench: CPU per verdict against tracing off.
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    pub tracing_ratios: Vec<f64>,
     /// A changelog partition of each of these many entities read back by
     /// the state restore thread, timed (empty: skip).
     #[arg(long, value_delimiter = ',', num_args = 0..)]

@@ -277,8 +277,13 @@ impl Print for SessionRow {
 
 impl Print for OwnRun {
     fn print(&self) {
+        let config = match &self.tracing {
+            Some(t) => format!("tracing at {} %", t.sampling_ratio * 100.0),
+            None if self.state.is_some() => "state rules".into(),
+            None => "default config".into(),
+        };
         eprintln!(
-            "modstream run (default config), {} events: {:.0}/s, {} µs CPU per verdict ({:.0} % in the Kafka client's threads), peak RSS {} MiB",
+            "modstream run ({config}), {} events: {:.0}/s, {} µs CPU per verdict ({:.0} % in the Kafka client's threads), peak RSS {} MiB",
             self.events,
             self.per_s,
             self.cpu_us_per_verdict

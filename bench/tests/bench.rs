@@ -515,3 +515,29 @@ fn a_tiny_state_bench_counts_the_changelog_and_the_restore() {
         tables.contains("without and with state rules") && tables.contains("**State restore**")
     );
 }
+
+/// `--own-runs --tracing-ratios` on the embedded cluster: the run without
+/// tracing exports nothing, the one at 100 % exports spans of every post
+/// to the bench's sink, the one at 0 % (no parent) none, and the table
+/// renders.
+#[test]
+fn a_tiny_tracing_bench_counts_what_each_ratio_exports() {
+    let out = tempfile::tempdir().unwrap();
+    let report = small_bench(out.path(), &["--own-runs", "1", "--tracing-ratios", "1,0"]);
+    let traced: Vec<_> = (report.own_runs.iter())
+        .map(|r| {
+            r.tracing
+                .as_ref()
+                .map(|t| (t.sampling_ratio, t.otlp_bytes_per_verdict))
+        })
+        .collect();
+    assert_eq!(traced.len(), 3, "off, 100 %, 0 %: {traced:?}");
+    assert_eq!(traced[0], None);
+    let (ratio, all) = traced[1].unwrap();
+    assert_eq!(ratio, 1.0);
+    // A post's span alone is over 100 bytes of OTLP.
+    assert!(all > 100.0, "{traced:?}");
+    assert_eq!(traced[2], Some((0.0, 0.0)));
+    let tables = modstream_bench::markdown(&report);
+    assert!(tables.contains("without and with tracing"), "{tables}");
+}

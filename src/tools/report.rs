@@ -9,7 +9,7 @@ mod sweep_rows;
 
 pub use sweep_rows::{
     CascadeRow, CostRow, Curve, CurveRow, Held, MatcherCurveRow, OwnRun, RestoreRow, SessionRow,
-    StateCost, TokenBatchRow, TokenizationRow,
+    StateCost, TokenBatchRow, TokenizationRow, TracingCost,
 };
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use modstream::tools::report::{BaselineRow, Curve, CurveRow, Report, TokenBatchRow};
 
-use super::{MIB, matching, sampling, state};
+use super::{MIB, matching, sampling, state, traces};
 use modstream::tools::stats::median;
 
 /// modstream at its default configuration against the plain Python consumer.
@@ -60,7 +60,7 @@ fn baseline(out: &mut String, b: &BaselineRow) {
 
 /// `--own-runs`: each run of the default configuration and their median.
 fn own_runs(out: &mut String, report: &Report) {
-    if state::own_runs(out, report) {
+    if traces::own_runs(out, report) || state::own_runs(out, report) {
         return;
     }
     let runs = &report.own_runs;

@@ -94,6 +94,18 @@ pub struct OwnRun {
     /// rules, and what it wrote to the changelog.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<StateCost>,
+    /// With `--tracing-ratios`: this run recorded spans at this sampling
+    /// ratio, and what it exported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<TracingCost>,
+}
+
+/// What tracing exported (`--tracing-ratios`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TracingCost {
+    pub sampling_ratio: f64,
+    /// OTLP/HTTP request bodies ÷ verdicts.
+    pub otlp_bytes_per_verdict: f64,
 }
 
 /// What keeping state wrote (`--state-rules`).
