@@ -57,6 +57,7 @@ fn with_own_runs() -> Report {
             peak_rss_bytes: 1,
             broker_cpu_us_per_verdict: None,
             state: None,
+            tracing: None,
         })
         .collect();
     report
