@@ -132,32 +132,34 @@ impl Traces {
             Some(p) => Context::new().with_remote_span_context(span_context(p)),
             None => Context::new(),
         };
-        let mut attributes = vec![
-            KeyValue::new("messaging.system", "kafka"),
-            KeyValue::new("messaging.operation.name", "process"),
-            KeyValue::new("messaging.operation.type", "process"),
-            KeyValue::new("messaging.consumer.group.name", self.group.to_string()),
-            KeyValue::new("messaging.destination.name", post.topic.to_string()),
-            KeyValue::new(
-                "messaging.destination.partition.id",
-                post.partition.to_string(),
-            ),
-            KeyValue::new("messaging.kafka.offset", post.offset),
-            KeyValue::new("modstream.rule", post.rule.to_string()),
-            KeyValue::new("modstream.verdict", post.verdict),
-        ];
-        if let Some(rule) = post.state_rule {
-            attributes.push(KeyValue::new("modstream.state_rule", rule.to_string()));
-        }
         let builder = self
             .tracer
             .span_builder(format!("process {}", post.topic))
             .with_kind(SpanKind::Consumer)
-            .with_start_time(system_time(post.received_at))
-            .with_attributes(attributes);
-        PostSpan {
-            span: self.tracer.build_with_context(builder, &parent),
+            .with_start_time(system_time(post.received_at));
+        let mut span = self.tracer.build_with_context(builder, &parent);
+        // The attributes only for a span that is kept (no sampler here
+        // reads them): a post sampled out costs its ids and little else.
+        if span.is_recording() {
+            span.set_attributes([
+                KeyValue::new("messaging.system", "kafka"),
+                KeyValue::new("messaging.operation.name", "process"),
+                KeyValue::new("messaging.operation.type", "process"),
+                KeyValue::new("messaging.consumer.group.name", self.group.to_string()),
+                KeyValue::new("messaging.destination.name", post.topic.to_string()),
+                KeyValue::new(
+                    "messaging.destination.partition.id",
+                    post.partition.to_string(),
+                ),
+                KeyValue::new("messaging.kafka.offset", post.offset),
+                KeyValue::new("modstream.rule", post.rule.to_string()),
+                KeyValue::new("modstream.verdict", post.verdict),
+            ]);
+            if let Some(rule) = post.state_rule {
+                span.set_attribute(KeyValue::new("modstream.state_rule", rule.to_string()));
+            }
         }
+        PostSpan { span }
     }
 
     /// A model run's span, recorded whole when its results are back.

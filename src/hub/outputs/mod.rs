@@ -175,8 +175,10 @@ impl Composer {
                 state_rule: step.fired.as_ref().map(|f| f.rule.as_str()),
             })
         });
+        // A post without a trace context whose span is sampled out gets
+        // none: there is nothing downstream could continue.
         let trace = match &span {
-            Some(span) => span.context(),
+            Some(span) => span.context().filter(|c| parent.is_some() || c.sampled()),
             None => parent,
         }
         .map(|t| t.headers(t.span_id))
