@@ -39,9 +39,11 @@ use crate::verdict::{PolicyError, Scorer};
 pub use crate::hub::RunSummary;
 pub use zeroes::register_zeroes;
 
+mod side_tasks;
 mod start;
 mod zeroes;
 
+use side_tasks::SideTasks;
 use start::{Joined, Lists, join_group};
 
 #[derive(Debug, thiserror::Error)]
@@ -243,55 +245,6 @@ pub async fn run_loaded(
     closed?;
     summary.faults = health.faults.counts();
     stopped_with(summary, producer_fatal)
-}
-
-/// The run's own tasks beside the hub (reload, the shutdown watchdog, the
-/// input topics' watch, the schema stage), on one tracker: the run waits
-/// for every one of them before it returns, none outlives it.
-struct SideTasks {
-    tracker: TaskTracker,
-    /// Stopped when the hub has stopped.
-    watchers: Vec<tokio::task::JoinHandle<()>>,
-    /// Ends the schema stage's wait for a registry that does not answer;
-    /// otherwise it ends once the consumer thread has closed its channel.
-    stages_stop: CancellationToken,
-}
-
-impl SideTasks {
-    /// With the shutdown watchdog and the input topics' watch running.
-    fn start(
-        settings: &Settings,
-        sink: &Sink,
-        health: &Arc<Health>,
-        shutdown: &Shutdown,
-    ) -> SideTasks {
-        let tracker = TaskTracker::new();
-        let watchers = vec![
-            shutdown_watchdog(shutdown, settings.kafka.shutdown_timeout, &tracker),
-            start::watch_input_topics(settings, sink, health, shutdown.stop.clone(), &tracker),
-        ];
-        SideTasks {
-            tracker,
-            watchers,
-            stages_stop: shutdown.stop.child_token(),
-        }
-    }
-
-    fn stop_with_hub(&mut self, task: tokio::task::JoinHandle<()>) {
-        self.watchers.push(task);
-    }
-
-    fn hub_stopped(&self) {
-        for task in &self.watchers {
-            task.abort();
-        }
-        self.stages_stop.cancel();
-    }
-
-    async fn wait(self) {
-        self.tracker.close();
-        self.tracker.wait().await;
-    }
 }
 
 impl crate::schema::stage::HasPayload for consumer::Ingested {
@@ -544,25 +497,6 @@ async fn check_producer(sink: &Sink, timeout: std::time::Duration, health: &Heal
     if !reachable {
         tracing::warn!("the producer cannot reach the cluster yet; deliveries will retry");
     }
-}
-
-/// A drain that cannot finish (deliveries failing) ends after
-/// kafka.shutdown_timeout: the rest stays uncommitted for the restart.
-fn shutdown_watchdog(
-    shutdown: &Shutdown,
-    timeout: std::time::Duration,
-    tasks: &TaskTracker,
-) -> tokio::task::JoinHandle<()> {
-    let (stop, abort) = (shutdown.stop.clone(), shutdown.abort.clone());
-    tasks.spawn(async move {
-        stop.cancelled().await;
-        tokio::time::sleep(timeout).await;
-        tracing::warn!(
-            timeout_s = timeout.as_secs(),
-            "shutdown timeout; abandoning undelivered events"
-        );
-        abort.cancel();
-    })
 }
 
 /// What is left to close once the hub has stopped.

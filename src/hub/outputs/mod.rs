@@ -18,6 +18,9 @@ use crate::state::Step;
 use crate::telemetry::metric;
 use crate::telemetry::trace_context::TraceContext;
 use crate::telemetry::traces::{Post, PostSpan, Traces};
+
+/// A record header as the output records carry them.
+type Header = (std::borrow::Cow<'static, str>, Option<Vec<u8>>);
 use crate::tp::{Source, Tp};
 use crate::verdict::{self, Answer, Judged, ScoredBy, Verdict};
 
@@ -160,29 +163,7 @@ impl Composer {
             event: &pending.event,
             timestamp_ms: pending.original.timestamp_ms,
         };
-        // The records that answer the post continue its trace: from its
-        // span, or (tracing off) from its producer's.
-        let parent = TraceContext::from_headers(&pending.original.headers);
-        let span = self.traces.as_ref().map(|traces| {
-            traces.post(Post {
-                topic: &pending.tp.topic,
-                partition: pending.tp.partition,
-                offset: pending.offset,
-                parent: parent.as_ref(),
-                received_at: pending.received_at.into_std(),
-                rule: &rule.id,
-                verdict: decision.verdict.as_str(),
-                state_rule: step.fired.as_ref().map(|f| f.rule.as_str()),
-            })
-        });
-        // A post without a trace context whose span is sampled out gets
-        // none: there is nothing downstream could continue.
-        let trace = match &span {
-            Some(span) => span.context().filter(|c| parent.is_some() || c.sampled()),
-            None => parent,
-        }
-        .map(|t| t.headers(t.span_id))
-        .unwrap_or_default();
+        let (span, trace) = self.trace(&pending, &rule.id, decision.verdict, step.fired.as_ref());
         let main = match self.verdict(&self.output.topic, &answer, &judged, None) {
             Ok(mut main) => {
                 main.headers.extend(trace.iter().cloned());
@@ -198,19 +179,7 @@ impl Composer {
             }
         };
         let mut also = step.changelog;
-        for route in rule.routes_for(decision.verdict) {
-            // The same format as the verdict, which just fitted it.
-            let routed = self.verdict(&route.topic, &answer, &judged, route.priority.as_deref());
-            also.extend(routed.ok().map(|mut r| {
-                r.headers.extend(trace.iter().cloned());
-                r
-            }));
-        }
-        if let Some(topic) = &self.output.decisions_topic {
-            let mut decision = verdict::decision_record(topic, &answer, &judged);
-            decision.headers.extend(trace.iter().cloned());
-            also.push(decision);
-        }
+        also.extend(self.copies(rule, &answer, &judged, &trace));
         if let Some(sampling) = &mut self.sampling {
             also.extend(sampling.sample(&pending, &answer, &judged));
         }
@@ -229,6 +198,62 @@ impl Composer {
         // Last: the shadow takes the event's text.
         self.offer_shadow(&mut pending);
         (Outgoing { main, also, span }, Outcome::Verdict(decided))
+    }
+
+    /// The copies its rule routes and its decision record, continuing its
+    /// trace (`trace`: the headers).
+    fn copies(
+        &self,
+        rule: &crate::policy::Rule,
+        answer: &Answer<'_>,
+        judged: &Judged<'_>,
+        trace: &[Header],
+    ) -> Vec<OutRecord> {
+        let mut copies = Vec::new();
+        for route in rule.routes_for(judged.decision.verdict) {
+            // The same format as the verdict, which just fitted it.
+            let routed = self.verdict(&route.topic, answer, judged, route.priority.as_deref());
+            copies.extend(routed.ok());
+        }
+        if let Some(topic) = &self.output.decisions_topic {
+            copies.push(verdict::decision_record(topic, answer, judged));
+        }
+        for copy in &mut copies {
+            copy.headers.extend(trace.iter().cloned());
+        }
+        copies
+    }
+
+    /// With `[tracing]`, the post's span; and the headers that continue
+    /// its trace on the records that answer it: from its span, or (tracing
+    /// off) from its producer's. A post without a trace context whose span
+    /// is sampled out gets none: there is nothing downstream to continue.
+    fn trace(
+        &self,
+        pending: &Pending,
+        rule: &str,
+        verdict: Verdict,
+        fired: Option<&crate::policy::state_rules::Fired>,
+    ) -> (Option<PostSpan>, Vec<Header>) {
+        let parent = TraceContext::from_headers(&pending.original.headers);
+        let span = self.traces.as_ref().map(|traces| {
+            traces.post(Post {
+                topic: &pending.tp.topic,
+                partition: pending.tp.partition,
+                offset: pending.offset,
+                parent: parent.as_ref(),
+                received_at: pending.received_at.into_std(),
+                rule,
+                verdict: verdict.as_str(),
+                state_rule: fired.map(|f| f.rule.as_str()),
+            })
+        });
+        let context = match &span {
+            Some(span) => span.context().filter(|c| parent.is_some() || c.sampled()),
+            None => parent,
+        };
+        let headers = context.map(|t| t.headers(t.span_id)).unwrap_or_default();
+        (span, headers)
     }
 
     /// A valid event's dead letter (its model failed, or its verdict does
