@@ -228,10 +228,15 @@ fn metrics_match_what_happened_and_prometheus_scrapes_them() {
             .unwrap_or(0.0);
     }
     load.join().unwrap();
+    let empty = dashboard_queries_without_a_series(prom_port, Duration::from_secs(30));
     let _ = prometheus.kill();
     let _ = prometheus.wait();
     println!("prometheus saw sum(rate(modstream_verdicts_total[5s])) = {rate:.1}/s");
     assert!(rate > 0.0, "Prometheus scraped a non-zero verdict rate");
+    assert!(
+        empty.is_empty(),
+        "dashboard queries that return no series from a running instance: {empty:?}"
+    );
     assert!(service.terminate(Duration::from_secs(20)));
 }
 
@@ -333,4 +338,46 @@ fn an_idle_instance_exports_every_series_at_zero() {
         ),
         "/readyz says where the model runs: {ready}"
     );
+}
+
+/// The Grafana dashboard's queries (every panel's targets) that Prometheus,
+/// scraping a running instance, still answers with no series by `within`
+/// (a query of a metric that does not exist never has one).
+fn dashboard_queries_without_a_series(prom_port: u16, within: Duration) -> Vec<String> {
+    let path = support::repo_root().join("deploy/grafana/dashboards/modstream.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    fn targets(panels: &serde_json::Value, out: &mut Vec<String>) {
+        for panel in panels.as_array().into_iter().flatten() {
+            let exprs = panel["targets"].as_array().into_iter().flatten();
+            out.extend(exprs.filter_map(|t| t["expr"].as_str().map(String::from)));
+            targets(&panel["panels"], out);
+        }
+    }
+    let mut queries = Vec::new();
+    targets(&dashboard["panels"], &mut queries);
+    assert!(queries.len() >= 5, "the dashboard's queries: {queries:?}");
+    let deadline = Instant::now() + within;
+    loop {
+        queries.retain(|q| {
+            let encoded: String = (q.bytes())
+                .map(|b| match b {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                        (b as char).to_string()
+                    }
+                    _ => format!("%{b:02X}"),
+                })
+                .collect();
+            let (status, body) = get(prom_port, &format!("/api/v1/query?query={encoded}"));
+            let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let found = json["data"]["result"]
+                .as_array()
+                .is_some_and(|r| !r.is_empty());
+            !(status == 200 && found)
+        });
+        if queries.is_empty() || Instant::now() > deadline {
+            return queries;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
