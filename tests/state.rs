@@ -344,11 +344,33 @@ fn crash_and_rebalance(exactly_once: bool) {
     let unanswered: Vec<_> = (run.inputs.keys())
         .filter(|at| !run.written.contains_key(at))
         .collect();
+    // On failure, what the members said of transactions, restores and
+    // partitions, for whoever reads CI's output.
+    let said = || {
+        ["state-a", "state-b", "state-c"]
+            .iter()
+            .flat_map(|name| {
+                let log = support::log_of(dir.path(), name);
+                let lines: Vec<String> = (log.lines())
+                    .filter(|l| {
+                        ["transaction", "restore", "partition", "revoke", "assign"]
+                            .iter()
+                            .any(|w| l.contains(w))
+                    })
+                    .map(|l| format!("{name}: {l}"))
+                    .collect();
+                let from = lines.len().saturating_sub(40);
+                lines[from..].to_vec()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     assert!(
         unanswered.is_empty(),
-        "{} events without a verdict, e.g. {:?}",
+        "{} events without a verdict, e.g. {:?}; the members' logs:\n{}",
         unanswered.len(),
-        &unanswered[..unanswered.len().min(5)]
+        &unanswered[..unanswered.len().min(5)],
+        said()
     );
     let mut wrong = Vec::new();
     let (mut copies, mut fired) = (0, 0);
