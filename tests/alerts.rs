@@ -99,6 +99,34 @@ impl Drop for Prometheus {
     }
 }
 
+/// `modstream run` on `broker` (its configuration edited by `edit`, its
+/// /metrics on a free port) and a Prometheus that has scraped it.
+fn watched(
+    broker: &Broker,
+    dir: &std::path::Path,
+    name: &str,
+    edit: impl FnOnce(String) -> String,
+) -> (Modstream, Prometheus) {
+    let config = support::write_config(dir, &broker.bootstrap(), &format!("g-{name}"));
+    let metrics = support::free_port();
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:{metrics}\""),
+    );
+    std::fs::write(&config, edit(text)).unwrap();
+    let service = Modstream::start(&config, name, dir);
+    let prom = Prometheus::start(metrics);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !prom.scraping() {
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never scraped the service"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    (service, prom)
+}
+
 /// Waits until `alert` is in `state` (or gone, for `None`); when it got there.
 fn wait_for(prom: &Prometheus, alert: &str, state: Option<&str>, within: Duration) -> Instant {
     let deadline = Instant::now() + within;
@@ -122,34 +150,18 @@ fn a_stalled_partition_fires_its_alert_after_its_for_and_resolves() {
     broker.create_topic(VERDICTS, 2);
     broker.create_topic(DLQ, 1);
     let dir = tempfile::tempdir().unwrap();
-    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-alerts");
-    let metrics = support::free_port();
     // The stall shows 3 s after the oldest event stops moving; the topic is
     // never created by a client (as in production, where it is created once).
-    let text = std::fs::read_to_string(&config)
-        .unwrap()
-        .replace(
-            "listen = \"127.0.0.1:0\"",
-            &format!("listen = \"127.0.0.1:{metrics}\""),
-        )
-        .replace(
+    let (mut service, prom) = watched(&broker, dir.path(), "alerts", |text| {
+        let text = text.replace(
             "\"linger.ms\" = 2",
             "\"linger.ms\" = 2\n\"allow.auto.create.topics\" = false",
         );
-    std::fs::write(&config, format!("{text}\n[limits]\nstall_after = \"3s\"\n")).unwrap();
-    let mut service = Modstream::start(&config, "alerts", dir.path());
-    let prom = Prometheus::start(metrics);
+        format!("{text}\n[limits]\nstall_after = \"3s\"\n")
+    });
 
     // Healthy and working, then idle: no alert at all, pending or firing.
     support::produce(&broker.bootstrap(), &support::events("h-", 0..200));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !prom.scraping() {
-        assert!(
-            Instant::now() < deadline,
-            "Prometheus never scraped the service"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
     let quiet_until = Instant::now() + Duration::from_secs(10);
     while Instant::now() < quiet_until {
         let now = prom.alerts().unwrap_or_default();
@@ -226,15 +238,8 @@ fn a_failing_model_fires_its_alert_and_a_fixed_one_resolves_it() {
     let model = dir.path().join("model");
     let root = support::repo_root();
     std::os::unix::fs::symlink(root.join("tests/data/failing-model"), &model).unwrap();
-    let config = support::write_config(dir.path(), &broker.bootstrap(), "g-breaker");
-    let metrics = support::free_port();
-    let text = std::fs::read_to_string(&config)
-        .unwrap()
-        .replace(
-            "listen = \"127.0.0.1:0\"",
-            &format!("listen = \"127.0.0.1:{metrics}\""),
-        )
-        .replace(
+    let (mut service, prom) = watched(&broker, dir.path(), "breaker", |text| {
+        let edited = text.replace(
             &format!(
                 "model_dir = \"{}\"",
                 root.join("models/profanity-check").display()
@@ -244,18 +249,9 @@ fn a_failing_model_fires_its_alert_and_a_fixed_one_resolves_it() {
                 model.display()
             ),
         );
-    assert!(text.contains("reload_interval"), "{text}");
-    std::fs::write(&config, text).unwrap();
-    let mut service = Modstream::start(&config, "breaker", dir.path());
-    let prom = Prometheus::start(metrics);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !prom.scraping() {
-        assert!(
-            Instant::now() < deadline,
-            "Prometheus never scraped the service"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+        assert!(edited.contains("reload_interval"), "{edited}");
+        edited
+    });
 
     // Texts the model cannot read, in runs of their own: every run fails,
     // and after `inference.breaker_after` (5) of them the breaker opens.
