@@ -5,7 +5,11 @@
 //! after them (config validation refuses the ones that would break a
 //! guarantee), so each client sees the user's properties the same way.
 
+use std::time::Duration;
+
 use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaResult;
 
 use crate::config::{KafkaSettings, Limits, Settings};
 
@@ -178,6 +182,32 @@ pub fn producer(kafka: &KafkaSettings, role: ProducerRole) -> ClientConfig {
         cfg.set(k, v);
     }
     cfg
+}
+
+/// Where a partition's records end, those of open transactions included:
+/// its high watermark. A `read_committed` consumer's own query answers the
+/// last stable offset instead, which a stopped producer's open transaction
+/// holds back until the broker aborts it (past that producer's
+/// `transaction.timeout.ms`, at the broker's next check, every
+/// `transaction.abort.timed.out.transaction.cleanup.interval.ms`), while
+/// committed records of a later producer lie past it. A reader that must
+/// see every committed record written before it began (a state restore,
+/// a read back to the end) reads `read_committed` until its position
+/// passes this end.
+pub struct WrittenEnds(BaseConsumer);
+
+impl WrittenEnds {
+    /// From a reader's configuration, its isolation level replaced.
+    pub fn new(reader: &ClientConfig) -> KafkaResult<WrittenEnds> {
+        let mut cfg = reader.clone();
+        cfg.set("isolation.level", "read_uncommitted");
+        Ok(WrittenEnds(cfg.create()?))
+    }
+
+    /// The (low, high) watermarks of `topic`'s partition `partition`.
+    pub fn of(&self, topic: &str, partition: i32, timeout: Duration) -> KafkaResult<(i64, i64)> {
+        self.0.fetch_watermarks(topic, partition, timeout)
+    }
 }
 
 #[cfg(test)]

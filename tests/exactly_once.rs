@@ -315,3 +315,49 @@ fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(60)..].join("\n")
 }
+
+/// What the checks above stand on: a `read_committed` read to the end
+/// waits for a transaction that a dead producer left open, and returns the
+/// records committed past it (a read up to the last stable offset stopped
+/// at the open transaction and returned none of them).
+#[test]
+fn a_read_to_the_end_waits_out_a_dead_producers_open_transaction() {
+    use rdkafka::ClientConfig;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let _serial = serial();
+    // Timed-out transactions aborted within half a second of their timeout.
+    let broker =
+        Broker::start_with("transaction.abort.timed.out.transaction.cleanup.interval.ms=500\n");
+    broker.create_topic(VERDICTS, 1);
+    let transactional = |id: &str, timeout_ms: &str| -> BaseProducer {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", broker.bootstrap())
+            .set("transactional.id", id)
+            .set("transaction.timeout.ms", timeout_ms)
+            .create()
+            .unwrap();
+        producer.init_transactions(Duration::from_secs(30)).unwrap();
+        producer.begin_transaction().unwrap();
+        producer
+    };
+    let dead = transactional("dead", "3000");
+    dead.send(BaseRecord::<str, str>::to(VERDICTS).payload("left open"))
+        .unwrap();
+    dead.flush(Duration::from_secs(30)).unwrap();
+    // Gone without ending its transaction, as a kill -9 leaves it.
+    drop(dead);
+    let live = transactional("live", "60000");
+    live.send(BaseRecord::<str, str>::to(VERDICTS).payload("committed"))
+        .unwrap();
+    live.commit_transaction(Duration::from_secs(30)).unwrap();
+    let read =
+        modstream::tools::read::TopicReader::from_beginning(&broker.bootstrap(), VERDICTS, None)
+            .unwrap()
+            .read_to_end(Duration::from_secs(60))
+            .unwrap();
+    let payloads: Vec<_> = read
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.payload).to_string())
+        .collect();
+    assert_eq!(payloads, ["committed"]);
+}

@@ -2,7 +2,9 @@
 //! through a kill -9 and a rebalance to a new member. Every verdict written
 //! (copies from replays included) is checked against a recomputation from
 //! the input in partition order: an owner that restored its state from the
-//! changelog decides as one that never stopped.
+//! changelog decides as one that never stopped. With exactly-once the kill
+//! leaves a transaction open on the changelog, which the members after it
+//! commit past: a restore that stopped at it would be behind.
 
 mod support;
 
@@ -273,6 +275,32 @@ fn recompute(run: &ReadBack) -> BTreeMap<At, (String, Option<String>)> {
     expected
 }
 
+/// The verdicts' ends summed over the partitions: (committed, written),
+/// the first as a read_committed reader sees it (the last stable offsets),
+/// the second with open transactions' records (the high watermarks).
+fn verdict_ends(bootstrap: &str) -> (i64, i64) {
+    use rdkafka::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let end = |isolation: Isolation| -> i64 {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("isolation.level", isolation.as_str())
+            .create()
+            .unwrap();
+        (0..PARTITIONS)
+            .map(|p| {
+                (consumer.fetch_watermarks(VERDICTS, p, Duration::from_secs(10)))
+                    .unwrap()
+                    .1
+            })
+            .sum()
+    };
+    (
+        end(Isolation::ReadCommitted),
+        end(Isolation::ReadUncommitted),
+    )
+}
+
 /// Kill -9 of the first member mid-run, a second one taking over, then a
 /// third joining (a rebalance): every verdict as a never-stopped owner
 /// would decide.
@@ -301,20 +329,68 @@ fn crash_and_rebalance(exactly_once: bool) {
     if !exactly_once {
         a_narrow_changelog_is_refused_at_start(&broker, dir.path());
     }
-    let load = produce(broker.bootstrap(), events(t0), Duration::from_millis(300));
-    let mut a = Modstream::start(&config("a"), "state-a", dir.path());
-    assert!(
-        support::wait_for_progress(&broker.bootstrap(), 600, Duration::from_secs(60)),
-        "the first member wrote verdicts"
-    );
+    let mut first_part = events(t0);
+    let last_part = first_part.split_off(EVENTS * 2 / 3);
+    let load = produce(broker.bootstrap(), first_part, Duration::from_millis(300));
+    let first = config("a");
+    if exactly_once {
+        // The transaction the kill leaves open outlives both takeovers (the
+        // broker aborts it 30 to 40 s later): a member that restores while
+        // it is open must still read what the members after it committed
+        // past it. Long transactions: the kill finds one open.
+        let text = std::fs::read_to_string(&first).unwrap();
+        let text = (text.replace(
+            "transaction_timeout = \"10s\"",
+            "transaction_timeout = \"30s\"",
+        ))
+        .replace("commit_interval = \"1s\"", "commit_interval = \"3s\"");
+        std::fs::write(&first, text).unwrap();
+    }
+    let mut a = Modstream::start(&first, "state-a", dir.path());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (committed, written) = verdict_ends(&broker.bootstrap());
+        let open = written - committed;
+        if committed >= 300 && (!exactly_once || open >= 100) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first member wrote verdicts ({committed} committed, {open} more written)"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     a.kill9();
+    if exactly_once {
+        let (committed, written) = verdict_ends(&broker.bootstrap());
+        assert!(written > committed, "the kill left a transaction open");
+    }
     let mut b = Modstream::start(&config("b"), "state-b", dir.path());
+    load.join().unwrap();
     assert!(
-        support::wait_for_progress(&broker.bootstrap(), 600, Duration::from_secs(60)),
-        "the second member took over"
+        support::wait_for_committed_end(
+            &broker.bootstrap(),
+            group,
+            PARTITIONS,
+            Duration::from_secs(90)
+        ),
+        "the second member took over and committed the first two thirds"
     );
     let mut c = Modstream::start(&config("c"), "state-c", dir.path());
-    load.join().unwrap();
+    // The last third only once the third member owns a partition taken
+    // from the second: it restores that state at the partition's next
+    // record and decides the rest from it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while !support::log_of(dir.path(), "state-c").contains("partitions assigned") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the third member was given a partition"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    produce(broker.bootstrap(), last_part, Duration::from_millis(300))
+        .join()
+        .unwrap();
     assert!(
         support::wait_for_committed_end(
             &broker.bootstrap(),
@@ -338,7 +414,9 @@ fn crash_and_rebalance(exactly_once: bool) {
     } else {
         Isolation::ReadUncommitted
     };
+    let reading = std::time::Instant::now();
     let run = read_back(&broker.bootstrap(), isolation);
+    println!("read back in {:?}", reading.elapsed());
     assert_eq!(run.inputs.len(), EVENTS);
     let expected = recompute(&run);
     let unanswered: Vec<_> = (run.inputs.keys())

@@ -13,7 +13,12 @@
 //! partitions waiting, and /readyz fails while any does, saying which and,
 //! if the changelog cannot be read, why; the thread tries again every few
 //! seconds. Time is bounded by the changelog's size (it is compacted: one
-//! record per entity, plus what the cleaner has not reached yet).
+//! record per entity, plus what the cleaner has not reached yet) and, with
+//! exactly-once, by the open transactions on it: a job reads to the high
+//! watermark, so a stopped owner's transaction left open is waited out
+//! (the broker aborts it after that owner's `kafka.transaction_timeout`, at
+//! its next check), since the owners after it may have committed changes
+//! past it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -33,6 +38,8 @@ use crate::tp::{Generation, Tp};
 
 const RETRY: Duration = Duration::from_secs(3);
 const WAIT: Duration = Duration::from_secs(10);
+/// A restore that reads nothing for this long says why in /readyz.
+const HELD: Duration = Duration::from_secs(2);
 
 /// A partition's state to restore.
 pub struct Job {
@@ -80,8 +87,10 @@ pub fn spawn(
     let mut cfg = client::consumer(settings, ConsumerRole::RangeReader, &group);
     cfg.set("isolation.level", "read_committed");
     let consumer: BaseConsumer = cfg.create()?;
+    let ends = client::WrittenEnds::new(&cfg)?;
     let reader = Reader {
         consumer,
+        ends,
         topic: topic.to_string(),
         restored,
         health,
@@ -101,10 +110,15 @@ struct Reading {
     rebuild: Rebuild,
     records: u64,
     started: Instant,
+    /// The last position seen, and since when: one that stays short of the
+    /// end is said in /readyz once.
+    last: (Option<i64>, Instant),
+    held_said: bool,
 }
 
 struct Reader {
     consumer: BaseConsumer,
+    ends: client::WrittenEnds,
     topic: String,
     restored: mpsc::Sender<Restored>,
     health: Arc<Health>,
@@ -181,6 +195,8 @@ impl Reader {
                             rebuild: Rebuild::default(),
                             records: 0,
                             started: Instant::now(),
+                            last: (None, Instant::now()),
+                            held_said: false,
                         },
                     );
                 }
@@ -199,11 +215,15 @@ impl Reader {
         }
     }
 
-    /// Assigns the job's changelog partition from its start; its end offset.
+    /// Assigns the job's changelog partition from its start; its end offset:
+    /// the high watermark, not the last stable offset. A stopped owner's
+    /// open transaction holds the latter back while the owners after it
+    /// commit changes past it; the job ends once that transaction has ended
+    /// too.
     fn start(&self, job: &Job) -> Result<i64, String> {
         let p = job.tp.partition;
-        let (low, high) = (self.consumer)
-            .fetch_watermarks(&self.topic, p, WAIT)
+        let (low, high) = (self.ends)
+            .of(&self.topic, p, WAIT)
             .map_err(|e| e.to_string())?;
         // 0: nothing to read.
         let high = if high > low { high } else { 0 };
@@ -253,6 +273,27 @@ impl Reader {
     /// Hands back the jobs read to their end (and drops the cancelled).
     fn finish_done(&mut self) -> Result<(), ()> {
         let positions = self.consumer.position().unwrap_or_default();
+        for (p, reading) in &mut self.reading {
+            let at = positions
+                .find_partition(&self.topic, *p)
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(at) => Some(at),
+                    _ => None,
+                });
+            if reading.last.0 != at {
+                reading.last = (at, Instant::now());
+            } else if !reading.held_said && reading.last.1.elapsed() >= HELD {
+                reading.held_said = true;
+                let why = format!(
+                    "reading {} partition {p}: nothing readable past offset {} of {}: an open transaction holds it (a stopped member's ends when the broker aborts it, after its transaction timeout), or the broker does not answer",
+                    self.topic,
+                    at.unwrap_or(0),
+                    reading.end
+                );
+                tracing::warn!(topic = %reading.job.tp.topic, partition = reading.job.tp.partition, why, "state restore held");
+                self.health.set_restoring(&reading.job.tp, Some(why));
+            }
+        }
         let done: Vec<i32> = self
             .reading
             .iter()

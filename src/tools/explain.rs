@@ -159,7 +159,9 @@ impl StateBefore {
         cfg.set("isolation.level", "read_committed");
         let consumer: rdkafka::consumer::BaseConsumer = cfg.create()?;
         let p = f.tp.partition;
-        let (low, high) = consumer.fetch_watermarks(topic, p, range::TIMEOUT)?;
+        // To the high watermark, as the restore reads: changes committed
+        // past a stopped owner's open transaction count too.
+        let (low, high) = crate::client::WrittenEnds::new(&cfg)?.of(topic, p, range::TIMEOUT)?;
         let mut assignment = TopicPartitionList::new();
         assignment.add_partition_offset(topic, p, Offset::Offset(low))?;
         consumer.assign(&assignment)?;

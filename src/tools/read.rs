@@ -71,6 +71,7 @@ impl Isolation {
 
 pub struct TopicReader {
     consumer: BaseConsumer,
+    ends: crate::client::WrittenEnds,
     topic: String,
     partitions: i32,
 }
@@ -93,8 +94,8 @@ impl TopicReader {
         partitions: Option<i32>,
         isolation: Isolation,
     ) -> Result<TopicReader, KafkaError> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
+        let mut cfg = ClientConfig::new();
+        cfg.set("bootstrap.servers", bootstrap)
             .set("isolation.level", isolation.as_str())
             .set(
                 "group.id",
@@ -102,8 +103,9 @@ impl TopicReader {
             )
             .set("enable.auto.commit", "false")
             .set("fetch.wait.max.ms", "5")
-            .set("fetch.error.backoff.ms", "5")
-            .create()?;
+            .set("fetch.error.backoff.ms", "5");
+        let consumer: BaseConsumer = cfg.create()?;
+        let ends = crate::client::WrittenEnds::new(&cfg)?;
         let partitions = match partitions {
             Some(n) => n,
             None => {
@@ -121,6 +123,7 @@ impl TopicReader {
         consumer.assign(&tpl)?;
         Ok(TopicReader {
             consumer,
+            ends,
             topic: topic.to_string(),
             partitions,
         })
@@ -158,13 +161,15 @@ impl TopicReader {
         Ok(out)
     }
 
-    /// Read every partition up to its high watermark as of now.
+    /// Read every partition up to its high watermark as of now. Read
+    /// committed, that waits for the transactions open now to end: the
+    /// committed records written before the call all come back, those
+    /// behind a stopped producer's open transaction too
+    /// ([`crate::client::WrittenEnds`]).
     pub fn read_to_end(&self, timeout: Duration) -> Result<Vec<ReadRecord>, KafkaError> {
         let mut remaining: HashMap<i32, i64> = HashMap::new();
         for p in 0..self.partitions {
-            let (_, high) =
-                self.consumer
-                    .fetch_watermarks(&self.topic, p, Duration::from_secs(10))?;
+            let (_, high) = self.ends.of(&self.topic, p, Duration::from_secs(10))?;
             if high > 0 {
                 remaining.insert(p, high);
             }
