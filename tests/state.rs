@@ -491,6 +491,10 @@ fn crash_and_rebalance(exactly_once: bool) {
     );
     if exactly_once {
         assert_eq!(copies, EVENTS, "read_committed: one verdict per event");
+        assert!(
+            support::log_of(dir.path(), "state-b").contains("state restore held"),
+            "the takeover's restore, held by the open transaction, said so"
+        );
     }
     explain_names_the_state_that_fired(&config("explain"), &run, &expected);
 }
