@@ -218,6 +218,43 @@ fn pending_then_firing(prom: &Prometheus, alerts: &[(&str, Duration)], within: D
     }
 }
 
+/// A model directory that is a symlink (as a deployment swaps it), first
+/// to `first` (relative to the repository); [`SwappedModel::swap`] points
+/// it at another.
+struct SwappedModel {
+    link: std::path::PathBuf,
+}
+
+impl SwappedModel {
+    fn new(dir: &std::path::Path, first: &str) -> SwappedModel {
+        let link = dir.join("model");
+        std::os::unix::fs::symlink(support::repo_root().join(first), &link).unwrap();
+        SwappedModel { link }
+    }
+
+    /// The service's configuration on this model, reloaded every second,
+    /// with `more` [inference] keys.
+    fn configure(&self, text: String, more: &str) -> String {
+        let shipped = support::repo_root().join("models/profanity-check");
+        let edited = text.replace(
+            &format!("model_dir = \"{}\"", shipped.display()),
+            &format!(
+                "model_dir = \"{}\"\nreload_interval = \"1s\"\n{more}",
+                self.link.display()
+            ),
+        );
+        assert!(edited.contains("reload_interval"), "{edited}");
+        edited
+    }
+
+    /// Points the directory at `to` in one rename.
+    fn swap(&self, to: &str) {
+        let next = self.link.with_extension("next");
+        std::os::unix::fs::symlink(support::repo_root().join(to), &next).unwrap();
+        std::fs::rename(&next, &self.link).unwrap();
+    }
+}
+
 #[test]
 fn a_stalled_partition_fires_its_alert_after_its_for_and_resolves() {
     let broker = Broker::start();
@@ -304,22 +341,9 @@ fn a_failing_model_fires_its_alert_and_a_fixed_one_resolves_it() {
     broker.create_topic(VERDICTS, 1);
     broker.create_topic(DLQ, 1);
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    let root = support::repo_root();
-    std::os::unix::fs::symlink(root.join("tests/data/failing-model"), &model).unwrap();
+    let model = SwappedModel::new(dir.path(), "tests/data/failing-model");
     let (mut service, prom) = watched(&broker, dir.path(), "breaker", |text| {
-        let edited = text.replace(
-            &format!(
-                "model_dir = \"{}\"",
-                root.join("models/profanity-check").display()
-            ),
-            &format!(
-                "model_dir = \"{}\"\nreload_interval = \"1s\"",
-                model.display()
-            ),
-        );
-        assert!(edited.contains("reload_interval"), "{edited}");
-        edited
+        model.configure(text, "")
     });
 
     // Texts the model cannot read, in runs of their own: every run fails,
@@ -338,9 +362,7 @@ fn a_failing_model_fires_its_alert_and_a_fixed_one_resolves_it() {
     );
 
     // A model that works, swapped in: the breaker closes, the alert resolves.
-    let fixed = dir.path().join("model.next");
-    std::os::unix::fs::symlink(root.join("models/profanity-check"), &fixed).unwrap();
-    std::fs::rename(&fixed, &model).unwrap();
+    model.swap("models/profanity-check");
     wait_for(
         &prom,
         "ModstreamModelFailing",
@@ -362,22 +384,9 @@ fn a_paced_overload_fires_lag_growing_and_catching_up_resolves_it() {
     broker.create_topic(VERDICTS, 2);
     broker.create_topic(DLQ, 1);
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    let root = support::repo_root();
-    std::os::unix::fs::symlink(root.join("models/minilm-l6"), &model).unwrap();
+    let model = SwappedModel::new(dir.path(), "models/minilm-l6");
     let (mut service, prom) = watched(&broker, dir.path(), "lag", |text| {
-        let edited = text.replace(
-            &format!(
-                "model_dir = \"{}\"",
-                root.join("models/profanity-check").display()
-            ),
-            &format!(
-                "model_dir = \"{}\"\nreload_interval = \"1s\"\nworkers = 1",
-                model.display()
-            ),
-        );
-        assert!(edited.contains("reload_interval"), "{edited}");
-        edited
+        model.configure(text, "workers = 1")
     });
 
     let load = support::produce_paced(
@@ -392,9 +401,7 @@ fn a_paced_overload_fires_lag_growing_and_catching_up_resolves_it() {
     );
 
     // Capacity back (here a faster model): the lag falls under 10,000.
-    let fixed = dir.path().join("model.next");
-    std::os::unix::fs::symlink(root.join("models/profanity-check"), &fixed).unwrap();
-    std::fs::rename(&fixed, &model).unwrap();
+    model.swap("models/profanity-check");
     load.join().unwrap();
     wait_for(&prom, "ModstreamLagGrowing", None, Duration::from_secs(90));
     assert!(service.terminate(Duration::from_secs(30)));
