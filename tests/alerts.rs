@@ -218,6 +218,16 @@ fn pending_then_firing(prom: &Prometheus, alerts: &[(&str, Duration)], within: D
     }
 }
 
+/// A one-node broker with the input and verdict topics of `partitions`
+/// partitions and the dead-letter topic.
+fn broker_with_topics(partitions: i32) -> Broker {
+    let broker = Broker::start();
+    broker.create_topic(INPUT, partitions);
+    broker.create_topic(VERDICTS, partitions);
+    broker.create_topic(DLQ, 1);
+    broker
+}
+
 /// A model directory that is a symlink (as a deployment swaps it), first
 /// to `first` (relative to the repository); [`SwappedModel::swap`] points
 /// it at another.
@@ -257,10 +267,7 @@ impl SwappedModel {
 
 #[test]
 fn a_stalled_partition_fires_its_alert_after_its_for_and_resolves() {
-    let broker = Broker::start();
-    broker.create_topic(INPUT, 2);
-    broker.create_topic(VERDICTS, 2);
-    broker.create_topic(DLQ, 1);
+    let broker = broker_with_topics(2);
     let dir = tempfile::tempdir().unwrap();
     // The stall shows 3 s after the oldest event stops moving; the topic is
     // never created by a client (as in production, where it is created once).
@@ -336,10 +343,7 @@ fn the_long_alerts_fire_after_their_for_in_promtools_rule_tests() {
 /// symlink, as a deployment does) closes the breaker and resolves it.
 #[test]
 fn a_failing_model_fires_its_alert_and_a_fixed_one_resolves_it() {
-    let broker = Broker::start();
-    broker.create_topic(INPUT, 1);
-    broker.create_topic(VERDICTS, 1);
-    broker.create_topic(DLQ, 1);
+    let broker = broker_with_topics(1);
     let dir = tempfile::tempdir().unwrap();
     let model = SwappedModel::new(dir.path(), "tests/data/failing-model");
     let (mut service, prom) = watched(&broker, dir.path(), "breaker", |text| {
@@ -379,10 +383,7 @@ fn a_failing_model_fires_its_alert_and_a_fixed_one_resolves_it() {
 /// resolves.
 #[test]
 fn a_paced_overload_fires_lag_growing_and_catching_up_resolves_it() {
-    let broker = Broker::start();
-    broker.create_topic(INPUT, 2);
-    broker.create_topic(VERDICTS, 2);
-    broker.create_topic(DLQ, 1);
+    let broker = broker_with_topics(2);
     let dir = tempfile::tempdir().unwrap();
     let model = SwappedModel::new(dir.path(), "models/minilm-l6");
     let (mut service, prom) = watched(&broker, dir.path(), "lag", |text| {
