@@ -13,35 +13,21 @@
 //! runs around the pipeline: demo, bench, the event generator, the embedded
 //! cluster. docs/architecture.md has the layers (checked by tests/layers.rs).
 
-pub mod batcher;
 pub mod client;
-pub mod client_log;
 pub mod config;
 pub mod consumer;
 pub mod event;
 pub mod hub;
 pub mod inference;
-pub mod manifest;
 pub mod matching;
-pub mod offsets;
-pub mod partition;
 pub mod pipeline;
 pub mod policy;
 pub mod producer;
-pub mod rebalance;
-pub mod record;
-pub mod reload;
 pub mod sampling;
 pub mod schema;
-pub mod score_cache;
-pub mod scores;
-pub mod shadow;
 pub mod shutdown;
-pub mod slo;
 pub mod state;
 pub mod telemetry;
-pub mod tokens;
 pub mod tools;
 pub mod tp;
-pub mod transaction;
 pub mod verdict;

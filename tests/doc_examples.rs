@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use modstream::config::Settings;
-use modstream::manifest::Manifest;
+use modstream::inference::manifest::Manifest;
 use modstream::policy::{ModelLabels, Ruleset};
 
 fn root() -> &'static Path {

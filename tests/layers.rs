@@ -442,3 +442,66 @@ fn the_checker_sees_groups_nested_paths_and_super() {
     let code = "fn a() {}\n#[cfg(test)]\nmod tests {\n    use crate::z;\n}\n";
     assert!(referenced_paths(&without_tests(code)).is_empty());
 }
+
+/// The hub routes between its stages: it holds only what routing needs
+/// (at most 12 fields) and is one object in at most 3 files; `src/`'s
+/// top holds at most 6 files beside `lib.rs` and `main.rs` (the rest sit
+/// in the folder of the stage they serve).
+#[test]
+fn the_hub_is_a_small_router_and_the_tree_shows_the_stages() {
+    let hub = std::fs::read_to_string(root().join("src/hub/mod.rs")).unwrap();
+    let start = hub
+        .find("pub struct Hub<")
+        .expect("struct Hub in src/hub/mod.rs");
+    let body = &hub[start..];
+    let body = &body[..body.find("\n}").unwrap()];
+    let fields: Vec<&str> = body
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.starts_with("//") && !l.starts_with("#[") && l.contains(':'))
+        .collect();
+    assert!(
+        fields.len() <= 12,
+        "struct Hub has {} fields:\n{}",
+        fields.len(),
+        fields.join("\n")
+    );
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut impl_files: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            text.lines().any(|l| {
+                let l = l.trim_start();
+                l.starts_with("impl") && names_hub(l)
+            })
+        })
+        .map(|f| f.strip_prefix(root()).unwrap().display().to_string())
+        .collect();
+    impl_files.sort();
+    assert!(
+        impl_files.len() <= 3,
+        "impl Hub in {} files: {impl_files:?}",
+        impl_files.len()
+    );
+    let top: Vec<String> = std::fs::read_dir(root().join("src"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "rs"))
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .filter(|n| n != "lib.rs" && n != "main.rs")
+        .collect();
+    assert!(top.len() <= 6, "{} files at src/'s top: {top:?}", top.len());
+}
+
+/// Whether an `impl` line names the type `Hub` (`Hub<D>`, `super::Hub<D>`,
+/// `Hub {`), not another type whose name ends so.
+fn names_hub(line: &str) -> bool {
+    line.match_indices("Hub").any(|(at, _)| {
+        let before = line[..at].chars().next_back();
+        let after = line[at + 3..].chars().next();
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '_') && matches!(after, Some('<' | ' '))
+    })
+}

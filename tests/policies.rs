@@ -563,7 +563,7 @@ fn the_example_policy_loads_against_the_shipped_models() {
     ]
     .into_iter()
     .map(|(name, dir)| {
-        let manifest = modstream::manifest::Manifest::load(&dir).unwrap();
+        let manifest = modstream::inference::manifest::Manifest::load(&dir).unwrap();
         modstream::policy::ModelLabels::of(name, &manifest)
     })
     .collect();

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use modstream::config::{ExecutionProvider, InferenceSettings, PadTo};
 use modstream::inference::Model;
+use modstream::inference::tokens::Encoder;
 use modstream::shutdown::Shutdown;
-use modstream::tokens::Encoder;
 use modstream::tools::demo::{self, DEMO_DLQ, DEMO_INPUT, DEMO_VERDICTS};
 use modstream::tools::embedded::EmbeddedBroker;
 use modstream::tools::{generator, read, send};

@@ -3,7 +3,7 @@
 //! `cargo run --release -p modstream-bench --example avro_verdicts [N]`
 
 use modstream::event::{Event, Priority};
-use modstream::manifest::Manifest;
+use modstream::inference::manifest::Manifest;
 use modstream::schema::verdict::VerdictEncoder;
 use modstream::tp::Tp;
 use modstream::verdict::{Answer, Scorer, VerdictPayload};

@@ -102,7 +102,8 @@ async fn point_with(
 /// A policy file of `n` tenant rules (`t0` … ) over the model's score
 /// label, and a default rule.
 fn tenant_policy(opts: &BenchOptions, n: usize) -> anyhow::Result<std::path::PathBuf> {
-    let manifest = modstream::manifest::Manifest::load(&inference_settings(opts).model_dir)?;
+    let manifest =
+        modstream::inference::manifest::Manifest::load(&inference_settings(opts).model_dir)?;
     let label = &manifest.labels[manifest.score_index()];
     let thresholds = format!("models.default.{label} = {{ review_at = 0.5, block_at = 0.85 }}");
     let mut policy = String::from("version = \"bench-tenants\"\n");
@@ -125,13 +126,13 @@ fn mean_tokens(
     model_dir: &std::path::Path,
     events: &[modstream::tools::generator::GeneratedEvent],
 ) -> anyhow::Result<Option<f64>> {
-    use modstream::manifest::{InputKind, Manifest};
+    use modstream::inference::manifest::{InputKind, Manifest};
     let manifest = Manifest::load(model_dir)?;
     if manifest.input_kind != InputKind::Tokens {
         return Ok(None);
     }
     let file = manifest.tokenizer.as_deref().unwrap_or("tokenizer.json");
-    let encoder = modstream::tokens::Encoder::load(
+    let encoder = modstream::inference::tokens::Encoder::load(
         &model_dir.join(file),
         manifest.max_length.unwrap_or(512),
     )?;

@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 
 use modstream::config::{InferenceSettings, PadTo};
 use modstream::inference::Model;
-use modstream::manifest::InputKind;
+use modstream::inference::manifest::InputKind;
 use modstream::tools::generator::generate;
 
 pub use chart::{Panel, time_series};

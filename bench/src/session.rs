@@ -20,8 +20,8 @@ use modstream::config::{
     GraphOptimization, InferenceSettings, MemoryArena, SessionOptions, Workers,
 };
 use modstream::inference::Model;
-use modstream::manifest::{InputKind, Manifest};
-use modstream::tokens::Encoder;
+use modstream::inference::manifest::{InputKind, Manifest};
+use modstream::inference::tokens::Encoder;
 use modstream::tools::generator::{GeneratedEvent, generate};
 use modstream::tools::report::{SessionRow, TokenizationRow};
 

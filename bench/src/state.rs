@@ -61,7 +61,7 @@ pub(super) async fn changelog_of(cell: &Cell) -> anyhow::Result<Changelog> {
 /// temporary file) and `[state] changelog_topic` ([`STATE_TOPIC`], which
 /// [`super::baseline::modstream`] replaces with the cell's).
 pub(super) fn rules_config(model_dir: &Path) -> anyhow::Result<String> {
-    let manifest = modstream::manifest::Manifest::load(model_dir)?;
+    let manifest = modstream::inference::manifest::Manifest::load(model_dir)?;
     let label = manifest.labels[manifest.score_index()].clone();
     let defaults = modstream::config::Policy::default();
     let policy = format!(
@@ -167,7 +167,7 @@ fn one_post(user: &str) -> modstream::event::Event {
 fn send(
     producer: &rdkafka::producer::BaseProducer,
     topic: &str,
-    record: modstream::record::OutRecord,
+    record: modstream::producer::record::OutRecord,
 ) -> anyhow::Result<u64> {
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::BaseRecord;

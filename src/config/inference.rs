@@ -90,7 +90,7 @@ impl Default for InferenceSettings {
 }
 
 /// A candidate model scoring a sample of the live events on spare capacity
-/// (see [`crate::shadow`]).
+/// (see [`crate::hub::stages::outputs::shadow`]).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ShadowSettings {

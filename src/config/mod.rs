@@ -115,7 +115,7 @@ pub struct KafkaSettings {
     pub service_failure_timeout: Duration,
     /// `at_least_once` (offsets committed after the broker acknowledged the
     /// verdicts) or `exactly_once` (verdicts, dead-letter records and offsets
-    /// in one Kafka transaction; see `crate::transaction`).
+    /// in one Kafka transaction; see `crate::producer::transaction`).
     #[serde(default)]
     pub delivery: DeliveryMode,
     /// With `exactly_once`: this instance's part of the transactional id
@@ -230,12 +230,12 @@ pub struct BatchingSettings {
     #[serde(with = "humantime_serde")]
     pub max_batch_delay: Duration,
     /// The latency target: when set, batch size and deadline are chosen
-    /// continuously (see [`crate::slo`]) with `max_batch_size` and
+    /// continuously (see [`crate::hub::stages::scoring::slo`]) with `max_batch_size` and
     /// `max_batch_delay` as their upper bounds.
     #[serde(with = "humantime_serde")]
     pub target_p99: Option<Duration>,
     /// A budget of predicted tokens per batch and per model run (see
-    /// [`crate::tokens::TokenEstimate`]): a batch also closes before the post
+    /// [`crate::inference::tokens::TokenEstimate`]): a batch also closes before the post
     /// that would take it over, so a run's cost, not only its count, is bounded.
     pub max_batch_tokens: Option<u64>,
 }

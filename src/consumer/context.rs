@@ -1,5 +1,5 @@
 //! The consumer's context: what librdkafka calls back on the consumer
-//! thread. Rebalances are handed to the hub ([`crate::rebalance`]) and
+//! thread. Rebalances are handed to the hub ([`crate::consumer::rebalance`]) and
 //! waited for; statistics feed the lag gauge and the fetch watchdog.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use super::exactly_once::{End, Thread, Txn, TxnFatal};
 use super::{commit, is_fatal, partitions_of, store};
-use crate::rebalance::{self, Control};
+use crate::consumer::rebalance::{self, Control};
 use crate::telemetry::Health;
 use crate::telemetry::metric::{self, CommitOutcome, ErrorKind, RebalanceKind};
 use crate::tp::{Generation, Lag, Position, Positions, Tp};
@@ -169,7 +169,7 @@ impl ClientContext for ModstreamContext {
     }
 
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        crate::client_log::log_line(level, fac, message);
+        crate::client::log::log_line(level, fac, message);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
@@ -182,10 +182,10 @@ impl ClientContext for ModstreamContext {
         } else {
             metrics::counter!(metric::ERRORS_TOTAL, "kind" => ErrorKind::Client.as_str())
                 .increment(1);
-            if crate::client_log::is_cause(&error) {
+            if crate::client::log::is_cause(&error) {
                 self.faults.set_last(reason);
             }
-            if let Some(held) = crate::client_log::gate().admit(reason) {
+            if let Some(held) = crate::client::log::gate().admit(reason) {
                 tracing::warn!(error = %error, reason, held_back = held, "kafka client error");
             }
         }

@@ -5,7 +5,7 @@
 //! at each commit interval and at shutdown. The hub's side (handing records
 //! over, the seal's answer, dropping rewound partitions) is
 //! `hub::transaction`; the producer's transactional calls are
-//! [`crate::transaction`].
+//! [`crate::producer::transaction`].
 //!
 //! Every `kafka.commit_interval`, after a revoke's drain, and at shutdown,
 //! the consumer thread asks the hub to seal (nothing more goes to the
@@ -30,11 +30,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::partitions_of;
-use crate::rebalance::{self, Control, SealFailure, Sealed};
+use crate::consumer::rebalance::{self, Control, SealFailure, Sealed};
+use crate::producer::transaction::{TransactionError, Transactions};
 use crate::telemetry::Health;
 use crate::telemetry::metric::TxnOutcome;
 use crate::tp::{Generation, Position, Positions, Tp};
-use crate::transaction::{TransactionError, Transactions};
 
 /// What the consumer thread needs for exactly-once.
 pub struct ExactlyOnce {

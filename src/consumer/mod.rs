@@ -6,7 +6,7 @@
 //! bounded channel holds: when it is full, the assigned partitions are paused
 //! (polling goes on, so the group membership stays alive) and resumed once the
 //! backlog is forwarded. Offsets are only ever *stored* as positions the hub
-//! sends (after delivery, see [`crate::rebalance`] for revokes); this thread
+//! sends (after delivery, see [`crate::consumer::rebalance`] for revokes); this thread
 //! commits what is stored.
 //!
 //! What this thread owns: the consumer handle, the pause state, and the
@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::{self, ConsumerRole};
 use crate::config::Settings;
-use crate::rebalance::Control;
+use crate::consumer::rebalance::Control;
 use crate::telemetry::Health;
 use crate::tp::{Lag, Position, Positions, Tp};
 
@@ -36,6 +36,7 @@ mod context;
 mod exactly_once;
 mod fetch_watchdog;
 mod poll;
+pub mod rebalance;
 
 pub use exactly_once::ExactlyOnce;
 

@@ -1,175 +1,57 @@
 //! The hub: the one task that owns all per-partition state, so nothing here
-//! needs a lock. Its loop handles, in priority order: the consumer
-//! thread's control messages (rebalances, transaction ends), new scorers
-//! from the hot reload (before any result that carries their version),
-//! delivery acknowledgements, inference results, batch deadlines, then new
-//! input, and new input only while fewer than `limits.max_in_flight` events are
-//! undelivered (beyond that the bounded input channel fills and the consumer
-//! pauses its partitions).
+//! needs a lock. It routes each event through the chain of stages
+//! ([`stages`]: take in and decode → match → batch → score → judge →
+//! compose → deliver → store the position), written out in order in
+//! [`route`]; the consumer thread's control messages (rebalances,
+//! transaction ends) and the reloads are answered in [`control`].
+//!
+//! Its loop handles, in priority order: control messages, new scorers from
+//! the hot reload (before any result that carries their version), new
+//! policies and lists, delivery acknowledgements, restored state, inference
+//! results, batch deadlines, then new input, and new input only while
+//! fewer than `limits.max_in_flight` events are undelivered (beyond that
+//! the bounded input channel fills and the consumer pauses its partitions).
 //!
 //! Guarantees: every consumed record ends as exactly one verdict or one DLQ
 //! record (or, for a partition revoked meanwhile, is left uncommitted for its
 //! next owner); verdicts of a partition are produced in offset order; a
 //! position is sent to the consumer for storing only once every earlier
 //! offset of its partition was acknowledged by the broker.
-//!
-//! What it owns: the partitions' state ([`Partition`]), the dispatch queue,
-//! the jobs in inference, the in-flight count, the positions of the owned
-//! partitions (the consumer thread learns them by message) and the revokes
-//! in progress ([`Revokes`]).
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
-use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::consumer::Ingested;
+use crate::consumer::rebalance::{Control, Positions, Revokes};
 use crate::inference::InferenceResult;
-use crate::partition::Partition;
 use crate::policy::Ruleset;
-use crate::producer::{ProducerError, ServiceFailure};
-use crate::rebalance::{Control, Positions, Revokes};
-use crate::record::{OutRecord, RecordKind};
+use crate::producer::ProducerError;
 use crate::shutdown::Shutdown;
-use crate::slo::Choice;
-use crate::telemetry::{Health, StallKind, StallReporter, metric};
-use crate::tp::{Generation, Source, Tp};
+use crate::state::restore::Restored;
+use crate::telemetry::{Health, metric};
 use crate::verdict::NewScorer;
-use std::sync::Arc;
 
-mod batching;
-mod breaker;
-mod deadlines;
-mod delivery;
-mod dispatch;
-mod intake;
-mod jobs;
-mod lanes;
+mod control;
 mod ledger;
-mod matching;
 mod meters;
-mod outputs;
-mod positions;
-mod queue;
-mod revoke;
-mod state;
-mod transaction;
+pub(crate) mod partition;
+mod route;
+pub(crate) mod stages;
 mod watchdog;
 
-pub use lanes::ModelLane;
-use lanes::{Lane, Lanes};
-use outputs::{Outcome, Outgoing};
-use positions::PositionBook;
-pub use state::Restores;
-use watchdog::STALL_CHECK;
-
-/// Counts of one run, for the demo and the tests.
-#[derive(Debug, Default, Clone)]
-pub struct RunSummary {
-    pub consumed: u64,
-    pub verdicts: u64,
-    pub dlq: u64,
-    pub stale: u64,
-    /// Deliveries given up at shutdown (their offsets stay uncommitted).
-    pub abandoned: u64,
-    /// Records the broker refused for good (committed past, counted, logged).
-    pub undeliverable: u64,
-    /// Revokes of this member's partitions, and the events that were in
-    /// flight in the revoked partitions when each began (drained before the
-    /// answer, or left uncommitted for the next owner).
-    pub revokes: u64,
-    pub revoked_in_flight: u64,
-    /// Exactly-once: aborted transactions whose partitions were read again,
-    /// and records whose delivery failed inside a transaction (it aborts).
-    pub rewinds: u64,
-    pub aborted_records: u64,
-    /// Model runs, and the time spent in them.
-    pub batches: u64,
-    pub inference_seconds: f64,
-    /// Token models: tokens fed, real and padded (padding efficiency = real ÷ padded).
-    pub real_tokens: u64,
-    pub padded_tokens: u64,
-    /// Model runs by size: `run_sizes[n]` runs of n events.
-    pub run_sizes: Vec<u64>,
-    /// Where an event's time goes: waiting for its batch to close (summed
-    /// over closed batches), and from enqueueing its verdict to the broker's
-    /// acknowledgement (summed over records).
-    pub batch_wait_seconds: f64,
-    pub closed_batches: u64,
-    pub produce_seconds: f64,
-    /// With `batching.target_p99`: the batch sizes and deadlines chosen, and
-    /// when (a change of size, or of the deadline by more than a tenth; the
-    /// first [`MAX_BATCH_CHOICES`]).
-    pub batch_choices: Vec<(std::time::Instant, Choice)>,
-    /// The faults this run met and got past (commit and delivery failures,
-    /// re-sends, the most partitions stalled at once).
-    pub faults: crate::telemetry::FaultCounts,
-}
-
-/// How many batch choices a [`RunSummary`] keeps.
-pub const MAX_BATCH_CHOICES: usize = 100_000;
-
-/// Hands a record to the broker; resolves once it is acknowledged (see
-/// [`crate::producer::Sink`]). A trait so that tests can stand in for Kafka.
-pub trait Deliver: Send + 'static {
-    /// `source`: the input partition and offset the record answers.
-    fn deliver(
-        &self,
-        record: OutRecord,
-        source: Source,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'static, Result<(), ProducerError>>;
-
-    /// A delivery failure concerning the whole service that lasts now.
-    fn service_failure(&self) -> Option<ServiceFailure> {
-        None
-    }
-}
-
-/// What an offset's delivery resolves to.
-pub struct Ack {
-    tp: Tp,
-    generation: Generation,
-    offset: i64,
-    outcome: Result<Outcome, ProducerError>,
-    kind: RecordKind,
-    /// Copies refused for good (reported once the offset is committed).
-    refused_copies: Vec<delivery::Refused>,
-    /// Enqueue to acknowledgement.
-    took: std::time::Duration,
-    /// When the consumer thread polled the input record.
-    received_at: Instant,
-    /// With exactly-once: the transaction it was handed over in.
-    txn: transaction::TxnEpoch,
-}
-
-/// The input record an output answers: its partition, the generation of
-/// the partition state that accepted it, and its offset.
-#[derive(Debug, Clone)]
-struct InputOffset {
-    tp: Tp,
-    generation: Generation,
-    offset: i64,
-}
-
-/// What an input record holds until its outputs are acknowledged: when
-/// the consumer thread polled it, and its share of the byte budget (given
-/// back when dropped).
-struct Hold {
-    received_at: Instant,
-    bytes: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-/// An input record's outputs, ready to be handed to the producer.
-struct ReadyOutput {
-    at: InputOffset,
-    out: Outgoing,
-    outcome: Outcome,
-    hold: Hold,
-}
+pub use ledger::{MAX_BATCH_CHOICES, RunSummary};
+use partition::Partitions;
+pub use stages::delivery::{Ack, Deliver};
+pub use stages::outputs::shadow;
+pub use stages::scoring::ModelLane;
+pub use stages::state::Restores;
+use stages::{Parts, Stages};
 
 /// The hub's inputs.
 pub struct Inputs {
@@ -184,67 +66,28 @@ pub struct Inputs {
     pub policies: mpsc::Receiver<Arc<Ruleset>>,
     /// List changes (a list file read again, the list topic's items).
     pub matching: mpsc::Receiver<crate::matching::Update>,
+    /// With state rules: the restore thread's answers.
+    pub restored: Option<mpsc::Receiver<Restored>>,
 }
 
 pub struct Hub<D: Deliver> {
-    settings: Settings,
-    /// One lane per model, in the order they score an event.
-    lanes: Lanes,
-    /// The policy new events are judged by.
-    rules: Arc<Ruleset>,
-    outbox: D,
-    abort: CancellationToken,
-    stop: CancellationToken,
-    /// A fatal producer error: nothing more can be delivered; the run stops.
-    producer_fatal: Option<ProducerError>,
-    // foldhash: these are looked up per event and per acknowledgement,
-    // where SipHash's DoS resistance buys nothing (keys are the assignment).
-    partitions: foldhash::HashMap<Tp, Partition>,
+    /// The owned partitions: each one's batch, undelivered offsets and
+    /// reorder buffer.
+    partitions: Partitions,
+    /// The stages, in the order an event meets them.
+    stages: Stages<D>,
+    /// Revokes in progress, and the generation each partition was last
+    /// revoked at (its older records are stale).
     revokes: Revokes,
-    /// The positions for the consumer thread to store.
-    positions: PositionBook,
-    /// Runs in inference, matched to their results.
-    jobs: jobs::JobTable,
-    /// Offsets handed to the producer since the loop last looked, each
-    /// resolving to its acknowledgement (the loop polls them).
-    outgoing: Vec<BoxFuture<'static, Ack>>,
+    /// `kafka.drain_timeout`: how long a revoke waits for its partitions.
+    drain_timeout: Duration,
     /// Events in flight and the run's counts.
     ledger: ledger::Ledger,
-    /// The watchdog: partitions stalled now, and when it looks next.
-    health: std::sync::Arc<Health>,
-    stalls: StallReporter,
-    next_stall_check: Instant,
-    /// The partitions' batch size and deadline now (from the lanes'
-    /// choices: fixed, or their latency controllers').
-    batch: Choice,
-    /// The partitions' budget of predicted tokens per batch now
-    /// (`batching.max_batch_tokens`, or less where a controller chose less).
-    batch_tokens: Option<u64>,
-    /// The open batches' deadlines in time order.
-    deadlines: deadlines::Deadlines,
-    /// Predicts each post's tokens for `batching.max_batch_tokens`, learning
-    /// from the token models' runs.
-    token_estimate: crate::tokens::TokenEstimate,
-    /// With `kafka.delivery = "exactly_once"`: the open transaction's state.
-    txn: Option<transaction::TxnBoundary>,
-    /// Reads events from records, by each topic's mapping.
-    decoder: crate::event::Decoder,
-    /// With a Schema Registry input format: the schemas the stage fetched.
-    schemas: Option<Arc<crate::schema::SchemaStore>>,
-    /// Per-event metric handles.
-    meters: meters::Meters,
-    /// With `[matching]`: the known-bad lists and the wave clusters.
-    matcher: Option<crate::matching::Matcher>,
-    /// Composes the records that answer an event.
-    outputs: outputs::Composer,
-    /// With `state.changelog_topic`: what all partitions' entity state
-    /// holds, and the restore thread's jobs and answers.
-    state: Option<crate::state::Keeper>,
-    restore_jobs: Option<std::sync::mpsc::Sender<crate::state::restore::Job>>,
-    restored: Option<mpsc::Receiver<crate::state::restore::Restored>>,
-    /// With `[tracing]`: each model run's span (the posts' are the
-    /// composer's).
-    traces: Option<crate::telemetry::traces::Traces>,
+    /// Stalled partitions and deliveries failing for the whole service.
+    watchdog: watchdog::Watchdog,
+    /// With a latency target: the controllers look again at their ticks.
+    target_p99: Option<Duration>,
+    shutdown: Shutdown,
 }
 
 impl<D: Deliver> Hub<D> {
@@ -256,74 +99,60 @@ impl<D: Deliver> Hub<D> {
         rules: Ruleset,
         outbox: D,
         positions_tx: async_channel::Sender<Positions>,
-        health: std::sync::Arc<Health>,
+        health: Arc<Health>,
         shutdown: &Shutdown,
     ) -> Self {
-        let settings_eos = settings.kafka.exactly_once();
-        let decoder = crate::event::Decoder::new(&settings.input, &settings.limits);
-        let lanes: Vec<Lane> = models
-            .into_iter()
-            .map(|m| Lane::new(m, &settings.batching))
-            .collect();
-        let batch = lanes::partition_choice(&lanes);
-        let batch_tokens = lanes::partition_tokens(&lanes);
-        batching::export_choice(batch);
-        let token_estimate =
-            crate::tokens::TokenEstimate::new(lanes.iter().filter_map(Lane::max_length).max());
-        metrics::gauge!(metric::LATENCY_TARGET_MISSED).set(0.0);
-        let rules = Arc::new(rules);
-        let meters = meters::Meters::new(&rules);
-        policy_loaded_at();
-        Hub {
-            lanes: Lanes::new(lanes),
+        let parts = Parts {
+            models,
             rules,
             outbox,
+            positions: positions_tx,
+            health: health.clone(),
             abort: shutdown.abort.clone(),
-            stop: shutdown.stop.clone(),
-            producer_fatal: None,
-            partitions: Default::default(),
+        };
+        let stages = Stages::new(&settings, parts);
+        metrics::gauge!(metric::LATENCY_TARGET_MISSED).set(0.0);
+        let first_choice = settings
+            .batching
+            .target_p99
+            .map(|_| stages.batching.choice());
+        let ledger = ledger::Ledger::new(
+            first_choice,
+            settings.limits.max_in_flight,
+            stages.intake.rules(),
+        );
+        control::policy_loaded_at();
+        Hub {
+            partitions: Partitions::default(),
+            stages,
             revokes: Revokes::default(),
-            positions: PositionBook::new(positions_tx),
-            jobs: jobs::JobTable::default(),
-            outgoing: Vec::new(),
-            ledger: ledger::Ledger::new(settings.batching.target_p99.map(|_| batch)),
-            stalls: StallReporter::new(StallKind::Undelivered, health.clone()),
-            health,
-            next_stall_check: Instant::now() + STALL_CHECK,
-            batch,
-            batch_tokens,
-            token_estimate,
-            deadlines: Default::default(),
-            txn: settings_eos.then(transaction::TxnBoundary::default),
-            decoder,
-            schemas: None,
-            meters,
-            matcher: None,
-            outputs: outputs::Composer::new(&settings),
-            state: None,
-            restore_jobs: None,
-            restored: None,
-            traces: None,
-            settings,
+            drain_timeout: settings.kafka.drain_timeout,
+            ledger,
+            watchdog: watchdog::Watchdog::new(&settings, health),
+            target_p99: settings.batching.target_p99,
+            shutdown: shutdown.clone(),
         }
     }
 
     /// Record spans of the posts and the model runs (`None`: tracing off).
     pub fn with_traces(mut self, traces: Option<crate::telemetry::traces::Traces>) -> Self {
-        self.outputs.set_traces(traces.clone());
-        self.traces = traces;
+        self.stages.outputs.set_traces(traces.clone());
+        self.stages.scoring.set_traces(traces);
         self
     }
 
     /// Keep entity state ([`crate::state`]), each new partition's read back
-    /// by this restore thread (`None`: state is off).
-    pub fn with_state(mut self, state: Option<(crate::state::Keeper, Restores)>) -> Self {
-        let Some((keeper, restores)) = state else {
-            return self;
-        };
-        self.state = Some(keeper);
-        self.restore_jobs = Some(restores.jobs);
-        self.restored = Some(restores.restored);
+    /// by the restore thread that takes these jobs (`None`: state is off).
+    pub fn with_state(
+        mut self,
+        state: Option<(
+            crate::state::Keeper,
+            std::sync::mpsc::Sender<crate::state::restore::Job>,
+        )>,
+    ) -> Self {
+        if let Some((keeper, jobs)) = state {
+            self.stages.state = stages::state::StateRules::new(keeper, jobs);
+        }
         self
     }
 
@@ -334,20 +163,20 @@ impl<D: Deliver> Hub<D> {
         schemas: Option<Arc<crate::schema::SchemaStore>>,
         verdict_encoder: Option<crate::schema::verdict::VerdictEncoder>,
     ) -> Self {
-        self.schemas = schemas;
-        self.outputs.set_encoder(verdict_encoder);
+        self.stages.intake.set_schemas(schemas);
+        self.stages.outputs.set_encoder(verdict_encoder);
         self
     }
 
     /// Match events against lists and waves with this matcher.
     pub fn with_matcher(mut self, matcher: Option<crate::matching::Matcher>) -> Self {
-        self.matcher = matcher;
+        self.stages.matching.set_matcher(matcher);
         self
     }
 
     /// Offer every (sampled) live verdict to this shadow model.
-    pub fn with_shadow(mut self, shadow: Option<crate::shadow::Shadow>) -> Self {
-        self.outputs.set_shadow(shadow);
+    pub fn with_shadow(mut self, shadow: Option<shadow::Shadow>) -> Self {
+        self.stages.outputs.set_shadow(shadow);
         self
     }
 
@@ -356,7 +185,7 @@ impl<D: Deliver> Hub<D> {
     /// Returns the counts and the producer error that stopped it, if one did.
     pub async fn run(mut self, mut inputs: Inputs) -> (RunSummary, Option<ProducerError>) {
         let mut input_open = true;
-        let abort = self.abort.clone();
+        let abort = self.shutdown.abort.clone();
         // The offsets handed to the producer, each resolving once all its
         // records are acknowledged: polled here, so that an acknowledgement
         // wakes the hub itself (no task, no channel per offset).
@@ -368,31 +197,23 @@ impl<D: Deliver> Hub<D> {
         let mut wake_set = None;
         // Without state, a channel that never yields.
         let (_no_state, empty) = mpsc::channel(1);
-        let mut restored = self.restored.take().unwrap_or(empty);
+        let mut restored = inputs.restored.take().unwrap_or(empty);
         loop {
-            delivering.extend(self.outgoing.drain(..));
+            delivering.extend(self.stages.delivery.take_outgoing());
             let wake_at = self.next_wake();
             if let Some(at) = wake_at.filter(|at| wake_set != Some(*at)) {
                 wake.as_mut().reset(at);
                 wake_set = Some(at);
             }
-            let open = self.any_breaker_open();
-            let accepting =
-                input_open && self.ledger.in_flight() < self.settings.limits.max_in_flight && !open;
-            let holding = open && self.queued() > 0;
+            let open = self.stages.scoring.any_breaker_open();
+            let accepting = input_open && self.ledger.has_room() && !open;
+            let holding = open && self.stages.scoring.queued() > 0;
             tokio::select! {
                 biased;
                 Some(control) = inputs.control.recv() => self.on_control(control),
-                Some(new) = inputs.scorers.recv() => {
-                    if let Some(lane) = self.lanes.get_mut(new.model) {
-                        lane.reloaded(new.version, new.scorer);
-                    }
-                    if let Some(matcher) = &mut self.matcher {
-                        matcher.model_reloaded();
-                    }
-                }
+                Some(new) = inputs.scorers.recv() => self.on_scorer(new),
                 Some(rules) = inputs.policies.recv() => self.on_policy(rules),
-                Some(update) = inputs.matching.recv() => self.on_match_update(update),
+                Some(update) = inputs.matching.recv() => self.stages.matching.apply(update),
                 Some(ack) = delivering.next() => self.on_ack(ack),
                 Some(done) = restored.recv() => self.on_restored(done),
                 Some(result) = inputs.results.recv() => self.on_inference_result(result),
@@ -412,10 +233,13 @@ impl<D: Deliver> Hub<D> {
             }
         }
         self.finish_revokes(true);
-        delivering.extend(self.outgoing.drain(..));
+        delivering.extend(self.stages.delivery.take_outgoing());
         while delivering.next().await.is_some() {}
-        self.positions.flush().await;
-        (self.ledger.into_summary(), self.producer_fatal)
+        self.stages.positions.flush().await;
+        (
+            self.ledger.into_summary(),
+            self.stages.delivery.into_fatal(),
+        )
     }
 
     /// The work every event of the loop may have made possible.
@@ -424,58 +248,34 @@ impl<D: Deliver> Hub<D> {
         self.dispatch();
         self.finish_revokes(false);
         self.answer_seal();
-        self.positions.send();
+        self.stages.positions.send();
         let now = Instant::now();
-        if now >= self.next_stall_check {
+        if self.watchdog.due(now) {
             self.check_stalls();
         }
-        if self.next_slo_tick().is_some_and(|t| now >= t) {
+        if self.stages.scoring.next_tick().is_some_and(|t| now >= t) {
             self.adjust_batching();
         }
     }
 
+    /// When the loop must wake with nothing else to do: a batch's deadline,
+    /// a revoke's or a seal's, positions to hand over again, the watchdog,
+    /// a breaker's probe, a latency controller's tick.
     fn next_wake(&self) -> Option<Instant> {
-        let batch = self.deadlines.next();
-        let watchdog = (self.ledger.in_flight() > 0 || !self.stalls.is_empty())
-            .then_some(self.next_stall_check);
-        let slo = self.next_slo_tick();
-        let probe = self.lanes.iter().filter_map(Lane::next_probe).min();
-        // Positions waiting for the consumer thread to take the last batch.
-        let positions = self.positions.retry_at();
-        let seal = self
-            .txn
-            .as_ref()
-            .and_then(transaction::TxnBoundary::deadline);
-        batch
-            .into_iter()
-            .chain(self.revokes.next_deadline())
-            .chain(seal)
-            .chain(positions)
-            .chain(watchdog)
-            .chain(probe)
-            .chain(slo)
-            .min()
+        let stages = &self.stages;
+        [
+            stages.batching.next_deadline(),
+            self.revokes.next_deadline(),
+            stages.delivery.seal_deadline(),
+            stages.positions.retry_at(),
+            self.watchdog.next_look(self.ledger.in_flight()),
+            stages.scoring.next_probe(),
+            stages.scoring.next_tick(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
-
-    /// The earliest tick of a lane's latency controller.
-    fn next_slo_tick(&self) -> Option<Instant> {
-        self.lanes.iter().filter_map(Lane::next_tick).min()
-    }
-
-    /// A new policy takes over: events accepted from now on are judged by
-    /// it (events already accepted keep theirs).
-    fn on_policy(&mut self, rules: Arc<Ruleset>) {
-        tracing::info!(from = %self.rules.version, to = %rules.version, rules = rules.rules().len(), "policy in force");
-        self.meters.policy_loaded(&rules);
-        policy_loaded_at();
-        self.rules = rules;
-    }
-}
-
-/// When the policy in force took over.
-fn policy_loaded_at() {
-    metrics::gauge!(metric::POLICY_LOADED_TIMESTAMP_SECONDS)
-        .set(chrono::Utc::now().timestamp_millis() as f64 / 1000.0);
 }
 
 #[cfg(test)]

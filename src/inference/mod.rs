@@ -13,13 +13,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::InferenceSettings;
-use crate::manifest::{Manifest, ManifestError};
-use crate::score_cache::ScoreCache;
-use crate::tokens::TokenError;
+use crate::inference::manifest::{Manifest, ManifestError};
+use crate::inference::score_cache::ScoreCache;
+use crate::inference::tokens::TokenError;
 
+pub mod manifest;
 mod model;
 pub mod placement;
 mod runtime;
+pub mod score_cache;
+pub mod scores;
+pub mod tokens;
 
 pub use crate::config::RunLimit;
 pub use model::{Model, Profile, Signature, TokenStats};
@@ -95,7 +99,7 @@ pub struct InferenceJob {
     pub texts: Vec<String>,
 }
 
-pub use crate::scores::{ScoreError, Scores};
+pub use crate::inference::scores::{ScoreError, Scores};
 
 #[derive(Debug)]
 pub struct InferenceResult {
@@ -109,7 +113,7 @@ pub struct InferenceResult {
     /// Tokens this job fed the model, real and padded (token models).
     pub tokens: TokenStats,
     /// Which loaded model (and policy) scored it: 0 for the one the pipeline
-    /// started with, then the version of each [`Swap`] ([`crate::reload`]);
+    /// started with, then the version of each [`Swap`] ([`crate::pipeline::reload`]);
     /// the hub maps it to the scorer that makes the verdicts.
     pub version: u64,
     /// The worker that ran it (its versions only grow: see [`Swap`]).
@@ -214,7 +218,7 @@ impl InferencePool {
         }
     }
 
-    /// Senders of each worker's switches (for [`crate::reload`]).
+    /// Senders of each worker's switches (for [`crate::pipeline::reload`]).
     pub fn swaps(&self) -> Vec<std::sync::mpsc::Sender<Swap>> {
         self.swaps.clone()
     }

@@ -11,8 +11,8 @@ use super::placement::{self, Placement};
 use super::runtime::{environment, register_providers};
 use super::{InferenceError, ScoreError, Scores};
 use crate::config::{GraphOptimization, InferenceSettings, PadTo, RunLimit};
-use crate::manifest::{InputKind, Manifest, TOKEN_INPUTS};
-use crate::tokens::{self, Encoded, Encoder, Split};
+use crate::inference::manifest::{InputKind, Manifest, TOKEN_INPUTS};
+use crate::inference::tokens::{self, Encoded, Encoder, Split};
 
 /// How a model takes its input.
 enum Input {

@@ -71,12 +71,12 @@ pub(super) fn environment(
 pub(super) fn register_providers(
     builder: &mut ort::session::builder::SessionBuilder,
     settings: &InferenceSettings,
-    kind: crate::manifest::InputKind,
+    kind: crate::inference::manifest::InputKind,
 ) -> Result<&'static str, InferenceError> {
     let arena = match settings.session.memory_arena {
         MemoryArena::On => true,
         MemoryArena::Off => false,
-        MemoryArena::Auto => kind == crate::manifest::InputKind::Text,
+        MemoryArena::Auto => kind == crate::inference::manifest::InputKind::Text,
     };
     let mut chosen = None;
     let mut failures = Vec::new();

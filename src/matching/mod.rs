@@ -31,7 +31,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::config::{ListMode, MatchingSettings};
-use crate::record::{OutRecord, RecordKind};
+use crate::producer::record::{OutRecord, RecordKind};
 use crate::telemetry::metric;
 use crate::verdict::{ClusterId, ListMatch, Marks, ModelScores};
 

@@ -12,7 +12,7 @@
 //! ```
 //!
 //! Guarantees: see [`crate::hub`] (one outcome per record, offset order,
-//! positions only after delivery) and [`crate::rebalance`] (revokes).
+//! positions only after delivery) and [`crate::consumer::rebalance`] (revokes).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -27,10 +27,10 @@ use crate::consumer::{self, ConsumerError};
 use crate::hub::{Deliver, Hub, Inputs, ModelLane};
 use crate::inference::{InferenceError, InferencePool};
 use crate::matching::Matcher;
+use crate::pipeline::reload::PolicySource;
 use crate::policy::{ModelLabels, Ruleset};
+use crate::producer::record::OutRecord;
 use crate::producer::{ProducerError, Sink};
-use crate::record::OutRecord;
-use crate::reload::PolicySource;
 use crate::shutdown::Shutdown;
 use crate::telemetry::Health;
 use crate::tp::Source;
@@ -39,6 +39,7 @@ use crate::verdict::{PolicyError, Scorer};
 pub use crate::hub::RunSummary;
 pub use zeroes::register_zeroes;
 
+pub mod reload;
 mod side_tasks;
 mod start;
 mod zeroes;
@@ -63,7 +64,7 @@ pub enum PipelineError {
     #[error(transparent)]
     Producer(#[from] ProducerError),
     #[error(transparent)]
-    Transaction(#[from] crate::transaction::TransactionError),
+    Transaction(#[from] crate::producer::transaction::TransactionError),
     #[error(transparent)]
     List(#[from] crate::matching::ListError),
     #[error(transparent)]
@@ -192,7 +193,7 @@ pub async fn run_loaded(
     // (the list topic's reader, started before, stops with `lists`).
     let mut tasks = SideTasks::start(&settings, &sink, &health, &shutdown);
     let reloading = spawn_reloader(&settings, &models, lists, &shutdown, &mut tasks);
-    let shadow = crate::shadow::Shadow::start(&settings);
+    let shadow = crate::hub::stages::outputs::shadow::Shadow::start(&settings);
     let records = schema_stage(
         &settings,
         schemas.clone(),
@@ -202,6 +203,10 @@ pub async fn run_loaded(
         &tasks.stages_stop,
     );
     let lanes = models.lanes();
+    let (state, restored) = match state {
+        Some((keeper, restores)) => (Some((keeper, restores.jobs)), Some(restores.restored)),
+        None => (None, None),
+    };
     let (traces, exporting) =
         crate::telemetry::traces::start(&settings.tracing, &settings.kafka.group_id)?.unzip();
     let hub = Hub::new(
@@ -225,6 +230,7 @@ pub async fn run_loaded(
         scorers: reloading.scorers,
         policies: reloading.policies,
         matching: reloading.lists,
+        restored,
     };
     let (mut summary, producer_fatal) = hub.run(inputs).await;
     tasks.hub_stopped();
@@ -346,7 +352,7 @@ async fn start_transactions(
     let (producer, id) = (sink.producer(), kafka.transactional_id());
     let timeout = kafka.startup_timeout;
     let transactions = tokio::task::spawn_blocking(move || {
-        crate::transaction::Transactions::start(producer, &id, timeout)
+        crate::producer::transaction::Transactions::start(producer, &id, timeout)
     })
     .await
     .map_err(|_| ProducerError::Abandoned)??;
@@ -364,7 +370,7 @@ struct Models {
     pools: Vec<InferencePool>,
     /// What each model's sessions were loaded from, taken first: a change
     /// while they load is seen by the hot reload (at worst one reload too many).
-    loaded: Vec<Option<crate::reload::Fingerprint>>,
+    loaded: Vec<Option<crate::pipeline::reload::Fingerprint>>,
     results: mpsc::Receiver<crate::inference::InferenceResult>,
     rules: Ruleset,
 }
@@ -373,7 +379,7 @@ fn start_models(settings: &Settings) -> Result<Models, PipelineError> {
     let specs = settings.models();
     let loaded = specs
         .iter()
-        .map(|m| crate::reload::fingerprint(&m.inference.model_dir))
+        .map(|m| crate::pipeline::reload::fingerprint(&m.inference.model_dir))
         .collect();
     let workers: usize = specs.iter().map(|m| m.inference.worker_count()).sum();
     let (results_tx, results) = mpsc::channel(workers * 4);
@@ -419,8 +425,9 @@ impl Models {
                 jobs: pool.jobs(),
                 workers: spec.inference.worker_count(),
                 max_batch: spec.max_batch,
-                max_length: (pool.manifest.max_length)
-                    .filter(|_| pool.manifest.input_kind == crate::manifest::InputKind::Tokens),
+                max_length: (pool.manifest.max_length).filter(|_| {
+                    pool.manifest.input_kind == crate::inference::manifest::InputKind::Tokens
+                }),
             })
             .collect()
     }
@@ -456,16 +463,18 @@ fn spawn_reloader(
         .iter()
         .zip(&models.pools)
         .zip(&models.loaded)
-        .map(|((spec, pool), loaded)| crate::reload::ModelReload {
-            spec: spec.clone(),
-            swaps: pool.swaps(),
-            loaded: loaded.clone(),
-            refused: None,
-            manifest: pool.manifest.clone(),
-            version: 0,
-        })
+        .map(
+            |((spec, pool), loaded)| crate::pipeline::reload::ModelReload {
+                spec: spec.clone(),
+                swaps: pool.swaps(),
+                loaded: loaded.clone(),
+                refused: None,
+                manifest: pool.manifest.clone(),
+                version: 0,
+            },
+        )
         .collect();
-    let reloader = crate::reload::Reloader::new(
+    let reloader = crate::pipeline::reload::Reloader::new(
         settings,
         reloads,
         models.rules.clone(),

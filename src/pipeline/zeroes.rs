@@ -1,7 +1,7 @@
 //! Every series at 0 from the start ([`register_zeroes`]).
 
 use crate::event::RejectReason;
-use crate::record::RecordKind;
+use crate::producer::record::RecordKind;
 use crate::telemetry::metric::{
     self, CommitOutcome, ErrorKind, RebalanceKind, ReloadOutcome, ShadowStage, TxnOutcome,
 };

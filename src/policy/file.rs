@@ -56,7 +56,7 @@ pub struct ModelLabels {
 }
 
 impl ModelLabels {
-    pub fn of(name: &str, manifest: &crate::manifest::Manifest) -> ModelLabels {
+    pub fn of(name: &str, manifest: &crate::inference::manifest::Manifest) -> ModelLabels {
         ModelLabels {
             name: name.to_string(),
             labels: manifest.labels.clone(),

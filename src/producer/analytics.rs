@@ -15,13 +15,13 @@
 //! failure still aborts its transaction (a transaction cannot commit
 //! without it); the gate bounds that to one abort per topic and interval.
 //!
-//! [`RecordKind::is_analytics`]: crate::record::RecordKind::is_analytics
+//! [`RecordKind::is_analytics`]: crate::producer::record::RecordKind::is_analytics
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::record::RecordKind;
+use crate::producer::record::RecordKind;
 use crate::telemetry::{Health, metric};
 
 /// The closed topics: since when, the last error, and when the next try

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::resends::Place;
 use super::{ProducerError, Sink, is_permanent_for_record, is_service_level};
-use crate::record::OutRecord;
+use crate::producer::record::OutRecord;
 use crate::telemetry::metric;
 use crate::tp::Source;
 

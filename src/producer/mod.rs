@@ -34,17 +34,19 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 use tokio_util::sync::CancellationToken;
 
+use crate::client::log::{LastError, QuietContext, QuietProducer};
 use crate::client::{self, ProducerRole};
-use crate::client_log::{LastError, QuietContext, QuietProducer};
 use crate::config::KafkaSettings;
-use crate::record::{OutRecord, RecordKind};
+use crate::producer::record::{OutRecord, RecordKind};
 use crate::telemetry::{Health, metric};
 use crate::tp::Source;
 
 mod analytics;
 mod delivery;
+pub mod record;
 mod resends;
 pub mod topics;
+pub mod transaction;
 
 use analytics::{Gate, Pass};
 use delivery::{Delivery, FIRST_BACKOFF};
@@ -257,7 +259,7 @@ impl Sink {
     }
 
     /// The producer itself (exactly-once: its transactions are begun and
-    /// ended by [`crate::transaction::Transactions`]).
+    /// ended by [`crate::producer::transaction::Transactions`]).
     pub fn producer(&self) -> VerdictProducer {
         self.producer.clone()
     }
@@ -492,7 +494,7 @@ mod tests {
             payload: Some(b"v".to_vec()),
             headers: Vec::new(),
             timestamp_ms: None,
-            kind: crate::record::RecordKind::Verdict,
+            kind: crate::producer::record::RecordKind::Verdict,
         };
         sink.deliver(record.clone(), source(0), CancellationToken::new())
             .await

@@ -45,7 +45,7 @@ use crate::config::StateSettings;
 use crate::event::Event;
 use crate::policy::state_rules::{Fired, Subject, event_value};
 use crate::policy::{Field, Ruleset, Verdict};
-use crate::record::{OutRecord, RecordKind};
+use crate::producer::record::{OutRecord, RecordKind};
 use crate::telemetry::metric;
 use crate::tp::Tp;
 

@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::config::InferenceSettings;
+use crate::inference::manifest::TOKEN_INPUTS;
 use crate::inference::{Model, Signature};
-use crate::manifest::TOKEN_INPUTS;
 
 /// The options of `modstream init-model`.
 #[derive(Debug, Clone, clap::Args)]

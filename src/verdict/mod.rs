@@ -18,13 +18,13 @@
 //! verdict was made; it is null in a verdict judged again (`rescore`,
 //! `explain`), where the time since the event is no pipeline's latency.
 //!
-//! Dead-letter records are in [`crate::record`].
+//! Dead-letter records are in [`crate::producer::record`].
 
 use crate::config::{Policy, Thresholds};
 use crate::event::{self, Event};
-use crate::manifest::Manifest;
+use crate::inference::manifest::Manifest;
 use crate::policy::{Decision, Judge, Match, ModelId, Rule, RuleId, Ruleset};
-use crate::record::{OutRecord, RecordKind};
+use crate::producer::record::{OutRecord, RecordKind};
 use crate::tp::Tp;
 
 mod body;

@@ -5,11 +5,9 @@ use super::*;
 
 #[tokio::test(start_paused = true)]
 async fn a_model_that_fails_everything_is_retried_instead_of_flooding_the_dlq() {
-    let mut h = harness();
-    h.hub.settings.inference.breaker_after = 2;
+    let mut h = harness_adjusted("", |s| s.inference.breaker_after = 2);
     assert!(
-        !h.hub
-            .health
+        !h.health
             .model_failing
             .load(std::sync::atomic::Ordering::SeqCst)
     );
@@ -32,13 +30,12 @@ async fn a_model_that_fails_everything_is_retried_instead_of_flooding_the_dlq() 
     // and so is a failed run that was already under way.
     h.result(failed(&second));
     assert!(
-        h.hub
-            .health
+        h.health
             .model_failing
             .load(std::sync::atomic::Ordering::SeqCst)
     );
     assert!(
-        h.hub.lanes[ModelId(0)].breaker_open(),
+        h.hub.stages.scoring.breaker_open(ModelId(0)),
         "no input is taken meanwhile"
     );
     h.result(failed(&third));
@@ -61,8 +58,7 @@ async fn a_model_that_fails_everything_is_retried_instead_of_flooding_the_dlq() 
     let probe = h.jobs.try_recv().expect("the second probe");
     h.result(scored(&probe));
     assert!(
-        !h.hub
-            .health
+        !h.health
             .model_failing
             .load(std::sync::atomic::Ordering::SeqCst)
     );
@@ -87,13 +83,12 @@ async fn a_model_that_fails_everything_is_retried_instead_of_flooding_the_dlq() 
 
 #[tokio::test(start_paused = true)]
 async fn events_held_by_the_breaker_are_given_up_uncommitted_at_the_shutdown_timeout() {
-    let mut h = harness();
-    h.hub.settings.inference.breaker_after = 1;
+    let mut h = harness_adjusted("", |s| s.inference.breaker_after = 1);
     h.push(record(0, 0, 0));
     h.push(record(0, 1, 0));
     let job = h.jobs.try_recv().unwrap();
     h.result(failed(&job));
-    assert!(h.hub.lanes[ModelId(0)].breaker_open());
+    assert!(h.hub.stages.scoring.breaker_open(ModelId(0)));
     assert_eq!(h.in_flight(), 2);
     // kafka.shutdown_timeout passed: the watchdog cancelled `abort`.
     h.hub.give_up_held();

@@ -50,7 +50,11 @@ async fn many_partitions_each_close_at_their_own_deadline() {
     tokio::time::advance(Duration::from_millis(19)).await;
     h.hub.after_event();
     assert!(open(&h).is_empty());
-    assert_eq!(h.hub.deadlines.len(), 0, "every entry taken");
+    assert_eq!(
+        h.hub.stages.batching.deadlines_held(),
+        0,
+        "every entry taken"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -58,10 +62,11 @@ async fn an_open_batch_closes_by_the_deadline_a_new_choice_gives_it() {
     let mut h = harness();
     h.push(record(0, 0, 0));
     // The latency controller shortens the deadline from 20 ms to 5 ms.
-    h.hub.set_partition_batching(crate::slo::Choice {
+    let choice = crate::hub::stages::scoring::slo::Choice {
         size: 2,
         delay: Duration::from_millis(5),
-    });
+    };
+    (h.hub.stages.batching).set(choice, &mut h.hub.partitions);
     tokio::time::advance(Duration::from_millis(5)).await;
     h.hub.after_event();
     assert!(h.jobs.try_recv().is_ok(), "closed at the new deadline");

@@ -62,7 +62,7 @@ async fn deliver(verdict: Option<Fate>, copy: Option<Fate>) -> Fared {
         committed,
         abort,
         summary: h.summary().clone(),
-        fatal: h.hub.producer_fatal.is_some(),
+        fatal: h.hub.stages.delivery.stopped(),
     }
 }
 

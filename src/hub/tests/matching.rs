@@ -48,9 +48,9 @@ fn matching_hub(mode: &str, rules: Option<&str>) -> (Harness, tempfile::TempDir)
         .unwrap();
         let labels = [crate::policy::ModelLabels::of("default", &manifest)];
         let rules = Ruleset::parse(text, config::FileFormat::Toml, &labels).unwrap();
-        h.hub.rules = Arc::new(rules);
+        h.hub.stages.intake.set_rules(Arc::new(rules));
     }
-    h.hub.matcher = Some(Matcher::new(&settings.matching).unwrap());
+    (h.hub.stages.matching).set_matcher(Some(Matcher::new(&settings.matching).unwrap()));
     (h, dir)
 }
 
@@ -67,7 +67,7 @@ fn verdicts(h: &Harness) -> Vec<serde_json::Value> {
     h.outbox
         .sent()
         .iter()
-        .filter(|r| r.kind == crate::record::RecordKind::Verdict)
+        .filter(|r| r.kind == crate::producer::record::RecordKind::Verdict)
         .map(|r| serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap())
         .collect()
 }
@@ -343,7 +343,7 @@ fn exactly_once_matching_hub() -> Harness {
     )
     .unwrap();
     let mut h = harness_of_settings(settings.clone());
-    h.hub.matcher = Some(Matcher::new(&settings.matching).unwrap());
+    (h.hub.stages.matching).set_matcher(Some(Matcher::new(&settings.matching).unwrap()));
     h
 }
 
@@ -417,14 +417,12 @@ async fn a_dead_lettered_verdict_keeps_its_wave_record() {
         }
     }
     // The third post starts the wave; its verdict does not fit the format.
-    h.hub
-        .outputs
-        .set_encoder(Some(crate::schema::verdict::VerdictEncoder::refusing()));
+    (h.hub.stages.outputs).set_encoder(Some(crate::schema::verdict::VerdictEncoder::refusing()));
     h.push(post(2, text, "u1"));
     let sent = h.outbox.sent();
     let dlq = sent
         .iter()
-        .filter(|r| r.kind == crate::record::RecordKind::Dlq)
+        .filter(|r| r.kind == crate::producer::record::RecordKind::Dlq)
         .count();
     let waves: Vec<&OutRecord> = sent.iter().filter(|r| r.topic == "waves").collect();
     assert_eq!(

@@ -3,9 +3,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use crate::consumer::rebalance::{Control, Positions};
+use crate::producer::record::{OutRecord, RecordKind};
+use crate::telemetry::Health;
+use crate::tp::{Generation, Source, Tp};
+
+use crate::hub::partition::tests::tp;
+use crate::inference::manifest::Manifest;
 use crate::inference::{InferenceJob, ScoreError, TokenStats};
-use crate::manifest::Manifest;
-use crate::partition::tests::tp;
 use crate::policy::ModelId;
 use crate::tp::Position;
 use crate::verdict::Scorer;
@@ -107,7 +115,7 @@ impl Outbox {
     fn offsets(&self) -> Vec<i64> {
         self.sent()
             .iter()
-            .filter(|r| r.kind == crate::record::RecordKind::Verdict)
+            .filter(|r| r.kind == crate::producer::record::RecordKind::Verdict)
             .filter(|r| r.topic == "moderation.verdicts")
             .map(|r| {
                 let v: serde_json::Value =
@@ -125,6 +133,8 @@ struct Harness {
     /// The offsets the hub handed over, resolving to their acknowledgements.
     acks: futures::stream::FuturesUnordered<futures::future::BoxFuture<'static, Ack>>,
     positions: async_channel::Receiver<Positions>,
+    /// What the hub reports to /readyz.
+    health: Arc<Health>,
 }
 
 fn harness() -> Harness {
@@ -193,13 +203,14 @@ fn harness_of(
 ) -> Harness {
     let (positions_tx, positions) = async_channel::bounded(64);
     let outbox = Outbox::default();
+    let health = Arc::new(Health::default());
     let hub = Hub::new(
         settings,
         lanes,
         rules,
         outbox.clone(),
         positions_tx,
-        Arc::default(),
+        health.clone(),
         &Shutdown::new(),
     );
     let acks = Default::default();
@@ -209,6 +220,7 @@ fn harness_of(
         jobs,
         acks,
         positions,
+        health,
     }
 }
 
@@ -283,7 +295,7 @@ impl Harness {
     /// Feed `n` acknowledgements back to the hub.
     async fn acks(&mut self, n: usize) {
         for _ in 0..n {
-            self.acks.extend(self.hub.outgoing.drain(..));
+            self.acks.extend(self.hub.stages.delivery.take_outgoing());
             let ack = futures::StreamExt::next(&mut self.acks).await.unwrap();
             self.hub.on_ack(ack);
             self.hub.after_event();
@@ -317,7 +329,7 @@ impl Harness {
 
     /// Everything the hub has for the consumer thread to store, taking
     /// one batch at a time as the consumer thread does.
-    fn seal(&mut self) -> std::sync::mpsc::Receiver<crate::rebalance::Sealed> {
+    fn seal(&mut self) -> std::sync::mpsc::Receiver<crate::consumer::rebalance::Sealed> {
         let (reply, answer) = std::sync::mpsc::channel();
         let deadline = Instant::now() + Duration::from_secs(1);
         self.hub.on_control(Control::Seal { deadline, reply });
@@ -328,7 +340,7 @@ impl Harness {
     fn stored(&mut self) -> Vec<Positions> {
         let mut taken = Vec::new();
         loop {
-            self.hub.positions.send();
+            self.hub.stages.positions.send();
             match self.positions.try_recv() {
                 Ok(batch) => taken.push(batch),
                 Err(_) => return taken,
@@ -502,18 +514,17 @@ async fn a_record_the_broker_refuses_for_good_does_not_pin_its_partition() {
 
 #[tokio::test(start_paused = true)]
 async fn a_partition_without_progress_is_reported_stalled_until_it_moves() {
-    let mut h = harness();
-    h.hub.settings.limits.stall_after = Duration::from_secs(3);
+    let mut h = harness_adjusted("", |s| s.limits.stall_after = Duration::from_secs(3));
     h.push(record(0, 0, 0));
     h.push(record(0, 1, 0));
     let job = h.jobs.try_recv().unwrap();
     // The model run does not come back.
     tokio::time::advance(Duration::from_secs(2)).await;
     h.hub.after_event();
-    assert!(h.hub.health.stalled().is_empty(), "not yet");
+    assert!(h.health.stalled().is_empty(), "not yet");
     tokio::time::advance(Duration::from_secs(2)).await;
     h.hub.after_event();
-    let stalled = h.hub.health.stalled();
+    let stalled = h.health.stalled();
     assert_eq!(stalled.len(), 1);
     assert_eq!(
         (stalled[0].partition, stalled[0].offset, stalled[0].pending),
@@ -525,7 +536,7 @@ async fn a_partition_without_progress_is_reported_stalled_until_it_moves() {
     h.acks(2).await;
     tokio::time::advance(Duration::from_secs(1)).await;
     h.hub.after_event();
-    assert!(h.hub.health.stalled().is_empty());
+    assert!(h.health.stalled().is_empty());
 }
 
 mod breaker;

@@ -258,7 +258,10 @@ async fn a_failure_of_the_second_model_dead_letters_the_event_and_keeps_order() 
         .collect();
     assert_eq!(
         kinds[0],
-        ("moderation.dlq".to_string(), crate::record::RecordKind::Dlq),
+        (
+            "moderation.dlq".to_string(),
+            crate::producer::record::RecordKind::Dlq
+        ),
         "e0 first: {kinds:?}"
     );
 }

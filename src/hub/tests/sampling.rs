@@ -3,7 +3,7 @@
 //! transaction); the rate bound drops over it and the next sample says so.
 
 use super::*;
-use crate::record::RecordKind;
+use crate::producer::record::RecordKind;
 
 /// A hub with `output.samples_topic` and this `[sampling]` (TOML lines).
 fn sampling_hub(sampling: &str, delivery: &str) -> Harness {

@@ -14,7 +14,7 @@ fn post(p: i32, offset: i64, bytes: usize) -> Ingested {
 
 /// The hub's prediction for each text of a run (no token model: uncapped).
 fn predicted(job: &InferenceJob) -> u64 {
-    let estimate = crate::tokens::TokenEstimate::new(None);
+    let estimate = crate::inference::tokens::TokenEstimate::new(None);
     job.texts.iter().map(|t| estimate.of(t.len())).sum()
 }
 
@@ -84,7 +84,7 @@ async fn the_prediction_follows_what_the_token_models_runs_measure() {
         h.push(post(0, offset, 2_000));
     }
     let job = h.jobs.try_recv().unwrap();
-    assert_eq!(h.hub.token_estimate.of(40), 12);
+    assert_eq!(h.hub.stages.intake.token_estimate().of(40), 12);
     // The model found a token per two bytes (2 × 2 special + 2,000 tokens).
     let mut result = scored(&job);
     result.tokens = TokenStats {
@@ -94,7 +94,7 @@ async fn the_prediction_follows_what_the_token_models_runs_measure() {
         ..TokenStats::default()
     };
     h.result(result);
-    let per_byte = h.hub.token_estimate.per_byte();
+    let per_byte = h.hub.stages.intake.token_estimate().per_byte();
     assert!(per_byte > 0.26 && per_byte < 0.5, "{per_byte}");
 }
 
@@ -136,22 +136,26 @@ async fn one_measured_run(h: &mut Harness) {
     result.elapsed = Duration::from_micros(2_000 + 50 * tokens);
     h.result(result);
     h.acks(8).await;
-    tokio::time::advance(crate::slo::TICK).await;
+    tokio::time::advance(crate::hub::stages::scoring::slo::TICK).await;
     h.hub.after_event();
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_token_models_controller_chooses_the_token_budget_not_the_count() {
     let mut h = targeted(true);
-    assert_eq!(h.hub.batch_tokens, Some(4096), "the bound, before a run");
+    assert_eq!(
+        h.hub.stages.batching.tokens(),
+        Some(4096),
+        "the bound, before a run"
+    );
     one_measured_run(&mut h).await;
     // Its choice (in predicted tokens) became the partitions' and the runs'
     // token budget; the count stays the configured bound.
-    let chosen = h.hub.batch_tokens.expect("a budget");
+    let chosen = h.hub.stages.batching.tokens().expect("a budget");
     // At this rate (96 tokens in the first tick) a deadline fills runs of
     // far fewer tokens than the bound: the choice follows the tokens.
     assert!(chosen < 96, "{chosen}");
-    assert_eq!(h.hub.batch.size, 64);
+    assert_eq!(h.hub.stages.batching.choice().size, 64);
     // The next posts close their batches by that budget.
     for offset in 8..12 {
         h.push(post(0, offset, 40));
@@ -171,6 +175,14 @@ async fn a_token_models_controller_chooses_the_token_budget_not_the_count() {
 async fn a_text_models_controller_still_chooses_the_count() {
     let mut h = targeted(false);
     one_measured_run(&mut h).await;
-    assert_eq!(h.hub.batch_tokens, Some(4096), "the budget stays the bound");
-    assert!(h.hub.batch.size < 64, "{:?}", h.hub.batch);
+    assert_eq!(
+        h.hub.stages.batching.tokens(),
+        Some(4096),
+        "the budget stays the bound"
+    );
+    assert!(
+        h.hub.stages.batching.choice().size < 64,
+        "{:?}",
+        h.hub.stages.batching.choice()
+    );
 }

@@ -323,7 +323,7 @@ fn clusters_stay_within_their_byte_budget() {
     assert!(waves.bytes() <= budget / 4);
 }
 
-fn manifest() -> crate::manifest::Manifest {
+fn manifest() -> crate::inference::manifest::Manifest {
     serde_json::from_value(serde_json::json!({
         "name": "m", "version": "1", "input_kind": "text", "inputs": ["text"],
         "output": "p", "labels": ["offensive"], "score_label": "offensive",

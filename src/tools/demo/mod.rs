@@ -252,7 +252,7 @@ impl Tally {
         for d in dlq {
             let reason = d
                 .headers
-                .get(crate::record::header::REASON)
+                .get(crate::producer::record::header::REASON)
                 .map(|r| String::from_utf8_lossy(r).into_owned())
                 .unwrap_or_default();
             *dlq_reasons.entry(reason).or_default() += 1;

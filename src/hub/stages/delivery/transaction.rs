@@ -1,6 +1,6 @@
 //! The hub's side of exactly-once (`kafka.delivery = "exactly_once"`,
-//! protocol in [`crate::rebalance`], transactions in
-//! [`crate::transaction`]).
+//! protocol in [`crate::consumer::rebalance`], transactions in
+//! [`crate::producer::transaction`]).
 //!
 //! A transaction must hold exactly the records of the offsets it commits:
 //! a record in it whose offset is not committed comes again after a crash
@@ -9,22 +9,22 @@
 //! producer, and once every record handed over is acknowledged it answers
 //! the positions of its partitions, which then cover exactly the records
 //! handed over (verdicts and dead-letter records of a partition are handed
-//! over in offset order, see [`super::intake`]). Records ready meanwhile
+//! over in offset order, see `Hub::dead_letter`). Records ready meanwhile
 //! wait, in order, until the consumer thread unseals (the next transaction
 //! has begun). A failed delivery, or a seal not acknowledged by its
 //! deadline, makes the answer ask for an abort; after an abort the consumer
-//! seeks the partitions back and the hub drops their state ([`Hub::on_rewind`]).
+//! seeks the partitions back and the hub drops their state (its
+//! `on_rewind`).
 
 use std::collections::HashSet;
 
-use super::{Deliver, Hub};
-use crate::rebalance::Sealed;
-use crate::tp::{Generation, Positions, Tp};
+use crate::consumer::rebalance::Sealed;
+use crate::tp::{Positions, Tp};
 use tokio::time::Instant;
 
 /// Where the open transaction is.
 #[derive(Default)]
-pub(super) enum Seal {
+pub(crate) enum Seal {
     /// Records go to the producer as they are ready.
     #[default]
     Open,
@@ -41,7 +41,7 @@ pub(super) enum Seal {
 /// whether a record goes to the producer or waits, counts what is handed
 /// over and acknowledged, and answers a seal; the hub only routes.
 #[derive(Default)]
-pub(super) struct TxnBoundary {
+pub(crate) struct TxnBoundary {
     seal: Seal,
     /// Outputs ready while sealed, handed over at the unseal.
     held: Vec<super::ReadyOutput>,
@@ -61,10 +61,10 @@ pub(super) struct TxnBoundary {
 /// from 0 with at-least-once, where there is one): not Kafka's producer
 /// epoch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct TxnEpoch(u64);
+pub(crate) struct TxnEpoch(u64);
 
 /// Where a record's outputs go now.
-pub(super) enum HandOver {
+pub(crate) enum HandOver {
     /// Sealed: they wait until the unseal ([`TxnBoundary::hold`]).
     Hold,
     /// To the producer, as records of the transaction `epoch` (counted).
@@ -161,70 +161,5 @@ impl TxnBoundary {
         let before = self.held.len();
         self.held.retain(|h| !rewound.contains(&h.at.tp));
         before - self.held.len()
-    }
-}
-
-impl<D: Deliver> Hub<D> {
-    pub(super) fn on_seal(&mut self, deadline: Instant, reply: std::sync::mpsc::Sender<Sealed>) {
-        if let Some(txn) = self.txn.as_mut() {
-            txn.seal(deadline, reply);
-        } else {
-            // At-least-once never seals; answer so that nothing waits.
-            let _ = reply.send(Sealed::default());
-        }
-    }
-
-    /// Answer a seal once its transaction is done (see [`TxnBoundary::answer_seal`]).
-    pub(super) fn answer_seal(&mut self) {
-        if let Some(txn) = self.txn.as_mut() {
-            let positions = &self.positions;
-            txn.answer_seal(|| positions.all());
-        }
-    }
-
-    /// The next transaction began: the records that waited go out, in order.
-    pub(super) fn on_unseal(&mut self) {
-        let Some(txn) = self.txn.as_mut() else {
-            return;
-        };
-        for ready in txn.unseal() {
-            self.deliver(ready);
-        }
-    }
-
-    /// The transaction was aborted and the consumer sought `partitions` back
-    /// to their committed offsets: everything of theirs in the hub goes
-    /// (results still in inference, and acknowledgements of the aborted
-    /// records, are dropped when they come back: their partition state is
-    /// gone or newer); records polled before `generation` are stale.
-    pub(super) fn on_rewind(
-        &mut self,
-        partitions: Vec<Tp>,
-        generation: Generation,
-        done: std::sync::mpsc::Sender<()>,
-    ) {
-        let rewound: HashSet<&Tp> = partitions.iter().collect();
-        let mut dropped = 0;
-        if let Some(txn) = self.txn.as_mut() {
-            dropped += txn.drop_held(&rewound);
-        }
-        self.flush(&partitions);
-        for tp in &partitions {
-            if let Some(mut partition) = self.partitions.remove(tp) {
-                self.state_dropped(&mut partition);
-                dropped += partition.held_back();
-            }
-            self.positions.forget(tp);
-        }
-        dropped += self.drop_queued(&rewound);
-        self.ledger.dropped(dropped);
-        self.revokes.rewound(&partitions, generation);
-        self.ledger.rewound();
-        tracing::debug!(
-            partitions = partitions.len(),
-            dropped,
-            "rewound after an abort"
-        );
-        let _ = done.send(());
     }
 }

@@ -4,9 +4,9 @@
 //! score it), the draw, and the sample record written with the verdict.
 
 use crate::config::Settings;
-use crate::partition::{ModelScores, Pending};
+use crate::hub::partition::{ModelScores, Pending};
 use crate::policy::{ModelId, Rule};
-use crate::record::OutRecord;
+use crate::producer::record::OutRecord;
 use crate::sampling::{Candidate, Draw, Sampler};
 use crate::tp::Source;
 use crate::verdict::{self, Answer, Drawn, Judged};

@@ -26,7 +26,7 @@ use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::client_log::QuietProducer as FutureProducer;
+use crate::client::log::QuietProducer as FutureProducer;
 use crate::telemetry::metric::{self, TxnOutcome};
 use crate::tp::{Position, Positions};
 

@@ -1,7 +1,7 @@
 //! One assigned partition's state, owned by the hub: the batcher that groups
 //! its events, the tracker of its undelivered offsets, the reorder buffer
 //! that puts its scored batches back in order, and the rebalance generation
-//! it belongs to.
+//! it belongs to; and the table of the owned partitions ([`Partitions`]).
 //!
 //! Guarantee: batches of a partition are numbered in the order they close,
 //! and [`Partition::next_in_order`] hands scored batches back strictly in
@@ -16,14 +16,20 @@ use tokio::time::Instant;
 
 use std::sync::Arc;
 
-use crate::batcher::{Batcher, CloseReason, ClosedBatch};
 use crate::event;
-use crate::offsets::OffsetTracker;
 use crate::policy::{ModelId, RuleId, Ruleset};
-use crate::record::{Original, OutRecord};
+use crate::producer::record::{Original, OutRecord};
 use crate::tp::{Generation, Tp};
 use crate::verdict::Marks;
 pub use crate::verdict::ModelScores;
+use batcher::{Batcher, CloseReason, ClosedBatch};
+use offsets::OffsetTracker;
+
+pub mod batcher;
+pub mod offsets;
+mod table;
+
+pub use table::Partitions;
 
 /// A valid event waiting for its verdict.
 #[derive(Debug)]
@@ -38,7 +44,7 @@ pub struct Pending {
     pub event: event::Event,
     /// When the consumer thread polled it.
     pub received_at: Instant,
-    /// Its predicted tokens ([`crate::tokens::TokenEstimate`]): what it
+    /// Its predicted tokens ([`crate::inference::tokens::TokenEstimate`]): what it
     /// costs of `batching.max_batch_tokens`.
     pub tokens: u64,
     /// Its share of `limits.max_in_flight_bytes` (see [`crate::consumer::ByteBudget`]).
@@ -140,20 +146,6 @@ pub struct Partition {
     next_batch_seq: u64,
     next_emit_seq: u64,
     finished: BTreeMap<u64, Finished>,
-    /// With `state.changelog_topic`: its entities' state.
-    state: StateSlot,
-}
-
-/// A partition's entity state ([`crate::state`]).
-#[derive(Debug, Default)]
-pub enum StateSlot {
-    /// State is off.
-    #[default]
-    Off,
-    /// Being read back from the changelog: no verdict of the partition is
-    /// produced meanwhile. Cancelled when the partition is dropped.
-    Restoring(tokio_util::sync::CancellationToken),
-    Ready(crate::state::Store),
 }
 
 impl Partition {
@@ -171,35 +163,7 @@ impl Partition {
             next_batch_seq: 0,
             next_emit_seq: 0,
             finished: BTreeMap::new(),
-            state: StateSlot::Off,
         }
-    }
-
-    /// Its entity state: restoring, then ready.
-    pub fn set_state(&mut self, state: StateSlot) {
-        self.state = state;
-    }
-
-    pub fn state(&self) -> &StateSlot {
-        &self.state
-    }
-
-    /// Its entity state, once restored.
-    pub fn state_mut(&mut self) -> Option<&mut crate::state::Store> {
-        match &mut self.state {
-            StateSlot::Ready(store) => Some(store),
-            _ => None,
-        }
-    }
-
-    /// Its verdicts wait for its state to be read back.
-    pub fn restoring(&self) -> bool {
-        matches!(self.state, StateSlot::Restoring(_))
-    }
-
-    /// Its entity state, taken as it is dropped.
-    pub fn take_state(&mut self) -> StateSlot {
-        std::mem::take(&mut self.state)
     }
 
     /// A budget of predicted tokens per batch (`batching.max_batch_tokens`).

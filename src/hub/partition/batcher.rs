@@ -96,10 +96,7 @@ impl<T> Batcher<T> {
         self.max_batch_delay = max_batch_delay;
     }
 
-    pub fn len(&self) -> usize {
-        self.items.len()
-    }
-
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }

@@ -5,7 +5,7 @@
 //! A closed batch goes through the lanes in model order: to the first model
 //! that is to score any of its events, then, when that model's result is
 //! back, to the next one, and so on; a batch no (further) model is to score
-//! is finished ([`Hub::send_on`]). So every event is scored by exactly the
+//! is finished ([`super::Scoring::queue`]). So every event is scored by exactly the
 //! models its rule names, a batch's events go back to their partition
 //! together, and a cheap model can run before an expensive one.
 
@@ -16,11 +16,10 @@ use tokio::time::Instant;
 
 use super::breaker::{Breaker, BreakerAction, ProbeOutcome, RunOutcome};
 use super::queue::RunQueue;
-use super::{Deliver, Hub};
+use super::slo::{self, Choice};
+use crate::hub::partition::ReadyBatch;
 use crate::inference::{InferenceJob, JobId};
-use crate::partition::ReadyBatch;
 use crate::policy::ModelId;
-use crate::slo::{self, Choice};
 use crate::telemetry::metric;
 use crate::verdict::Scorer;
 
@@ -93,6 +92,24 @@ impl Lanes {
 
     pub(super) fn get_mut(&mut self, id: ModelId) -> Option<&mut Lane> {
         self.0.get_mut(id.0)
+    }
+
+    /// The partitions' token budget: the smallest of the lanes' (no batch
+    /// holds more tokens than any model's run may).
+    pub(super) fn partition_tokens(&self) -> Option<u64> {
+        self.0.iter().filter_map(|l| l.max_tokens).min()
+    }
+
+    /// The partitions' batching: closed at the smallest of the lanes' sizes
+    /// (no batch is larger than any model's run) and their earliest deadline.
+    pub(crate) fn partition_choice(&self) -> Choice {
+        Choice {
+            size: self.0.iter().map(|l| l.batch.size).min().unwrap_or(1),
+            delay: (self.0.iter())
+                .map(|l| l.batch.delay)
+                .min()
+                .unwrap_or_default(),
+        }
     }
 }
 
@@ -449,82 +466,17 @@ impl Lane {
     }
 }
 
-/// The partitions' token budget: the smallest of the lanes' (no batch
-/// holds more tokens than any model's run may).
-pub(super) fn partition_tokens(lanes: &[Lane]) -> Option<u64> {
-    lanes.iter().filter_map(|l| l.max_tokens).min()
-}
-
-/// The partitions' batching: closed at the smallest of the lanes' sizes
-/// (no batch is larger than any model's run) and their earliest deadline.
-pub(super) fn partition_choice(lanes: &[Lane]) -> Choice {
-    Choice {
-        size: lanes.iter().map(|l| l.batch.size).min().unwrap_or(1),
-        delay: lanes
-            .iter()
-            .map(|l| l.batch.delay)
-            .min()
-            .unwrap_or_default(),
-    }
-}
-
-impl<D: Deliver> Hub<D> {
-    /// A batch goes to the first model from `from` on that is to score any
-    /// of its events; when none is, its events go back to their partition
-    /// (in order), to be delivered.
-    pub(super) fn send_on(&mut self, batch: ReadyBatch, from: ModelId) {
-        let tp = batch.tp.clone();
-        let current = self
-            .partitions
-            .get(&tp)
-            .is_some_and(|p| p.generation() == batch.generation);
-        if !current {
-            // Revoked meanwhile and the drain gave up: the next owner
-            // reprocesses these events.
-            self.ledger.dropped(batch.items.len());
-            return;
-        }
-        let next = (self.lanes.ids())
-            .skip(from.0)
-            .find(|&l| batch.items.iter().any(|p| p.needs(l)));
-        if let Some(l) = next {
-            if batch.urgent {
-                for (m, lane) in self.lanes.with_ids_mut() {
-                    if m != l {
-                        lane.promote_earlier(&batch);
-                    }
-                }
-            }
-            self.lanes[l].enqueue(batch);
-            return;
-        }
-        if let Some(partition) = self.partitions.get_mut(&tp) {
-            partition.scored(batch.seq, batch.items);
-        }
-        self.emit_in_order(&tp);
-    }
-
-    /// Whether any model's circuit breaker is open.
-    pub(super) fn any_breaker_open(&self) -> bool {
-        self.lanes.iter().any(Lane::breaker_open)
-    }
-
-    /// Events waiting for a model.
-    pub(super) fn queued(&self) -> usize {
-        self.lanes.iter().map(Lane::queued).sum()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn lane(workers: usize) -> Lane {
-        let manifest: crate::manifest::Manifest = serde_json::from_value(serde_json::json!({
-            "name": "m", "version": "1", "input_kind": "text", "inputs": ["text"],
-            "output": "p", "labels": ["offensive"], "score_label": "offensive",
-        }))
-        .unwrap();
+        let manifest: crate::inference::manifest::Manifest =
+            serde_json::from_value(serde_json::json!({
+                "name": "m", "version": "1", "input_kind": "text", "inputs": ["text"],
+                "output": "p", "labels": ["offensive"], "score_label": "offensive",
+            }))
+            .unwrap();
         let spec = ModelLane {
             scorer: Scorer::named("default", &manifest),
             jobs: async_channel::bounded(1).0,
@@ -542,7 +494,7 @@ mod tests {
     #[test]
     fn a_version_no_worker_can_answer_with_any_more_is_let_go() {
         let mut lane = lane(2);
-        let manifest = |v: &str| -> crate::manifest::Manifest {
+        let manifest = |v: &str| -> crate::inference::manifest::Manifest {
             serde_json::from_value(serde_json::json!({
                 "name": "m", "version": v, "input_kind": "text", "inputs": ["text"],
                 "output": "p", "labels": ["offensive"], "score_label": "offensive",

@@ -2,8 +2,8 @@
 //! lane and the batches whose events it scores, and the ids jobs (runs and
 //! the breakers' probes) are sent and answered under.
 
+use crate::hub::partition::ReadyBatch;
 use crate::inference::JobId;
-use crate::partition::ReadyBatch;
 use crate::policy::ModelId;
 
 /// A run in inference: the model's lane and the batches whose events it

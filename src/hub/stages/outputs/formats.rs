@@ -7,7 +7,7 @@
 use super::Composer;
 use crate::config::CloudEventsOutput;
 use crate::event::cloudevents::{Outgoing, STRUCTURED_CONTENT_TYPE};
-use crate::record::OutRecord;
+use crate::producer::record::OutRecord;
 use crate::schema::verdict::EncodeError;
 use crate::verdict::{self, Answer, Judged, Timing};
 

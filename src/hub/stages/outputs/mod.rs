@@ -7,17 +7,17 @@
 
 use std::sync::Arc;
 
+use super::judge::Judgement;
 use crate::config::{OutputSettings, Settings};
 use crate::event::{self, RejectReason};
-use crate::partition::Pending;
+use crate::hub::partition::Pending;
 use crate::policy::{ModelId, RuleId, Ruleset};
-use crate::record::{self, OutRecord};
+use crate::producer::record::{self, OutRecord};
 use crate::schema::verdict::VerdictEncoder;
-use crate::shadow::Shadow;
-use crate::state::Step;
 use crate::telemetry::metric;
 use crate::telemetry::trace_context::TraceContext;
 use crate::telemetry::traces::{Post, PostSpan, Traces};
+use shadow::Shadow;
 
 /// A record header as the output records carry them.
 type Header = (std::borrow::Cow<'static, str>, Option<Vec<u8>>);
@@ -26,17 +26,18 @@ use crate::verdict::{self, Answer, Judged, ScoredBy, Verdict};
 
 mod formats;
 mod sampling;
+pub mod shadow;
 
 use sampling::Sampling;
 
 /// The records that answer one input offset: the verdict (or dead-letter
 /// record) and what goes with it (routed copies, the decision record).
 #[derive(Debug)]
-pub(super) struct Outgoing {
-    pub(super) main: OutRecord,
-    pub(super) also: Vec<OutRecord>,
+pub(crate) struct Outgoing {
+    pub(crate) main: OutRecord,
+    pub(crate) also: Vec<OutRecord>,
     /// With `[tracing]`: the post's span, ended when they are acknowledged.
-    pub(super) span: Option<PostSpan>,
+    pub(crate) span: Option<PostSpan>,
 }
 
 impl From<OutRecord> for Outgoing {
@@ -50,7 +51,7 @@ impl From<OutRecord> for Outgoing {
 }
 
 /// What an input offset's records are, for what their delivery counts in.
-pub(super) enum Outcome {
+pub(crate) enum Outcome {
     Verdict(Decided),
     Dlq(RejectReason),
 }
@@ -58,15 +59,15 @@ pub(super) enum Outcome {
 /// What a delivered verdict counts in: its verdict and rule (metrics by
 /// rule), when the event happened (ms; see [`crate::event::event_time_ms`]),
 /// and the models that scored it (their latency controllers).
-pub(super) struct Decided {
-    pub(super) verdict: Verdict,
-    pub(super) event_time_ms: Option<i64>,
-    pub(super) rules: Arc<Ruleset>,
-    pub(super) rule: RuleId,
-    pub(super) models: Vec<ModelId>,
+pub(crate) struct Decided {
+    pub(crate) verdict: Verdict,
+    pub(crate) event_time_ms: Option<i64>,
+    pub(crate) rules: Arc<Ruleset>,
+    pub(crate) rule: RuleId,
+    pub(crate) models: Vec<ModelId>,
 }
 
-pub(super) struct Composer {
+pub(crate) struct Composer {
     output: OutputSettings,
     /// The CloudEvents `source` of the verdicts.
     ce_source: String,
@@ -81,7 +82,7 @@ pub(super) struct Composer {
 }
 
 impl Composer {
-    pub(super) fn new(settings: &Settings) -> Composer {
+    pub(crate) fn new(settings: &Settings) -> Composer {
         Composer {
             output: settings.output.clone(),
             ce_source: format!("/modstream/{}", settings.kafka.group_id),
@@ -92,20 +93,20 @@ impl Composer {
         }
     }
 
-    pub(super) fn set_traces(&mut self, traces: Option<Traces>) {
+    pub(crate) fn set_traces(&mut self, traces: Option<Traces>) {
         self.traces = traces;
     }
 
-    pub(super) fn set_encoder(&mut self, encoder: Option<VerdictEncoder>) {
+    pub(crate) fn set_encoder(&mut self, encoder: Option<VerdictEncoder>) {
         self.encoder = encoder;
     }
 
-    pub(super) fn set_shadow(&mut self, shadow: Option<Shadow>) {
+    pub(crate) fn set_shadow(&mut self, shadow: Option<Shadow>) {
         self.shadow = shadow;
     }
 
     /// The dead-letter record of a record whose event could not be read.
-    pub(super) fn rejected(
+    pub(crate) fn rejected(
         &self,
         tp: &Tp,
         offset: i64,
@@ -115,31 +116,34 @@ impl Composer {
         record::dead_letter(&self.output.dlq_topic, tp, offset, original, rejection)
     }
 
-    /// The records of a scored event (its verdict, the copies its rule
-    /// routes, its decision record, its sample, its wave record), or its
-    /// dead-letter record.
-    ///
-    /// `state`: given the event and the verdict of its models and lists,
-    /// the state step ([`crate::state`]): the rule that raises the
-    /// verdict, if one does, and the changelog records that go with it
-    /// (with its dead letter too, should the verdict not fit the output
-    /// format: the state has counted it).
-    pub(super) fn compose(
+    /// The dead letter of an event a model could not score (with its
+    /// wave record: the wave grew by this post either way).
+    pub(crate) fn failed(
+        &self,
+        pending: Pending,
+        failure: crate::inference::ScoreError,
+    ) -> (Outgoing, Outcome) {
+        metrics::counter!(metric::INFERENCE_FAILURES_TOTAL).increment(1);
+        let rejection = event::Rejection {
+            reason: RejectReason::InferenceFailed,
+            message: failure.to_string(),
+        };
+        self.dead_letter_of_scored(pending, rejection, Vec::new())
+    }
+
+    /// The records of a judged event (its verdict, the copies its rule
+    /// routes, its decision record, its sample, its wave record, and the
+    /// state step's changelog records), or its dead letter should the
+    /// verdict not fit the output format (with the changelog records: the
+    /// state has counted it).
+    pub(crate) fn compose(
         &mut self,
         mut pending: Pending,
-        state: impl FnOnce(&Pending, Verdict) -> Step,
+        judgement: Judgement,
     ) -> (Outgoing, Outcome) {
-        if let Some(failure) = pending.failed.take() {
-            metrics::counter!(metric::INFERENCE_FAILURES_TOTAL).increment(1);
-            let rejection = event::Rejection {
-                reason: RejectReason::InferenceFailed,
-                message: failure.to_string(),
-            };
-            return self.dead_letter_of_scored(pending, rejection, Vec::new());
-        }
+        let Judgement { decision, step } = judgement;
         let rules = pending.rules.clone();
         let rule = &rules.rules()[pending.rule.0];
-        let (decision, step) = decide(rule, &pending, state);
         let judged = Judged {
             rules: &pending.rules,
             rule: pending.rule,
@@ -284,7 +288,7 @@ impl Composer {
             return;
         };
         if shadow.samples(&pending.event.event_id) {
-            shadow.offer(crate::shadow::ShadowJob {
+            shadow.offer(crate::hub::stages::outputs::shadow::ShadowJob {
                 event_id: pending.event.event_id.clone(),
                 text: std::mem::take(&mut pending.event.text),
                 source: Source {
@@ -296,22 +300,4 @@ impl Composer {
             });
         }
     }
-}
-
-/// The rule's decision of a scored event (by its deciding list match, or
-/// its models), raised by the state rule the state step fires, if one does.
-fn decide(
-    rule: &crate::policy::Rule,
-    pending: &Pending,
-    state: impl FnOnce(&Pending, Verdict) -> Step,
-) -> (crate::policy::Decision, Step) {
-    let mut decision = match pending.matching.marks.as_ref().and_then(|m| m.deciding()) {
-        Some(item) => rule.decided_by(item.verdict),
-        None => rule.judge(|m| pending.scores_of(m)),
-    };
-    let step = state(pending, decision.verdict);
-    if let Some(fired) = &step.fired {
-        decision.verdict = decision.verdict.max(fired.raise);
-    }
-    (decision, step)
 }

@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 
-use crate::partition::ReadyBatch;
+use crate::hub::partition::ReadyBatch;
 
 #[derive(Default)]
 pub(super) struct RunQueue {
@@ -109,7 +109,7 @@ impl RunQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::partition::tests::tp;
+    use crate::hub::partition::tests::tp;
     use crate::tp::Generation;
 
     fn batch(partition: i32, seq: u64, urgent: bool) -> ReadyBatch {

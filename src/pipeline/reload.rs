@@ -34,11 +34,11 @@ use std::time::SystemTime;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{InferenceSettings, ModelSpec, Policy, Settings};
+use crate::inference::manifest::Manifest;
+use crate::inference::score_cache::ScoreCache;
 use crate::inference::{self, Swap};
-use crate::manifest::Manifest;
 use crate::policy::ModelId;
 use crate::policy::{ModelLabels, Ruleset};
-use crate::score_cache::ScoreCache;
 use crate::telemetry::metric::{self, ReloadOutcome};
 use crate::verdict::{NewScorer, Scorer};
 

@@ -2,11 +2,7 @@
 
 use tokio::time::Instant;
 
-use super::{Deliver, Hub};
-use crate::inference::{InferenceJob, InferenceResult, JobId};
-use crate::partition::ReadyBatch;
-use crate::policy::ModelId;
-use crate::telemetry::metric;
+use crate::inference::{InferenceResult, JobId};
 
 /// The circuit breaker's probe: the text when no event was scored yet (else
 /// the last text the model scored), and how long it waits between tries
@@ -146,93 +142,13 @@ impl Breaker {
 }
 
 /// The first event's failure of a run, for the log.
-fn first_error(result: &InferenceResult) -> String {
+pub(super) fn first_error(result: &InferenceResult) -> String {
     result
         .scores
         .iter()
         .find_map(|s| s.as_ref().err())
         .map(ToString::to_string)
         .unwrap_or_default()
-}
-
-impl<D: Deliver> Hub<D> {
-    /// Breaker open: when its time has come, try the model on one synthetic
-    /// text.
-    pub(super) fn probe(&mut self, l: ModelId) {
-        let Some(text) = self.lanes[l].probe_due(Instant::now()) else {
-            return;
-        };
-        let id = self.jobs.new_id();
-        let job = InferenceJob {
-            id,
-            texts: vec![text],
-        };
-        self.lanes[l].send_probe(job);
-    }
-
-    pub(super) fn on_probe(&mut self, l: ModelId, result: InferenceResult) {
-        let lane = &mut self.lanes[l];
-        let model = lane.scorer().id.clone();
-        let scored = result.scores.iter().any(Result::is_ok);
-        match lane.probe_ended(scored, Instant::now()) {
-            ProbeOutcome::Closed => {
-                tracing::info!(
-                    model,
-                    held = lane.queued(),
-                    "the model scores again; closing the circuit breaker"
-                );
-                let open = self.any_breaker_open();
-                self.health
-                    .model_failing
-                    .store(open, std::sync::atomic::Ordering::SeqCst);
-                metrics::gauge!(metric::INFERENCE_BREAKER_OPEN).set(f64::from(u8::from(open)));
-            }
-            ProbeOutcome::StillFailing { retry_in } => {
-                let error = first_error(&result);
-                tracing::warn!(model, error = %error, retry_in_s = retry_in.as_secs(), "the model still fails");
-            }
-        }
-    }
-
-    /// The breaker holds a run back (see [`BreakerAction::HoldBack`]): the
-    /// batch goes back to the front of the queue (texts restored), nothing
-    /// more goes to the DLQ; `opened`: the breaker just opened after that
-    /// many runs that failed whole.
-    pub(super) fn hold_back(
-        &mut self,
-        l: ModelId,
-        mut segments: Vec<ReadyBatch>,
-        result: InferenceResult,
-        opened: Option<u32>,
-    ) {
-        let error = first_error(&result);
-        let lane = &mut self.lanes[l];
-        if let Some(runs) = opened {
-            tracing::error!(model = %lane.scorer().id, runs, error = %error, "the model fails every event; holding events back and retrying it (circuit breaker open)");
-            self.health
-                .model_failing
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-            metrics::gauge!(metric::INFERENCE_BREAKER_OPEN).set(1.0);
-        }
-        let mut texts = result.texts.into_iter();
-        for segment in &mut segments {
-            for pending in segment.items.iter_mut().filter(|p| p.needs(l)) {
-                pending.event.text = texts.next().unwrap_or_default();
-            }
-        }
-        lane.requeue_front(segments);
-    }
-
-    /// Shutdown gave up while the breaker holds events: they stay
-    /// uncommitted for the restart.
-    pub(super) fn give_up_held(&mut self) {
-        let held: usize = self.lanes.iter_mut().map(super::Lane::drain_queued).sum();
-        tracing::warn!(
-            held,
-            "shutdown timeout with the model failing; held events stay uncommitted"
-        );
-        self.ledger.gave_up(held);
-    }
 }
 
 #[cfg(test)]

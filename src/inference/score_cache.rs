@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::telemetry::metric;
 
-use crate::scores::{ScoreError, Scores};
+use crate::inference::scores::{ScoreError, Scores};
 
 pub struct ScoreCache {
     cache: moka::sync::Cache<String, Arc<[f32]>>,

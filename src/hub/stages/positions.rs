@@ -13,7 +13,7 @@ use crate::tp::{Position, Positions, Tp};
 /// thread has not taken the previous batch yet.
 const RETRY: Duration = Duration::from_millis(10);
 
-pub(super) struct PositionBook {
+pub(crate) struct PositionBook {
     // foldhash: looked up per acknowledgement, where SipHash's DoS
     // resistance buys nothing (keys are the assignment).
     /// The last position of each owned partition.

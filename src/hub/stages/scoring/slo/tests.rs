@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::*;
-use crate::batcher::Batcher;
+use crate::hub::partition::batcher::Batcher;
 
 const TARGET: Duration = Duration::from_millis(50);
 const MAX_SIZE: usize = 256;

@@ -13,6 +13,8 @@ use rdkafka::error::KafkaResult;
 
 use crate::config::{KafkaSettings, Limits, Settings};
 
+pub mod log;
+
 /// The verdict producer's own librdkafka retries end after this; then
 /// [`crate::producer::Sink::deliver`] sends the record again. The default
 /// (300 s) would hold a verdict, and its offset, for five minutes after a

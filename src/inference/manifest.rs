@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::tokens::Activation;
+use crate::inference::tokens::Activation;
 
 /// A manifest that cannot be read or does not describe a usable model.
 #[derive(Debug, thiserror::Error)]
