@@ -37,6 +37,12 @@ enum Command {
         /// Print the effective configuration (secrets redacted) and exit.
         #[arg(long)]
         print_config: bool,
+        /// Judge the backlog and stop: once the group has committed every
+        /// input partition through the end offset it had at the start,
+        /// drain, commit, print the summary and exit 0 (a backfill, a
+        /// one-off rescoring).
+        #[arg(long)]
+        until_caught_up: bool,
     },
     /// Load a model, print its inputs and outputs, and score the given texts.
     CheckModel {
@@ -100,6 +106,13 @@ enum Command {
         #[command(flatten)]
         options: modstream::tools::rescore::RescoreOptions,
     },
+    /// Create the topics the configuration names (inputs, verdicts, dead
+    /// letters, analytics, routes, changelog, lists), each with the
+    /// settings it needs; says which already exist.
+    Topics {
+        #[command(subcommand)]
+        action: TopicsAction,
+    },
     /// Find an event in a topic and show how the current policy and models
     /// judge it, and why.
     Explain {
@@ -155,6 +168,15 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum TopicsAction {
+    /// Create what is missing (or, with --dry-run, print the kafka-topics.sh lines).
+    Create {
+        #[command(flatten)]
+        options: modstream::tools::topics::TopicsOptions,
+    },
+}
+
 // Long: one match arm per subcommand, each only hands its arguments on.
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -162,7 +184,8 @@ fn main() -> ExitCode {
         Command::Run {
             config,
             print_config,
-        } => run(config, print_config),
+            until_caught_up,
+        } => run(config, print_config, until_caught_up),
         Command::CheckModel {
             model,
             providers,
@@ -206,6 +229,9 @@ fn main() -> ExitCode {
         Command::Plan { options } => modstream::tools::plan::run(&options),
         Command::Rescore { options } => rescore(options),
         Command::Explain { options } => explain(&options),
+        Command::Topics {
+            action: TopicsAction::Create { options },
+        } => topics_create(&options),
         Command::Prevalence { options } => prevalence(&options),
         Command::Normalize { text } => {
             let normal = modstream::matching::normalize::normalize(&text);
@@ -258,11 +284,8 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-fn run(config: Option<PathBuf>, print_config: bool) -> anyhow::Result<()> {
-    let mut settings = Settings::load(config.as_deref())?;
-    // The default model from any directory (as given where it exists).
-    settings.inference.model_dir =
-        modstream::tools::beside_the_binary(&settings.inference.model_dir);
+fn run(config: Option<PathBuf>, print_config: bool, until_caught_up: bool) -> anyhow::Result<()> {
+    let settings = Settings::load(config.as_deref())?;
     if print_config {
         println!("{}", settings.redacted_dump());
         return Ok(());
@@ -285,10 +308,24 @@ fn run(config: Option<PathBuf>, print_config: bool) -> anyhow::Result<()> {
         .await?;
         let shutdown = Shutdown::new();
         shutdown.listen_for_signals();
+        let watch = until_caught_up.then(|| {
+            modstream::pipeline::caught_up::stop_when_caught_up(&settings, shutdown.stop.clone())
+        });
+        let stop = shutdown.stop.clone();
         let result = modstream::pipeline::run_loaded(settings, loaded, shutdown, health).await;
+        stop.cancel();
+        if let Some(watch) = watch {
+            let _ = watch.await;
+        }
         stop_listener.cancel();
         let _ = listener.await;
-        result?;
+        let summary = result?;
+        if until_caught_up {
+            println!(
+                "caught up: consumed {}, verdicts {}, dead letters {}, committed",
+                summary.consumed, summary.verdicts, summary.dlq
+            );
+        }
         Ok(())
     })
 }
@@ -477,6 +514,21 @@ fn explain(opts: &modstream::tools::explain::ExplainOptions) -> anyhow::Result<(
         ..Default::default()
     });
     print!("{}", modstream::tools::explain::run(opts)?);
+    Ok(())
+}
+
+fn topics_create(opts: &modstream::tools::topics::TopicsOptions) -> anyhow::Result<()> {
+    modstream::telemetry::init_logging(&TelemetrySettings {
+        log_level: "warn".into(),
+        ..Default::default()
+    });
+    let settings = Settings::load(opts.config.as_deref())?;
+    let text = if opts.dry_run {
+        modstream::tools::topics::dry_run(&settings, opts)?
+    } else {
+        runtime()?.block_on(modstream::tools::topics::create(&settings, opts))?
+    };
+    print!("{text}");
     Ok(())
 }
 

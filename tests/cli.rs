@@ -531,3 +531,35 @@ fn the_demo_piped_prints_whole_lines() {
         "{stderr}"
     );
 }
+
+/// docs/configuration.md's example of a value of the wrong type, as a
+/// user meets it: the key, the type in words ("a number", not Rust's
+/// `f32`) and the file; a fraction where a count goes is "a whole number".
+#[test]
+fn a_value_of_the_wrong_type_is_said_in_the_users_words() {
+    let page = std::fs::read_to_string(support::repo_root().join("docs/configuration.md")).unwrap();
+    let example = page
+        .split('`')
+        .find(|span| span.starts_with("invalid configuration: policy.review_at: invalid type"))
+        .expect("the page's example")
+        .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let required = "[kafka]\nbootstrap_servers = \"127.0.0.1:9\"\n[input]\ntopics = [\"posts\"]\n";
+    for (body, said) in [
+        ("[policy]\nreview_at = \"0.5\"\n", example.as_str()),
+        (
+            "[batching]\nmax_batch_size = 1.5\n",
+            "invalid configuration: batching.max_batch_size: invalid type: floating point `1.5`, expected a whole number (in my.toml)",
+        ),
+    ] {
+        std::fs::write(dir.path().join("my.toml"), format!("{required}{body}")).unwrap();
+        let out = modstream()
+            .current_dir(dir.path())
+            .args(["run", "--config", "my.toml", "--print-config"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(stderr.contains(said), "{said:?} in {stderr}");
+    }
+}

@@ -198,10 +198,19 @@ fn invocations(line: &str, at: &str) -> Vec<Invocation> {
     let mut out = Vec::new();
     for (i, t) in tokens.iter().enumerate() {
         let subcommand = match *t {
-            "modstream" | "target/release/modstream" => match tokens.get(i + 1) {
-                Some(s) if s.chars().all(|c| c.is_ascii_lowercase() || c == '-') => s.to_string(),
-                _ => continue,
-            },
+            "modstream" | "target/release/modstream" => {
+                let word = |k: usize| {
+                    tokens
+                        .get(k)
+                        .filter(|s| s.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+                };
+                match (word(i + 1), word(i + 2)) {
+                    // A subcommand of its own subcommands.
+                    (Some(&"topics"), Some(action)) => format!("topics {action}"),
+                    (Some(s), _) => s.to_string(),
+                    _ => continue,
+                }
+            }
             "scripts/demo.sh" => "demo".to_string(),
             _ => continue,
         };
@@ -294,7 +303,8 @@ fn help_of(subcommand: &str, cache: &mut HashMap<String, String>) -> String {
                 return flags;
             }
             let out = std::process::Command::new(env!("CARGO_BIN_EXE_modstream"))
-                .args([subcommand, "--help"])
+                .args(subcommand.split(' '))
+                .arg("--help")
                 .output()
                 .unwrap();
             assert!(out.status.success(), "modstream {subcommand} --help");

@@ -44,6 +44,7 @@ impl Settings {
             )
             .build()?;
         let mut settings = deserialize(built, None)?;
+        settings.resolve_paths(source.as_deref());
         settings.validate()?;
         settings.source = source;
         Ok(settings)
@@ -118,7 +119,7 @@ where
         let message = if super::is_secret(&key) {
             "a value of the wrong type (not shown: it may be a secret)".to_string()
         } else {
-            e.into_inner().to_string().trim().to_string()
+            in_words(e.into_inner().to_string().trim())
         };
         let reason = match file {
             Some(file) => format!("{message} (in {})", file.display()),
@@ -130,6 +131,41 @@ where
             invalid(&key, reason)
         }
     })
+}
+
+/// serde's names of Rust's number types, in the words of the person who
+/// wrote the file: `expected f32` is "expected a number".
+fn in_words(message: &str) -> String {
+    // The file's parser adds "in `key`" on a line of its own: the key is
+    // named before the message already.
+    let message = match message.rsplit_once('\n') {
+        Some((first, last)) if last.starts_with("in `") => first.trim_end(),
+        _ => message,
+    };
+    const WORDS: [(&str, &str); 12] = [
+        ("f32", "a number"),
+        ("f64", "a number"),
+        ("usize", "a whole number"),
+        ("u64", "a whole number"),
+        ("u32", "a whole number"),
+        ("u16", "a whole number"),
+        ("u8", "a whole number"),
+        ("isize", "a whole number"),
+        ("i64", "a whole number"),
+        ("i32", "a whole number"),
+        ("i16", "a whole number"),
+        ("i8", "a whole number"),
+    ];
+    let Some((before, after)) = message.split_once("expected ") else {
+        return message.to_string();
+    };
+    let end = after
+        .find(|c: char| !c.is_ascii_alphanumeric())
+        .unwrap_or(after.len());
+    match WORDS.iter().find(|(ty, _)| *ty == &after[..end]) {
+        Some((_, words)) => format!("{before}expected {words}{}", &after[end..]),
+        None => message.to_string(),
+    }
 }
 
 /// A required key that neither the file nor the environment sets.

@@ -39,6 +39,7 @@ use crate::verdict::{PolicyError, Scorer};
 pub use crate::hub::RunSummary;
 pub use zeroes::register_zeroes;
 
+pub mod caught_up;
 pub mod reload;
 mod side_tasks;
 mod start;

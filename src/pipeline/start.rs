@@ -14,7 +14,7 @@ use crate::matching::Matcher;
 use crate::policy::Ruleset;
 use crate::producer::{ProducerError, Sink};
 use crate::shutdown::Shutdown;
-use crate::telemetry::Health;
+use crate::telemetry::{Health, MissingTopic};
 
 /// A start's clients, its consumer in the group.
 pub(super) struct Joined {
@@ -87,18 +87,30 @@ async fn check_input_topics(
     if settings.input.require_topics {
         return Err(crate::config::ConfigError::Invalid {
             key: "input.topics".into(),
-            reason: format!("the cluster has no topic {missing:?} (input.require_topics is set)"),
+            reason: format!(
+                "the cluster has no topic {} (input.require_topics is set)",
+                listing(&missing)
+            ),
         }
         .into());
     }
-    tracing::warn!(topics = ?missing, "input topics do not exist; /readyz says so until they do");
+    tracing::warn!(
+        topics = %listing(&missing),
+        "input topics do not exist; /readyz says so until they do"
+    );
     health.set_input_missing(missing);
     Ok(())
 }
 
+/// `a, b (did you mean c?)`.
+fn listing(missing: &[MissingTopic]) -> String {
+    let names: Vec<String> = missing.iter().map(ToString::to_string).collect();
+    names.join(", ")
+}
+
 /// The input topics the cluster does not list now (none if it does not
 /// answer: that is the consumer's to report).
-async fn missing_input_topics(settings: &Settings, sink: &Sink) -> Vec<String> {
+async fn missing_input_topics(settings: &Settings, sink: &Sink) -> Vec<MissingTopic> {
     let (sink, topics) = (sink.clone(), settings.input.topics.clone());
     let timeout = std::time::Duration::from_secs(10);
     tokio::task::spawn_blocking(move || sink.missing_topics(&topics, timeout))

@@ -306,6 +306,20 @@ fn check_id(id: &str) -> Result<(), SpecError> {
 
 type SpecError = (String, String);
 
+/// The names the configuration gives its models; the one model of
+/// `[inference]` (no `[[inference.models]]`) is `default`.
+fn no_such_model(models: &[ModelLabels]) -> String {
+    let known: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
+    if known == [crate::config::SINGLE_MODEL] {
+        return format!(
+            "no such model: the configuration has one model ([inference] model_dir), named {:?}; write models.{}.LABEL, or name models in [[inference.models]]",
+            crate::config::SINGLE_MODEL,
+            crate::config::SINGLE_MODEL
+        );
+    }
+    format!("no such model (the configuration's models are {known:?})")
+}
+
 impl RuleSpec {
     fn check(self, models: &[ModelLabels]) -> Result<Rule, SpecError> {
         check_id(&self.id)?;
@@ -320,8 +334,7 @@ impl RuleSpec {
         for (name, labels) in self.models {
             let key = format!("models.{name}");
             let Some(model) = models.iter().position(|m| m.name == name).map(ModelId) else {
-                let known: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
-                return Err((key, format!("no such model (the models are {known:?})")));
+                return Err((key, no_such_model(models)));
             };
             if labels.is_empty() {
                 return Err((key, "at least one label with its thresholds".into()));

@@ -38,7 +38,7 @@ use crate::client::log::{LastError, QuietContext, QuietProducer};
 use crate::client::{self, ProducerRole};
 use crate::config::KafkaSettings;
 use crate::producer::record::{OutRecord, RecordKind};
-use crate::telemetry::{Health, metric};
+use crate::telemetry::{Health, MissingTopic, metric};
 use crate::tp::Source;
 
 mod analytics;
@@ -422,16 +422,16 @@ impl Sink {
         &self,
         topics: &[String],
         timeout: Duration,
-    ) -> Result<Vec<String>, KafkaError> {
+    ) -> Result<Vec<MissingTopic>, KafkaError> {
         let metadata = self.producer.client().fetch_metadata(None, timeout)?;
-        let listed: std::collections::HashSet<&str> = (metadata.topics().iter())
+        let listed: std::collections::BTreeSet<&str> = (metadata.topics().iter())
             .filter(|t| t.error().is_none())
             .map(|t| t.name())
             .collect();
         Ok(topics
             .iter()
             .filter(|t| !listed.contains(t.as_str()))
-            .cloned()
+            .map(|t| MissingTopic::among(t, listed.iter().copied()))
             .collect())
     }
 

@@ -53,7 +53,7 @@ pub struct Health {
     analytics_failing: std::sync::Mutex<Option<String>>,
     /// Input topics the cluster does not list: nothing of theirs can be
     /// consumed (a condition of readiness).
-    input_missing: std::sync::Mutex<Vec<String>>,
+    input_missing: std::sync::Mutex<Vec<MissingTopic>>,
     /// Where each model runs (set as the models load; reported, not a
     /// condition of readiness).
     models: std::sync::Mutex<Vec<ModelPlacement>>,
@@ -115,11 +115,20 @@ impl Health {
     pub fn input_missing(&self) -> Vec<String> {
         self.input_missing
             .lock()
-            .map(|m| m.clone())
+            .map(|m| m.iter().map(|t| t.name.clone()).collect())
             .unwrap_or_default()
     }
 
-    pub fn set_input_missing(&self, topics: Vec<String>) {
+    /// For each missing input topic with a listed topic close to its name:
+    /// "did you mean NAME".
+    fn did_you_mean(&self) -> std::collections::BTreeMap<String, String> {
+        let missing = self.input_missing.lock().map(|m| m.clone());
+        (missing.unwrap_or_default().into_iter())
+            .filter_map(|t| Some((t.name, format!("did you mean {}", t.did_you_mean?))))
+            .collect()
+    }
+
+    pub fn set_input_missing(&self, topics: Vec<MissingTopic>) {
         metrics::gauge!(metric::INPUT_TOPICS_MISSING).set(topics.len() as f64);
         if let Ok(mut m) = self.input_missing.lock() {
             *m = topics;
@@ -243,12 +252,50 @@ impl Health {
             "list_topic": self.list_topic(),
             "state_restoring": self.restoring(),
             "input_missing": self.input_missing(),
+            "input_did_you_mean": self.did_you_mean(),
             "analytics_failing": self.analytics_failing(),
             "models": self.models(),
             "stalled": self.stalled(),
             "unfetched": self.unfetched(),
         })
         .to_string()
+    }
+}
+
+/// A topic the configuration names and the cluster does not list, with
+/// the listed topic whose name is closest to it, where one is close.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingTopic {
+    pub name: String,
+    pub did_you_mean: Option<String>,
+}
+
+impl MissingTopic {
+    /// `name`, missing among `listed`: the closest listed name (fewest
+    /// edits, a transposition one edit) within two edits, or a fifth of the
+    /// name's length for a long one; internal topics (`__...`) are not
+    /// offered.
+    pub fn among<'a>(name: &str, listed: impl IntoIterator<Item = &'a str>) -> MissingTopic {
+        let within = (name.chars().count() / 5).max(2);
+        let did_you_mean = (listed.into_iter())
+            .filter(|t| !t.starts_with("__"))
+            .map(|t| (strsim::damerau_levenshtein(name, t), t))
+            .filter(|(edits, _)| *edits <= within)
+            .min()
+            .map(|(_, t)| t.to_string());
+        MissingTopic {
+            name: name.to_string(),
+            did_you_mean,
+        }
+    }
+}
+
+impl std::fmt::Display for MissingTopic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.did_you_mean {
+            Some(close) => write!(f, "{} (did you mean {close}?)", self.name),
+            None => write!(f, "{}", self.name),
+        }
     }
 }
 
@@ -419,5 +466,25 @@ mod tests {
         assert!(!health.ready(), "the fetch watchdog's stall still counts");
         fetch.report(Vec::new(), |_| true);
         assert!(health.ready());
+    }
+
+    #[test]
+    fn a_missing_topic_names_the_closest_existing_one_only_when_close() {
+        let listed = [
+            "feed.posts.v2",
+            "feed.posts.v1",
+            "trust.verdicts",
+            "__consumer_offsets",
+        ];
+        let hint = |name| MissingTopic::among(name, listed).did_you_mean;
+        assert_eq!(hint("feed.post.v2").as_deref(), Some("feed.posts.v2"));
+        assert_eq!(hint("feed.psots.v1").as_deref(), Some("feed.posts.v1"));
+        // Nothing close: no guess, and never an internal topic.
+        assert_eq!(hint("billing.events"), None);
+        assert_eq!(hint("_consumer_offsets"), None);
+        assert_eq!(
+            MissingTopic::among("feed.post.v2", listed).to_string(),
+            "feed.post.v2 (did you mean feed.posts.v2?)"
+        );
     }
 }

@@ -15,7 +15,7 @@ mod tally;
 pub mod trace_context;
 pub mod traces;
 
-pub use health::{Health, ModelPlacement, Stall, StallKind, StallReporter, serve};
+pub use health::{Health, MissingTopic, ModelPlacement, Stall, StallKind, StallReporter, serve};
 pub use tally::{FaultCounts, FaultTally};
 
 #[derive(Debug, thiserror::Error)]

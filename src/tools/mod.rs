@@ -19,20 +19,6 @@ pub mod report;
 pub mod rescore;
 pub mod send;
 pub mod stats;
+pub mod topics;
 
-/// A default path relative to the repository (`models/...`, `docs/...`):
-/// as given where it exists, else under the repository this binary was
-/// built in (target/release/modstream is two levels below it), so that the
-/// defaults work from any directory.
-pub fn beside_the_binary(path: &std::path::Path) -> std::path::PathBuf {
-    if path.is_absolute() || path.exists() {
-        return path.to_path_buf();
-    }
-    let exe = std::env::current_exe().ok();
-    let found = exe
-        .iter()
-        .flat_map(|e| e.ancestors().skip(1).take(4))
-        .map(|dir| dir.join(path))
-        .find(|p| p.exists());
-    found.unwrap_or_else(|| path.to_path_buf())
-}
+pub use crate::config::beside_the_binary;
