@@ -528,3 +528,64 @@ fn a_condition_on_the_events_own_number_holds_only_where_it_is_one() {
         );
     }
 }
+
+/// Issue 63's case: 20,000 fresh accounts fill 1 MiB, the spammer posts
+/// three times, 400 more fresh accounts (about 100 KB) post once each,
+/// then the spammer posts three more times; every post at `spammer_ms(i)`
+/// for its `i`-th, the fresh ones at the spammer's last time. What the
+/// rule `user.COUNTER > 0` reads at each of its six posts.
+fn the_flood_of_issue_63(counter: &str, spammer_ms: impl Fn(i64) -> i64) -> Vec<Option<u64>> {
+    let mut k = keeper(1 << 20);
+    let mut store = Store::default();
+    let rules = rules(&format!("user.{counter} > 0"), Verdict::Review);
+    let mut offset = 0;
+    let fresh = |k: &mut Keeper, store: &mut Store, n: usize, ms: i64, offset: &mut i64| {
+        for j in 0..n {
+            *offset += 1;
+            let user = format!("fresh-{offset}-{j}");
+            step(k, store, &rules, &user, *offset, ms, Verdict::Allow);
+        }
+    };
+    fresh(&mut k, &mut store, 20_000, spammer_ms(0), &mut offset);
+    let mut counts = Vec::new();
+    for i in 0..6 {
+        if i == 3 {
+            fresh(&mut k, &mut store, 400, spammer_ms(2), &mut offset);
+        }
+        offset += 1;
+        let s = step(
+            &mut k,
+            &mut store,
+            &rules,
+            "spammer",
+            offset,
+            spammer_ms(i),
+            Verdict::Allow,
+        );
+        counts.push(s.fired.map(|f| f.value));
+    }
+    assert!(k.bytes <= 1 << 20, "{} bytes held", k.bytes);
+    counts
+}
+
+#[test]
+fn a_flood_smaller_than_the_budget_after_a_full_one_does_not_reset_a_spammer() {
+    // All six in the same minute: 400 fresh accounts between its third and
+    // fourth post are far less than the budget, so it is remembered.
+    let t = 1_800_000_000_000 + 5_000;
+    let counts = the_flood_of_issue_63("posts_1m", |i| t + i * 1_000);
+    assert_eq!(counts, (1..=6).map(Some).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_minute_counter_counts_the_minute_of_record_time_the_event_is_in() {
+    // Six posts within 6 s that straddle a minute's start: `posts_1m`
+    // counts those of the event's own minute (docs/state-rules.md, "Time"),
+    // so the sixth reads 3, and `posts_2m` (that minute and the one before)
+    // holds the whole burst.
+    let start = 1_800_000_000_000 + 57_000;
+    let counts = the_flood_of_issue_63("posts_1m", |i| start + i * 1_000);
+    assert_eq!(counts, [1, 2, 3, 1, 2, 3].map(Some));
+    let counts = the_flood_of_issue_63("posts_2m", |i| start + i * 1_000);
+    assert_eq!(counts, (1..=6).map(Some).collect::<Vec<_>>());
+}
