@@ -100,6 +100,10 @@ pub(super) async fn run(opts: &BenchOptions, python: &Path) -> anyhow::Result<Ba
             cpu_s_per_million: one.cpu_s_per_million(),
             broker_cpu_us_per_verdict: one.broker_cpu_us_per_verdict(),
         }),
+        kcat_floor: match opts.kcat_floor {
+            true => Some(super::relay::kcat_floor(opts, &events).await?),
+            false => None,
+        },
     })
 }
 
@@ -149,9 +153,16 @@ pub(super) async fn own_runs(opts: &BenchOptions) -> anyhow::Result<Vec<OwnRun>>
                     }),
                     _ => None,
                 },
+                floor: None,
             };
             run.print();
             runs.push(run);
+        }
+        if opts.kcat_floor {
+            let floor = super::relay::kcat_floor(opts, &events).await?;
+            floor.print();
+            let round = runs.len() - contenders.len();
+            runs[round].floor = Some(floor);
         }
     }
     Ok(runs)
@@ -308,18 +319,44 @@ async fn watch(
     exits_itself: bool,
     broker_pid: Option<u32>,
 ) -> anyhow::Result<ProcessRun> {
-    let pid = child.id().to_string();
+    watch_all(
+        std::slice::from_mut(child),
+        reader,
+        exits_itself,
+        broker_pid,
+    )
+    .await
+}
+
+/// [`watch`] over a job of several processes (a pipe of two): their CPU
+/// time summed (one that ended at its last sample), their peaks summed
+/// (each at its own peak).
+pub(super) async fn watch_all(
+    children: &mut [Child],
+    reader: TimedReader,
+    exits_itself: bool,
+    broker_pid: Option<u32>,
+) -> anyhow::Result<ProcessRun> {
+    let pids: Vec<String> = children.iter().map(|c| c.id().to_string()).collect();
     let broker = broker_pid.map(|p| p.to_string());
     let TimedReader { read, task: reader } = reader;
-    let (mut peak, mut first, mut last): (u64, Option<Sample>, Sample) =
-        (0, None, Sample::default());
+    let mut peaks = vec![0u64; pids.len()];
+    let mut known: Vec<Option<CpuTime>> = vec![None; pids.len()];
+    let (mut first, mut last): (Option<Sample>, Sample) = (None, Sample::default());
     loop {
-        peak = peak.max(peak_rss_of(&pid));
+        for (peak, pid) in peaks.iter_mut().zip(&pids) {
+            *peak = (*peak).max(peak_rss_of(pid));
+        }
         let verdicts = read.load(Ordering::SeqCst);
-        if let Some(cpu) = cpu_time_of(&pid) {
+        for (known, pid) in known.iter_mut().zip(&pids) {
+            *known = cpu_time_of(pid).or(*known);
+        }
+        // A process that ended counts at its last sample: all it spent.
+        let cpus: Option<Vec<CpuTime>> = known.iter().copied().collect();
+        if let Some(cpus) = cpus {
             let broker_s = broker.as_deref().and_then(cpu_time_of).map(|c| c.total_s);
             last = Sample {
-                cpu,
+                cpu: cpus.iter().fold(CpuTime::default(), |sum, c| sum.plus(c)),
                 broker_s,
                 verdicts,
             };
@@ -330,12 +367,18 @@ async fn watch(
         if reader.is_finished() {
             break;
         }
-        if let Some(status) = child.try_wait()? {
-            if exits_itself && status.success() {
-                break;
+        let mut exited = 0;
+        for child in children.iter_mut() {
+            if let Some(status) = child.try_wait()? {
+                if !(exits_itself && status.success()) {
+                    reader.abort();
+                    anyhow::bail!("the process exited before its last verdict: {status}");
+                }
+                exited += 1;
             }
-            reader.abort();
-            anyhow::bail!("the process exited before its last verdict: {status}");
+        }
+        if exited == children.len() {
+            break;
         }
         // Fine enough that a run of a few hundred verdicts spans samples.
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -344,7 +387,7 @@ async fn watch(
     let first = first.unwrap_or_default();
     Ok(ProcessRun {
         per_s,
-        peak_rss_bytes: peak,
+        peak_rss_bytes: peaks.iter().sum(),
         cpu: last.cpu.since(&first.cpu),
         broker_cpu_s: last.broker_s.zip(first.broker_s).map(|(l, f)| l - f),
         verdicts: last.verdicts.saturating_sub(first.verdicts),
@@ -354,7 +397,7 @@ async fn watch(
 
 /// A reader of a cell's verdicts, counting them as they come; its task
 /// answers verdicts per second from their own timestamps.
-struct TimedReader {
+pub(super) struct TimedReader {
     read: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<anyhow::Result<f64>>,
 }
@@ -364,7 +407,7 @@ impl TimedReader {
     /// partitions assigned) before this returns: started before the process
     /// it watches, it counts verdicts as they are written, not in one late
     /// first fetch that would leave no span to measure CPU time over.
-    async fn start(cell: &Cell, want: usize) -> anyhow::Result<TimedReader> {
+    pub(super) async fn start(cell: &Cell, want: usize) -> anyhow::Result<TimedReader> {
         let (bootstrap, topic) = (cell.bootstrap.clone(), cell.verdicts.clone());
         let reader = tokio::task::spawn_blocking(move || {
             TopicReader::from_beginning(&bootstrap, &topic, None)

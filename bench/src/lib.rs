@@ -28,6 +28,7 @@ mod options;
 mod print;
 mod process;
 mod raw;
+mod relay;
 mod rows;
 mod runs;
 mod sampling;

@@ -156,6 +156,11 @@ pub struct BenchOptions {
     /// changelog's bytes per verdict.
     #[arg(long)]
     pub state_rules: bool,
+    /// The Kafka client's floor beside `--own-runs` (each round) and
+    /// `--python`: Debian's kcat consuming the input into kcat producing,
+    /// the same events and broker, CPU per record of both processes.
+    #[arg(long)]
+    pub kcat_floor: bool,
     /// With `--own-runs`: each round also runs `modstream run` with
     /// `[tracing]` on at each of these sampling ratios (posts without a
     /// trace context, so the ratio decides), its spans sent to an OTLP/HTTP

@@ -3,8 +3,8 @@
 
 use modstream::tools::report::{
     BaselineRow, CascadeRow, CostRow, DeliveryRow, FloodRow, FloorRow, FormatRow, LatencyRow,
-    MatchRow, ModelRow, OverloadRow, OwnRun, RepeatRow, SamplingRow, SaturationRow, SessionRow,
-    ShadowRow, StepTrace,
+    MatchRow, ModelRow, OverloadRow, OwnRun, RelayRun, RepeatRow, SamplingRow, SaturationRow,
+    SessionRow, ShadowRow, StepTrace,
 };
 
 /// A row printed as one line (or a few) of the bench's running table.
@@ -102,6 +102,19 @@ impl Print for BaselineRow {
                 self.modstream_per_s / one.per_s
             );
         }
+    }
+}
+
+impl Print for RelayRun {
+    fn print(&self) {
+        eprintln!(
+            "the Kafka client's floor (kcat → kcat), {} events: {:.0}/s, {} µs CPU per record, peak RSS {} MiB",
+            self.events,
+            self.per_s,
+            self.cpu_us_per_record
+                .map_or("—".to_string(), |v| format!("{v:.2}")),
+            self.peak_rss_bytes >> 20
+        );
     }
 }
 

@@ -52,6 +52,15 @@ impl CpuTime {
             inference_s: self.inference_s - earlier.inference_s,
         }
     }
+
+    /// `self + other`, field by field (a job of several processes).
+    pub fn plus(&self, other: &CpuTime) -> CpuTime {
+        CpuTime {
+            total_s: self.total_s + other.total_s,
+            kafka_s: self.kafka_s + other.kafka_s,
+            inference_s: self.inference_s + other.inference_s,
+        }
+    }
 }
 
 /// User + system CPU seconds of one `stat` (the kernel counts in clock

@@ -39,6 +39,7 @@ fn bench_binary(out: &std::path::Path) -> Report {
             "models/profanity-check",
             "--own-runs",
             "2",
+            "--kcat-floor",
             "--out",
         ])
         .arg(out)
@@ -104,6 +105,20 @@ fn a_tiny_bench_writes_a_complete_report() {
     assert!(modstream_bench::markdown(&report).contains(
         "**`modstream run` at its default configuration**, 2 runs on the same 400 events"
     ));
+    // `--kcat-floor`: each round's relay read back every record (its CPU
+    // per record, where the run spanned two samples, some and finite).
+    for run in &report.own_runs {
+        let floor = run.floor.as_ref().expect("the round's kcat floor");
+        assert_eq!(floor.events, 400);
+        assert!(floor.per_s > 0.0 && floor.peak_rss_bytes > 0, "{floor:?}");
+        if let Some(cpu) = floor.cpu_us_per_record {
+            assert!(cpu > 0.0 && cpu < 1e6, "{floor:?}");
+        }
+    }
+    assert!(
+        modstream_bench::markdown(&report)
+            .contains("| kcat floor CPU µs per record | modstream ÷ floor |")
+    );
     for row in &report.saturation {
         assert_eq!(row.events, 400);
         assert!(row.pipeline_per_s > 0.0 && row.raw_model_per_s > 0.0);
@@ -236,6 +251,10 @@ fn a_tiny_bench_writes_a_complete_report() {
         .expect("the 1-thread run");
     assert!(one.per_s > 0.0 && one.peak_rss_bytes > 0);
 
+    let floor = baseline.kcat_floor.as_ref().expect("the kcat floor row");
+    assert_eq!(floor.events, 400);
+    assert!(floor.per_s > 0.0 && floor.peak_rss_bytes > 0, "{floor:?}");
+
     let shadow = report.shadow.as_ref().expect("a shadow row");
     assert!(shadow.off_per_s > 0.0 && shadow.on_per_s > 0.0);
 
@@ -247,6 +266,7 @@ fn a_tiny_bench_writes_a_complete_report() {
         "**Latency against offered load**",
         "**Against a plain Python consumer**",
         "| Python, onnxruntime on 1 intra-op thread |",
+        "| kcat → kcat, the Kafka client's floor (no work per record) |",
         "**A shadow model's cost**",
     ] {
         assert!(md.contains(table), "bench.md has {table}");

@@ -271,6 +271,7 @@ fn tiny_options() -> BenchOptions {
         sampling_runs: 0,
         own_runs: 0,
         state_rules: false,
+        kcat_floor: false,
         tracing_ratios: Vec::new(),
         state_restore: Vec::new(),
         token_budgets: Vec::new(),

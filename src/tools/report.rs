@@ -344,6 +344,29 @@ pub struct BaselineRow {
     /// threads spinning between runs): the stronger plain consumer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python_one_thread: Option<PythonRun>,
+    /// `--kcat-floor`: the Kafka client's floor on the same events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kcat_floor: Option<RelayRun>,
+}
+
+/// A relay that does no work per record (`--kcat-floor`): kcat consuming
+/// the input into kcat producing the verdict topic, both processes'
+/// CPU time per record read back, measured as a `modstream run` is.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RelayRun {
+    pub events: usize,
+    pub per_s: f64,
+    /// Both processes', each at its own peak.
+    pub peak_rss_bytes: u64,
+    /// None where the run was too short to say.
+    pub cpu_us_per_record: Option<f64>,
+}
+
+impl RelayRun {
+    /// `cpu_us` (a verdict's CPU) ÷ the floor's CPU per record.
+    pub fn times(&self, cpu_us: Option<f64>) -> Option<f64> {
+        Some(cpu_us? / self.cpu_us_per_record.filter(|f| *f > 0.0)?)
+    }
 }
 
 /// One run of the Python job.

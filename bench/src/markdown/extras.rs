@@ -47,6 +47,21 @@ fn baseline(out: &mut String, b: &BaselineRow) {
             }
         );
     }
+    if let Some(floor) = &b.kcat_floor {
+        out.pop();
+        let _ = writeln!(
+            out,
+            "| kcat → kcat, the Kafka client's floor (no work per record) | {:.0} | {:.0} | {} |\n| modstream ÷ floor | {:.2} | {:.2} | {} |\n",
+            floor.per_s,
+            floor.peak_rss_bytes as f64 / MIB,
+            cpu(floor.cpu_us_per_record),
+            b.modstream_per_s / floor.per_s,
+            b.modstream_peak_rss_bytes as f64 / floor.peak_rss_bytes as f64,
+            floor
+                .times(b.modstream_cpu_s_per_million)
+                .map_or("not recorded".to_string(), |r| format!("{r:.2}"))
+        );
+    }
     if let (Some(m), Some(p)) = (
         b.modstream_broker_cpu_us_per_verdict,
         b.python_broker_cpu_us_per_verdict,
@@ -67,15 +82,28 @@ fn own_runs(out: &mut String, report: &Report) {
     let Some(first) = runs.first() else {
         return;
     };
+    // The round's floor beside each run (`--kcat-floor`).
+    let floors = runs.iter().any(|r| r.floor.is_some());
+    let (floor_head, floor_rule) = match floors {
+        true => (
+            " kcat floor CPU µs per record | modstream ÷ floor |",
+            "---|---|",
+        ),
+        false => ("", ""),
+    };
     let _ = writeln!(
         out,
-        "**`modstream run` at its default configuration**, {} runs on the same {} events (its own process; CPU between its first and last verdict)\n\n| run | verdicts/s | CPU µs per verdict | Kafka client's share | peak RSS MiB | broker CPU µs per verdict |\n|---|---|---|---|---|---|",
+        "**`modstream run` at its default configuration**, {} runs on the same {} events (its own process; CPU between its first and last verdict)\n\n| run | verdicts/s | CPU µs per verdict | Kafka client's share | peak RSS MiB | broker CPU µs per verdict |{floor_head}\n|---|---|---|---|---|---|{floor_rule}",
         runs.len(),
         first.events
     );
     let or_dash = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.1}"));
+    let floor_of = |r: &modstream::tools::report::OwnRun| {
+        let floor = r.floor.as_ref()?;
+        Some((floor.cpu_us_per_record, floor.times(r.cpu_us_per_verdict)))
+    };
     for (i, r) in runs.iter().enumerate() {
-        let _ = writeln!(
+        let _ = write!(
             out,
             "| {} | {:.0} | {} | {:.0} % | {:.0} | {} |",
             i + 1,
@@ -85,15 +113,38 @@ fn own_runs(out: &mut String, report: &Report) {
             r.peak_rss_bytes as f64 / MIB,
             or_dash(r.broker_cpu_us_per_verdict)
         );
+        match (floors, floor_of(r)) {
+            (false, _) => {}
+            (true, Some((cpu, times))) => {
+                let _ = write!(out, " {} | {} |", or_dash(cpu), or_ratio(times));
+            }
+            (true, None) => out.push_str(" — | — |"),
+        }
+        out.push('\n');
     }
     let per_s: Vec<f64> = runs.iter().map(|r| r.per_s).collect();
     let cpu: Vec<f64> = runs.iter().filter_map(|r| r.cpu_us_per_verdict).collect();
-    let _ = writeln!(
+    let _ = write!(
         out,
-        "| median | {:.0} | {} | | | |\n",
+        "| median | {:.0} | {} | | | |",
         median(&per_s).unwrap_or(0.0),
         or_dash(median(&cpu))
     );
+    if floors {
+        let floor: Vec<f64> = runs.iter().filter_map(|r| floor_of(r)?.0).collect();
+        let times: Vec<f64> = runs.iter().filter_map(|r| floor_of(r)?.1).collect();
+        let _ = write!(
+            out,
+            " {} | {} |",
+            or_dash(median(&floor)),
+            or_ratio(median(&times))
+        );
+    }
+    out.push_str("\n\n");
+}
+
+fn or_ratio(v: Option<f64>) -> String {
+    v.map_or("—".to_string(), |v| format!("{v:.2}"))
 }
 
 /// `--token-budgets`: batching by tokens against by count, saturation and

@@ -58,6 +58,7 @@ fn with_own_runs() -> Report {
             broker_cpu_us_per_verdict: None,
             state: None,
             tracing: None,
+            floor: None,
         })
         .collect();
     report

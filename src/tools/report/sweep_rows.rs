@@ -98,6 +98,10 @@ pub struct OwnRun {
     /// ratio, and what it exported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracing: Option<TracingCost>,
+    /// With `--kcat-floor`: the Kafka client's floor, run in the same round
+    /// on the same events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<super::RelayRun>,
 }
 
 /// What tracing exported (`--tracing-ratios`).
