@@ -54,7 +54,10 @@ fn baseline(out: &mut String, b: &BaselineRow) {
             "| kcat → kcat, the Kafka client's floor (no work per record) | {:.0} | {:.0} | {} |\n| modstream ÷ floor | {:.2} | {:.2} | {} |\n",
             floor.per_s,
             floor.peak_rss_bytes as f64 / MIB,
-            cpu(floor.cpu_us_per_record),
+            // A few CPU-s per million: one decimal, or it reads as 2 for 1.5.
+            floor
+                .cpu_us_per_record
+                .map_or("not recorded".to_string(), |v| format!("{v:.1}")),
             b.modstream_per_s / floor.per_s,
             b.modstream_peak_rss_bytes as f64 / floor.peak_rss_bytes as f64,
             floor
