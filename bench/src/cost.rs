@@ -12,10 +12,11 @@
 use std::path::{Path, PathBuf};
 
 use super::BenchOptions;
-use super::baseline::{self, ProcessRun};
+use super::baseline;
 use super::cascade;
 use super::formats::Encoding;
 use super::measure::{self, Batching, Clock, raw_model_throughput};
+use super::watch::ProcessRun;
 use crate::print::Print;
 use modstream::config::InferenceSettings;
 use modstream::inference::Model;

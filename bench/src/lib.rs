@@ -36,6 +36,7 @@ mod session;
 mod state;
 mod token_batching;
 mod traces;
+mod watch;
 
 use std::path::{Path, PathBuf};
 

@@ -8,8 +8,8 @@
 use std::process::{Command, Stdio};
 
 use super::BenchOptions;
-use super::baseline::{TimedReader, watch_all};
 use super::cell::Cell;
+use super::watch::{TimedReader, watch_all};
 use modstream::tools::generator::GeneratedEvent;
 use modstream::tools::report::RelayRun;
 use modstream::tools::send;
