@@ -27,7 +27,7 @@ pub struct Ingested {
 
 impl Ingested {
     /// Bytes it holds: key, value and headers.
-    pub fn size(&self) -> usize {
+    fn size(&self) -> usize {
         self.key.as_ref().map_or(0, Vec::len)
             + self.payload.as_ref().map_or(0, Vec::len)
             + self

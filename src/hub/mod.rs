@@ -59,12 +59,6 @@ use stages::{Parts, Stages};
 /// message, a result or a deadline waits behind at most this many.
 const BURST: usize = 64;
 
-/// A burst of records also stops once it took this many bytes: the loop's
-/// own work is small beside a large record's, and large records taken 64 a
-/// turn raised the peak RSS of the large-record flood (tests/memory.rs, debug
-/// build) to 287 MiB, from 233 one a turn (236 with this bound).
-const BURST_BYTES: usize = 256 * 1024;
-
 /// The hub's inputs.
 pub struct Inputs {
     pub records: mpsc::Receiver<Ingested>,
@@ -245,9 +239,8 @@ impl<D: Deliver> Hub<D> {
                 _ = &mut wake, if wake_at.is_some() => wake_set = None,
                 record = inputs.records.recv(), if accepting => match record {
                     Some(record) => {
-                        let taken = record.size();
                         self.on_record(record);
-                        self.take_waiting(&mut inputs.records, taken);
+                        self.take_waiting(&mut inputs.records);
                     }
                     None => {
                         input_open = false;
@@ -271,21 +264,15 @@ impl<D: Deliver> Hub<D> {
     }
 
     /// The records already waiting after one, while there is room: up to
-    /// [`BURST`] records or [`BURST_BYTES`] share a turn of the loop. (A
-    /// closed channel is seen by the loop's next `recv`.)
-    fn take_waiting(&mut self, records: &mut mpsc::Receiver<Ingested>, mut taken: usize) {
+    /// [`BURST`] share a turn of the loop. (A closed channel is seen by the
+    /// loop's next `recv`.)
+    fn take_waiting(&mut self, records: &mut mpsc::Receiver<Ingested>) {
         for _ in 1..BURST {
-            if taken >= BURST_BYTES
-                || !self.ledger.has_room()
-                || self.stages.scoring.any_breaker_open()
-            {
+            if !self.ledger.has_room() || self.stages.scoring.any_breaker_open() {
                 return;
             }
             match records.try_recv() {
-                Ok(record) => {
-                    taken += record.size();
-                    self.on_record(record);
-                }
+                Ok(record) => self.on_record(record),
                 Err(_) => return,
             }
         }
