@@ -21,8 +21,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -52,12 +52,6 @@ pub use stages::outputs::shadow;
 pub use stages::scoring::ModelLane;
 pub use stages::state::Restores;
 use stages::{Parts, Stages};
-
-/// At most this many acknowledgements, or input records, are taken in one
-/// turn of the hub's loop: the loop's own work (`after_event`, the wake
-/// time, polling every channel) is paid once for them, and a control
-/// message, a result or a deadline waits behind at most this many.
-const BURST: usize = 64;
 
 /// The hub's inputs.
 pub struct Inputs {
@@ -194,9 +188,7 @@ impl<D: Deliver> Hub<D> {
         let abort = self.shutdown.abort.clone();
         // The offsets handed to the producer, each resolving once all its
         // records are acknowledged: polled here, so that an acknowledgement
-        // wakes the hub itself (no task, no channel per offset). Those
-        // taken without waiting (`now_or_never`, a burst) need no waker: the
-        // loop only sleeps after `select!` polled this with its own.
+        // wakes the hub itself (no task, no channel per offset).
         let mut delivering = FuturesUnordered::new();
         // One timer, moved when the next deadline changes (a new one per
         // turn of the loop would be registered and dropped each time).
@@ -222,26 +214,13 @@ impl<D: Deliver> Hub<D> {
                 Some(new) = inputs.scorers.recv() => self.on_scorer(new),
                 Some(rules) = inputs.policies.recv() => self.on_policy(rules),
                 Some(update) = inputs.matching.recv() => self.stages.matching.apply(update),
-                Some(ack) = delivering.next() => {
-                    self.on_ack(ack);
-                    // One produce response acknowledges many records: those
-                    // already in share this turn (and its `after_event`).
-                    for _ in 1..BURST {
-                        match delivering.next().now_or_never() {
-                            Some(Some(ack)) => self.on_ack(ack),
-                            _ => break,
-                        }
-                    }
-                }
+                Some(ack) = delivering.next() => self.on_ack(ack),
                 Some(done) = restored.recv() => self.on_restored(done),
                 Some(result) = inputs.results.recv() => self.on_inference_result(result),
                 _ = abort.cancelled(), if holding => self.give_up_held(),
                 _ = &mut wake, if wake_at.is_some() => wake_set = None,
                 record = inputs.records.recv(), if accepting => match record {
-                    Some(record) => {
-                        self.on_record(record);
-                        self.take_waiting(&mut inputs.records);
-                    }
+                    Some(record) => self.on_record(record),
                     None => {
                         input_open = false;
                         self.flush_all();
@@ -261,21 +240,6 @@ impl<D: Deliver> Hub<D> {
             self.ledger.into_summary(),
             self.stages.delivery.into_fatal(),
         )
-    }
-
-    /// The records already waiting after one, while there is room: up to
-    /// [`BURST`] share a turn of the loop. (A closed channel is seen by the
-    /// loop's next `recv`.)
-    fn take_waiting(&mut self, records: &mut mpsc::Receiver<Ingested>) {
-        for _ in 1..BURST {
-            if !self.ledger.has_room() || self.stages.scoring.any_breaker_open() {
-                return;
-            }
-            match records.try_recv() {
-                Ok(record) => self.on_record(record),
-                Err(_) => return,
-            }
-        }
     }
 
     /// The work every event of the loop may have made possible.

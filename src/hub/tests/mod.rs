@@ -545,7 +545,6 @@ mod delivery;
 mod exactly_once;
 mod matching;
 mod policy;
-mod run_loop;
 mod sampling;
 mod token_budget;
 
