@@ -164,21 +164,47 @@ pub fn produce_to_partition(bootstrap: &str, topic: &str, partition: i32, key: &
         .expect("the record acknowledged");
 }
 
-/// Produce `events` in a background thread in 20 chunks paced over
-/// `over`, each chunk acknowledged before the next (so a crash test knows
-/// exactly which events the broker has); returns the acknowledged ids.
+/// Produce `events` in a background thread at a steady rate over `over`:
+/// a small chunk every 50 ms through one producer, each chunk acknowledged
+/// before the next (so a crash test knows exactly which events the broker
+/// has); returns the acknowledged ids. The load is steady, not bursts: a
+/// service under it is at work at any moment, so a kill or a rebalance
+/// lands while verdicts are being delivered, not in an idle gap after a
+/// burst was committed.
 pub fn produce_paced(
     bootstrap: String,
     events: Vec<(String, String, Vec<u8>)>,
     over: Duration,
 ) -> std::thread::JoinHandle<Vec<String>> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    const TICK: Duration = Duration::from_millis(50);
     std::thread::spawn(move || {
-        let chunks = 20;
-        let per = events.len().div_ceil(chunks);
+        let ticks = (over.as_millis() / TICK.as_millis()).max(1) as usize;
+        let per = events.len().div_ceil(ticks).max(1);
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("acks", "all")
+            .set("message.timeout.ms", "60000")
+            .create()
+            .unwrap();
+        let start = std::time::Instant::now();
         let mut acked = Vec::new();
-        for chunk in events.chunks(per) {
-            acked.extend(produce(&bootstrap, chunk));
-            std::thread::sleep(over / chunks as u32);
+        for (i, chunk) in events.chunks(per).enumerate() {
+            for (_, key, payload) in chunk {
+                let mut record = BaseRecord::to(INPUT)
+                    .key(key.as_str())
+                    .payload(payload.as_slice());
+                while let Err((_, r)) = producer.send(record) {
+                    record = r;
+                    producer.poll(Duration::from_millis(50));
+                }
+            }
+            producer
+                .flush(Duration::from_secs(60))
+                .expect("every input event acknowledged");
+            acked.extend(chunk.iter().map(|(id, _, _)| id.clone()));
+            let next = start + TICK * (i as u32 + 1);
+            std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
         }
         acked
     })
