@@ -21,8 +21,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -52,6 +52,14 @@ pub use stages::outputs::shadow;
 pub use stages::scoring::ModelLane;
 pub use stages::state::Restores;
 use stages::{Parts, Stages};
+
+/// At most this many acknowledgements already in are taken in one turn of
+/// the hub's loop: its own work (`after_event`, the wake time, polling
+/// every channel) is paid once for them, and a control message, a result
+/// or a deadline waits behind at most this many. Only acknowledgements:
+/// each gives memory back, where a burst of input records would take more
+/// in before any is answered.
+const ACK_BURST: usize = 64;
 
 /// The hub's inputs.
 pub struct Inputs {
@@ -188,7 +196,9 @@ impl<D: Deliver> Hub<D> {
         let abort = self.shutdown.abort.clone();
         // The offsets handed to the producer, each resolving once all its
         // records are acknowledged: polled here, so that an acknowledgement
-        // wakes the hub itself (no task, no channel per offset).
+        // wakes the hub itself (no task, no channel per offset). Those
+        // taken without waiting (`now_or_never`, a burst) need no waker: the
+        // loop only sleeps after `select!` polled this with its own.
         let mut delivering = FuturesUnordered::new();
         // One timer, moved when the next deadline changes (a new one per
         // turn of the loop would be registered and dropped each time).
@@ -214,7 +224,17 @@ impl<D: Deliver> Hub<D> {
                 Some(new) = inputs.scorers.recv() => self.on_scorer(new),
                 Some(rules) = inputs.policies.recv() => self.on_policy(rules),
                 Some(update) = inputs.matching.recv() => self.stages.matching.apply(update),
-                Some(ack) = delivering.next() => self.on_ack(ack),
+                Some(ack) = delivering.next() => {
+                    self.on_ack(ack);
+                    // One produce response acknowledges many records: those
+                    // already in share this turn (and its `after_event`).
+                    for _ in 1..ACK_BURST {
+                        match delivering.next().now_or_never() {
+                            Some(Some(ack)) => self.on_ack(ack),
+                            _ => break,
+                        }
+                    }
+                }
                 Some(done) = restored.recv() => self.on_restored(done),
                 Some(result) = inputs.results.recv() => self.on_inference_result(result),
                 _ = abort.cancelled(), if holding => self.give_up_held(),

@@ -545,6 +545,7 @@ mod delivery;
 mod exactly_once;
 mod matching;
 mod policy;
+mod run_loop;
 mod sampling;
 mod token_budget;
 
