@@ -165,12 +165,15 @@ pub fn produce_to_partition(bootstrap: &str, topic: &str, partition: i32, key: &
 }
 
 /// Produce `events` in a background thread at a steady rate over `over`:
-/// a small chunk every 50 ms through one producer, each chunk acknowledged
-/// before the next (so a crash test knows exactly which events the broker
-/// has); returns the acknowledged ids. The load is steady, not bursts: a
+/// a small chunk every 50 ms through one producer; returns the ids the
+/// broker acknowledged (from the delivery reports, so a crash test knows
+/// exactly which events the broker has). The load is steady, not bursts: a
 /// service under it is at work at any moment, so a kill or a rebalance
 /// lands while verdicts are being delivered, not in an idle gap after a
-/// burst was committed.
+/// burst was committed. Sending does not wait for a chunk's
+/// acknowledgements, so a broker slowed by the service's load does not
+/// slow the rate (a flush per chunk on a busy machine kept an overload
+/// test's producer under its rate).
 pub fn produce_paced(
     bootstrap: String,
     events: Vec<(String, String, Vec<u8>)>,
@@ -181,17 +184,16 @@ pub fn produce_paced(
     std::thread::spawn(move || {
         let ticks = (over.as_millis() / TICK.as_millis()).max(1) as usize;
         let per = events.len().div_ceil(ticks).max(1);
-        let producer: BaseProducer = ClientConfig::new()
+        let producer: BaseProducer<Acked> = ClientConfig::new()
             .set("bootstrap.servers", &bootstrap)
             .set("acks", "all")
             .set("message.timeout.ms", "60000")
-            .create()
+            .create_with_context(Acked::default())
             .unwrap();
         let start = std::time::Instant::now();
-        let mut acked = Vec::new();
         for (i, chunk) in events.chunks(per).enumerate() {
-            for (_, key, payload) in chunk {
-                let mut record = BaseRecord::to(INPUT)
+            for (id, key, payload) in chunk {
+                let mut record = BaseRecord::with_opaque_to(INPUT, Box::new(id.clone()))
                     .key(key.as_str())
                     .payload(payload.as_slice());
                 while let Err((_, r)) = producer.send(record) {
@@ -199,15 +201,33 @@ pub fn produce_paced(
                     producer.poll(Duration::from_millis(50));
                 }
             }
-            producer
-                .flush(Duration::from_secs(60))
-                .expect("every input event acknowledged");
-            acked.extend(chunk.iter().map(|(id, _, _)| id.clone()));
+            producer.poll(Duration::ZERO);
             let next = start + TICK * (i as u32 + 1);
             std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
         }
-        acked
+        producer
+            .flush(Duration::from_secs(60))
+            .expect("every input event reported");
+        std::mem::take(&mut *producer.context().ids.lock().unwrap())
     })
+}
+
+/// [`produce_paced`]'s delivery reports: the ids the broker acknowledged.
+#[derive(Default)]
+struct Acked {
+    ids: std::sync::Mutex<Vec<String>>,
+}
+
+impl rdkafka::ClientContext for Acked {}
+
+impl rdkafka::producer::ProducerContext for Acked {
+    type DeliveryOpaque = Box<String>;
+
+    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, id: Box<String>) {
+        if result.is_ok() {
+            self.ids.lock().unwrap().push(*id);
+        }
+    }
 }
 
 /// Logs of in-process pipelines on stderr, when RUST_LOG is set.
