@@ -29,6 +29,10 @@ struct Source {
     from: FieldSource,
     name: String,
     tokens: Vec<String>,
+    /// A pointer that no other source's pointer lies along (neither leads
+    /// into nor out of it): nothing else reads its value, so it is moved
+    /// out of the record's tree, not copied ([`Compiled::mark_exclusive`]).
+    exclusive: bool,
 }
 
 impl Source {
@@ -45,6 +49,7 @@ impl Source {
             name: from.to_string(),
             from,
             tokens,
+            exclusive: false,
         }
     }
 }
@@ -62,12 +67,27 @@ fn lookup<'v>(mut value: &'v Value, tokens: &[String]) -> Option<&'v Value> {
     for token in tokens {
         value = match value {
             Value::Object(map) => map.get(token)?,
-            Value::Array(items) => {
-                let valid = !token.is_empty()
-                    && token.bytes().all(|b| b.is_ascii_digit())
-                    && (token == "0" || !token.starts_with('0'));
-                items.get(token.parse::<usize>().ok().filter(|_| valid)?)?
-            }
+            Value::Array(items) => items.get(index(token)?)?,
+            _ => return None,
+        };
+    }
+    Some(value)
+}
+
+/// An array index token: decimal without a sign or a leading zero.
+fn index(token: &str) -> Option<usize> {
+    let valid = !token.is_empty()
+        && token.bytes().all(|b| b.is_ascii_digit())
+        && (token == "0" || !token.starts_with('0'));
+    token.parse().ok().filter(|_| valid)
+}
+
+/// [`lookup`], to move the value out.
+fn lookup_mut<'v>(mut value: &'v mut Value, tokens: &[String]) -> Option<&'v mut Value> {
+    for token in tokens {
+        value = match value {
+            Value::Object(map) => map.get_mut(token)?,
+            Value::Array(items) => items.get_mut(index(token)?)?,
             _ => return None,
         };
     }
@@ -94,7 +114,7 @@ impl Compiled {
     /// parse reads nothing.
     fn new(m: &Mapping) -> Compiled {
         let parse = |s: &str| FieldSource::parse(s).ok().flatten().map(Source::new);
-        Compiled {
+        let mut compiled = Compiled {
             id: parse(&m.id)
                 .unwrap_or_else(|| Source::new(FieldSource::Pointer("/event_id".into()))),
             text: m.text.iter().filter_map(|t| parse(t)).collect(),
@@ -106,6 +126,41 @@ impl Compiled {
             priority: parse(&m.priority),
             tenant: parse(&m.tenant),
             metadata: parse(&m.metadata),
+        };
+        compiled.mark_exclusive();
+        compiled
+    }
+
+    fn sources_mut(&mut self) -> impl Iterator<Item = &mut Source> {
+        let optional = [
+            &mut self.user_id,
+            &mut self.lang,
+            &mut self.created_at,
+            &mut self.priority,
+            &mut self.tenant,
+            &mut self.metadata,
+        ];
+        (std::iter::once(&mut self.id))
+            .chain(self.text.iter_mut())
+            .chain(optional.into_iter().flatten())
+    }
+
+    /// A pointer is exclusive when no other pointer is a prefix of it or
+    /// has it as a prefix (the same pointer twice included): moving its
+    /// value out then changes nothing another source reads.
+    fn mark_exclusive(&mut self) {
+        let pointers: Vec<Option<Vec<String>>> = (self.sources_mut())
+            .map(|s| matches!(s.from, FieldSource::Pointer(_)).then(|| s.tokens.clone()))
+            .collect();
+        for (i, source) in self.sources_mut().enumerate() {
+            source.exclusive = pointers[i].as_ref().is_some_and(|p| {
+                (pointers.iter().enumerate())
+                    .filter(|(j, _)| *j != i)
+                    .all(|(_, q)| {
+                        q.as_ref()
+                            .is_none_or(|q| !q.starts_with(p) && !p.starts_with(q))
+                    })
+            });
         }
     }
 }
@@ -185,7 +240,7 @@ impl Decoder {
             ));
         }
         let mapping = self.by_topic.get(topic).unwrap_or(&self.default);
-        let view = View {
+        let mut view = View {
             data,
             record,
             attributes,
@@ -222,12 +277,17 @@ impl View<'_> {
         }
     }
 
-    fn take(&self, source: Option<&Source>) -> Option<Value> {
-        source.and_then(|s| self.get(s)).map(Cow::into_owned)
+    /// A source's value, moved out of the tree where it is exclusive.
+    fn take(&mut self, source: Option<&Source>) -> Option<Value> {
+        let source = source?;
+        if source.exclusive {
+            return lookup_mut(&mut self.data, &source.tokens).map(std::mem::take);
+        }
+        self.get(source).map(Cow::into_owned)
     }
 
-    fn event(&self, m: &Compiled, limits: &Limits) -> Result<Event, Rejection> {
-        let event_id = match self.get(&m.id).as_deref() {
+    fn event(&mut self, m: &Compiled, limits: &Limits) -> Result<Event, Rejection> {
+        let event_id = match self.take(Some(&m.id)) {
             None | Some(Value::Null) => {
                 return Err(reject(
                     RejectReason::MissingEventId,
@@ -240,14 +300,14 @@ impl View<'_> {
                     format!("the event id ({}) is empty", m.id),
                 ));
             }
-            Some(Value::String(s)) => s.clone(),
+            Some(Value::String(s)) => s,
             Some(other) => {
                 return Err(reject(
                     RejectReason::WrongType,
                     format!(
                         "the event id ({}) must be a string, got {}",
                         m.id,
-                        kind(other)
+                        kind(&other)
                     ),
                 ));
             }
@@ -304,10 +364,17 @@ impl View<'_> {
 
     /// The text sources that are there, joined; one of another type is
     /// the event's fault.
-    fn text(&self, m: &Compiled) -> Result<String, Rejection> {
+    fn text(&mut self, m: &Compiled) -> Result<String, Rejection> {
+        let moved: Vec<Option<Value>> = (m.text.iter())
+            .map(|s| s.exclusive.then(|| self.take(Some(s))).flatten())
+            .collect();
         let mut parts: Vec<Cow<'_, str>> = Vec::with_capacity(m.text.len());
-        for source in &m.text {
-            match self.get(source) {
+        for (source, moved) in m.text.iter().zip(moved) {
+            let value = match source.exclusive {
+                true => moved.map(Cow::Owned),
+                false => self.get(source),
+            };
+            match value {
                 None => {}
                 Some(Cow::Borrowed(Value::String(s))) => parts.push(Cow::Borrowed(s)),
                 Some(Cow::Owned(Value::String(s))) => parts.push(Cow::Owned(s)),
@@ -346,184 +413,4 @@ impl View<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Settings;
-
-    fn decoder(input: &str) -> Decoder {
-        let s = Settings::from_toml(&format!(
-            "[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n[input]\n{input}"
-        ))
-        .unwrap();
-        Decoder::new(&s.input, &s.limits)
-    }
-
-    fn decode(
-        d: &Decoder,
-        topic: &str,
-        payload: &str,
-        key: Option<&str>,
-        headers: &[(&str, &str)],
-    ) -> Result<Event, Rejection> {
-        let headers: Vec<(String, Option<Vec<u8>>)> = headers
-            .iter()
-            .map(|(k, v)| (k.to_string(), Some(v.as_bytes().to_vec())))
-            .collect();
-        d.decode(
-            topic,
-            RecordParts {
-                key: key.map(str::as_bytes),
-                payload: Some(payload.as_bytes()),
-                headers: &headers,
-            },
-        )
-    }
-
-    const FEED: &str = r#"
-        topics = ["posts", "comments"]
-        [input.mapping]
-        id = "/post/id"
-        text = ["/post/title", "/post/body"]
-        text_separator = " | "
-        tenant = "/community/name"
-        created_at = "/post/created_utc"
-        user_id = "key"
-        lang = "header:lang"
-        [[input.mappings]]
-        topics = ["comments"]
-        id = "ce:id"
-        text = "/body"
-        created_at = "ce:time"
-    "#;
-
-    #[test]
-    fn a_nested_post_is_read_by_its_mapping() {
-        let d = decoder(FEED);
-        let e = decode(
-            &d,
-            "posts",
-            r#"{"post": {"id": "p1", "title": "Hello", "body": "world", "created_utc": 1796099449.85},
-                "community": {"name": "kids"}}"#,
-            Some("u7"),
-            &[("lang", "en")],
-        )
-        .unwrap();
-        assert_eq!(e.event_id, "p1");
-        assert_eq!(e.text, "Hello | world");
-        assert_eq!(e.tenant.as_deref(), Some("kids"));
-        assert_eq!(e.created_at_ms, Some(1_796_099_449_850));
-        assert_eq!(
-            (e.user_id.as_deref(), e.lang.as_deref()),
-            (Some("u7"), Some("en"))
-        );
-        assert!(e.warnings.is_empty(), "{:?}", e.warnings);
-        // A title alone is enough.
-        let e = decode(
-            &d,
-            "posts",
-            r#"{"post": {"id": "p2", "title": "Hi"}}"#,
-            None,
-            &[],
-        )
-        .unwrap();
-        assert_eq!(e.text, "Hi");
-    }
-
-    #[test]
-    fn a_missing_or_wrong_typed_required_field_names_its_pointer() {
-        let d = decoder(FEED);
-        let no_id = decode(&d, "posts", r#"{"post": {"title": "t"}}"#, None, &[]).unwrap_err();
-        assert_eq!(no_id.reason, RejectReason::MissingEventId);
-        assert!(no_id.message.contains("/post/id"), "{}", no_id.message);
-        let bad_body = decode(
-            &d,
-            "posts",
-            r#"{"post": {"id": "p", "body": 5}}"#,
-            None,
-            &[],
-        )
-        .unwrap_err();
-        assert_eq!(bad_body.reason, RejectReason::WrongType);
-        assert!(
-            bad_body.message.contains("/post/body"),
-            "{}",
-            bad_body.message
-        );
-        let no_text = decode(&d, "posts", r#"{"post": {"id": "p"}}"#, None, &[]).unwrap_err();
-        assert_eq!(no_text.reason, RejectReason::MissingText);
-        assert!(
-            no_text.message.contains("/post/title, /post/body"),
-            "{}",
-            no_text.message
-        );
-    }
-
-    #[test]
-    fn cloudevents_in_binary_and_structured_mode_map_their_attributes() {
-        let d = decoder(FEED);
-        let binary = decode(
-            &d,
-            "comments",
-            r#"{"body": "nice"}"#,
-            None,
-            &[
-                ("ce_specversion", "1.0"),
-                ("ce_id", "c-1"),
-                ("ce_source", "/feed"),
-                ("ce_type", "comment.created"),
-                ("ce_time", "2026-11-29T10:00:00Z"),
-            ],
-        )
-        .unwrap();
-        assert_eq!(
-            (binary.event_id.as_str(), binary.text.as_str()),
-            ("c-1", "nice")
-        );
-        assert_eq!(binary.created_at_ms, Some(1_795_946_400_000));
-        let structured = decode(
-            &d,
-            "comments",
-            r#"{"specversion": "1.0", "id": "c-2", "source": "/feed", "type": "comment.created",
-                "time": "2026-11-29T10:00:00Z", "data": {"body": "hm"}}"#,
-            None,
-            &[("content-type", "application/cloudevents+json")],
-        )
-        .unwrap();
-        assert_eq!(
-            (structured.event_id.as_str(), structured.text.as_str()),
-            ("c-2", "hm")
-        );
-        // Not a CloudEvent: no attributes, so no id.
-        let plain = decode(&d, "comments", r#"{"body": "x"}"#, None, &[]).unwrap_err();
-        assert_eq!(plain.reason, RejectReason::MissingEventId);
-        assert!(plain.message.contains("ce:id"), "{}", plain.message);
-    }
-
-    #[test]
-    fn a_compiled_pointer_reads_what_serde_json_pointer_reads() {
-        let v: Value = serde_json::from_str(
-            r#"{"a": {"b/c": [10, {"d~e": "x"}], "": 1, "0": "zero"}, "list": [1, 2, 3]}"#,
-        )
-        .unwrap();
-        for p in [
-            "/a",
-            "/a/b~1c",
-            "/a/b~1c/0",
-            "/a/b~1c/1/d~0e",
-            "/a/b~1c/01",
-            "/a/b~1c/+1",
-            "/a/b~1c/-1",
-            "/a/b~1c/",
-            "/a/",
-            "/a/0",
-            "/list/2",
-            "/list/3",
-            "/missing",
-            "/a/b~1c/0/deeper",
-            "/list/1e0",
-        ] {
-            let compiled = Source::new(FieldSource::Pointer(p.to_string()));
-            assert_eq!(lookup(&v, &compiled.tokens), v.pointer(p), "{p}");
-        }
-    }
-}
+mod tests;
