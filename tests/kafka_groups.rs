@@ -81,18 +81,7 @@ fn hand_over(protocol: Protocol) -> (f64, f64) {
     let killed = Instant::now();
     second.kill9();
     let second_log = support::log_of(dir.path(), &format!("{}-b", protocol.name()));
-    let taken: usize = second_log
-        .lines()
-        .filter(|l| l.contains("partitions assigned"))
-        .filter_map(|l| {
-            l.split("partitions=")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse::<usize>()
-                .ok()
-        })
-        .sum();
+    let taken: usize = support::assignments(&second_log).iter().sum();
     assert!(
         taken > 0,
         "{}: the member that joined received partitions:\n{second_log}",

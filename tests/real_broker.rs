@@ -311,6 +311,24 @@ fn an_evicted_member_commits_nothing_for_partitions_it_lost() {
         300,
         Duration::from_secs(30)
     ));
+    // Both members hold a share before a freezes (bounded: on a loaded
+    // machine a can join after b has made progress with all four; a frozen
+    // before joining would leave nothing to evict).
+    let shared = |name: &str| {
+        support::assignments(&support::log_of(dir.path(), name))
+            .last()
+            .is_some_and(|&n| n > 0 && n < 4)
+    };
+    let joining = Instant::now();
+    while !(shared("a") && shared("b")) && joining.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        shared("a") && shared("b"),
+        "both members hold partitions before a freezes:\na: {:?}\nb: {:?}",
+        support::assignments(&support::log_of(dir.path(), "a")),
+        support::assignments(&support::log_of(dir.path(), "b"))
+    );
     let b_log_before = support::log_of(dir.path(), "b").len();
     a.signal("-STOP");
     // Frozen past session.timeout.ms (6 s) until b has taken every

@@ -192,3 +192,19 @@ pub fn log_of(dir: &Path, name: &str) -> String {
         std::env::var_os("MODSTREAM_TEST_LOGDIR").map_or_else(|| dir.to_path_buf(), Into::into);
     std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
 }
+
+/// The partition counts of each "partitions assigned" line in a member's
+/// log, in order (the eager protocol logs a member's whole share each time).
+pub fn assignments(log: &str) -> Vec<usize> {
+    log.lines()
+        .filter(|l| l.contains("partitions assigned"))
+        .filter_map(|l| {
+            l.split("partitions=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
