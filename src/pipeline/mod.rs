@@ -17,7 +17,6 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -90,7 +89,7 @@ impl Deliver for Sink {
         record: OutRecord,
         source: Source,
         cancel: CancellationToken,
-    ) -> BoxFuture<'static, Result<(), ProducerError>> {
+    ) -> impl Future<Output = Result<(), ProducerError>> + Send + 'static {
         Sink::deliver(self, record, source, cancel)
     }
 

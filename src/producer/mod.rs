@@ -169,14 +169,26 @@ impl ServiceFailures {
 /// The verdict producer, its librdkafka logs without repeats.
 pub type VerdictProducer = QuietProducer;
 
+/// The verdict producer and what its deliveries share (one `Arc`: each
+/// record's delivery holds a clone).
 #[derive(Clone)]
-pub struct Sink {
+pub struct Sink(Arc<SinkShared>);
+
+impl std::ops::Deref for Sink {
+    type Target = SinkShared;
+
+    fn deref(&self) -> &SinkShared {
+        &self.0
+    }
+}
+
+pub struct SinkShared {
     producer: VerdictProducer,
     last_error: LastError,
     resends: Arc<Resends>,
-    service_failures: Arc<ServiceFailures>,
+    service_failures: ServiceFailures,
     /// When the last purge after a delivery timeout started.
-    purges: Arc<tokio::sync::Mutex<Option<Instant>>>,
+    purges: tokio::sync::Mutex<Option<Instant>>,
     /// How many bytes of a refused dead-letter value are sent again.
     dlq_value_budget: usize,
     /// `kafka.delivery = "exactly_once"`: a transactional producer; a
@@ -185,10 +197,10 @@ pub struct Sink {
     /// This run's health, for its fault tally.
     health: Arc<Health>,
     /// `modstream_records_produced_total` by kind, resolved once.
-    produced: Arc<Produced>,
+    produced: Produced,
     /// Analytics topics that fail, and how long an analytics record is
     /// waited for (`output.analytics_timeout`).
-    gate: Arc<Gate>,
+    gate: Gate,
     analytics_timeout: Duration,
 }
 
@@ -241,21 +253,21 @@ impl Sink {
         let producer = client::producer(kafka, ProducerRole::Verdicts)
             .create_with_context(context)
             .map_err(ProducerError::Create)?;
-        Ok(Sink {
+        Ok(Sink(Arc::new(SinkShared {
             producer,
             last_error,
             resends: Arc::default(),
-            service_failures: Arc::default(),
-            purges: Arc::default(),
+            service_failures: ServiceFailures::default(),
+            purges: tokio::sync::Mutex::default(),
             dlq_value_budget: dlq_value_budget
                 .min(message_max.saturating_sub(HEADROOM_BYTES))
                 .max(1),
             exactly_once: kafka.exactly_once(),
             health,
-            produced: Arc::new(Produced::new()),
-            gate: Arc::default(),
+            produced: Produced::new(),
+            gate: Gate::default(),
             analytics_timeout,
-        })
+        })))
     }
 
     /// The producer itself (exactly-once: its transactions are begun and
@@ -273,11 +285,12 @@ impl Sink {
         record: OutRecord,
         source: Source,
         cancel: CancellationToken,
-    ) -> futures::future::BoxFuture<'static, Result<(), ProducerError>> {
+    ) -> impl Future<Output = Result<(), ProducerError>> + Send + 'static {
+        use futures::future::Either;
         if record.kind.is_analytics() {
-            return Box::pin(self.clone().deliver_analytics(record, source, cancel));
+            return Either::Left(self.clone().deliver_analytics(record, source, cancel));
         }
-        Box::pin(self.deliver_in_order(record, source, cancel))
+        Either::Right(self.deliver_in_order(record, source, cancel))
     }
 
     /// A verdict, dead letter or routed copy: in its partition's order.
@@ -287,7 +300,7 @@ impl Sink {
         source: Source,
         cancel: CancellationToken,
     ) -> impl Future<Output = Result<(), ProducerError>> + Send + 'static {
-        let resends = self.resends.clone();
+        let resends = &self.resends;
         // A partition with re-sends waiting: this record queues behind them.
         let mut place = resends
             .any_waiting(&source.tp)

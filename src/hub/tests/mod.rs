@@ -3,7 +3,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::consumer::rebalance::{Control, Positions};
@@ -65,7 +64,7 @@ impl Deliver for Outbox {
         record: OutRecord,
         _source: Source,
         _cancel: CancellationToken,
-    ) -> BoxFuture<'static, Result<(), ProducerError>> {
+    ) -> impl Future<Output = Result<(), ProducerError>> + Send + 'static {
         let fates = self.fates.lock().unwrap();
         let fate = fates
             .all
@@ -73,12 +72,12 @@ impl Deliver for Outbox {
         drop(fates);
         let held = (self.held.lock().unwrap().get(&record.topic)).map(|t| t.subscribe());
         self.sent.lock().unwrap().push(record);
-        Box::pin(async move {
+        async move {
             if let Some(mut released) = held {
                 let _ = released.wait_for(|r| *r).await;
             }
             fate.map_or(Ok(()), |f| Err(f.error()))
-        })
+        }
     }
 }
 

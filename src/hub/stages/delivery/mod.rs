@@ -30,7 +30,7 @@ pub trait Deliver: Send + 'static {
         record: OutRecord,
         source: Source,
         cancel: CancellationToken,
-    ) -> BoxFuture<'static, Result<(), ProducerError>>;
+    ) -> impl Future<Output = Result<(), ProducerError>> + Send + 'static;
 
     /// A delivery failure concerning the whole service that lasts now.
     fn service_failure(&self) -> Option<ServiceFailure> {
@@ -183,22 +183,24 @@ impl<D: Deliver> Delivery<D> {
         let main = self
             .outbox
             .deliver(out.main, source.clone(), self.abort.clone());
-        let also: Vec<_> = out
-            .also
-            .into_iter()
-            .map(|r| {
+        // Most offsets have no copies: their future is the record's own.
+        let copies = (!out.also.is_empty()).then(|| {
+            futures::future::join_all(out.also.into_iter().map(|r| {
                 let copy = CopyOf {
                     kind: r.kind,
                     topic: r.topic.clone(),
                 };
                 let acked = self.outbox.deliver(r, source.clone(), self.abort.clone());
                 async move { (copy, acked.await) }
-            })
-            .collect();
+            }))
+        });
         let started = Instant::now();
         self.outgoing.push(Box::pin(async move {
             // The offset is done when all its records are acknowledged.
-            let (main, also) = futures::future::join(main, futures::future::join_all(also)).await;
+            let (main, also) = match copies {
+                None => (main.await, Vec::new()),
+                Some(copies) => futures::future::join(main, copies).await,
+            };
             let Delivered {
                 outcome: delivered,
                 refused_copies,
