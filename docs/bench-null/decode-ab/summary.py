@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""summary.md of the decode A/B: the own runs' CPU per verdict read from each round's bench.md."""
+"""summary.md of an A/B (the decode one's by default; or the folder named
+as the argument, e.g. docs/bench-null/arc-ab): the own runs' CPU per verdict
+read from each round's bench.md."""
 import re
 import statistics as st
+import sys
+
+folder = sys.argv[1] if len(sys.argv) > 1 else "docs/bench-null/decode-ab"
 
 out = {}
 for b in ["old", "new"]:
     cpu, vps, rm = [], [], []
     for r in range(1, 11):
-        t = open(f"docs/bench-null/decode-ab/{b}-{r}/bench.md").read()
+        t = open(f"{folder}/{b}-{r}/bench.md").read()
         sec = t.split("**`modstream run` at its default configuration**")[1]
         rows = re.findall(r"^\| (\d) \| (\d+) \| ([\d.]+) \|", sec, re.M)[:3]
         c = [float(x[2]) for x in rows]
