@@ -81,9 +81,6 @@ pub fn is_cause(error: &KafkaError) -> bool {
     error.rdkafka_error_code() != Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown)
 }
 
-/// A future producer with a [`QuietContext`].
-pub type QuietProducer = rdkafka::producer::FutureProducer<QuietContext>;
-
 /// The last error a client reported (why it cannot connect), shared with
 /// whoever created the client (librdkafka's wrappers hide the context).
 #[derive(Debug, Clone, Default)]

@@ -7,10 +7,11 @@
 //!
 //! Its loop handles, in priority order: control messages, new scorers from
 //! the hot reload (before any result that carries their version), new
-//! policies and lists, delivery acknowledgements, restored state, inference
-//! results, batch deadlines, then new input, and new input only while
-//! fewer than `limits.max_in_flight` events are undelivered (beyond that
-//! the bounded input channel fills and the consumer pauses its partitions).
+//! policies and lists, delivery acknowledgements (futures and the fast
+//! way's reports), restored state, inference results, batch deadlines,
+//! then new input, and new input only while fewer than
+//! `limits.max_in_flight` events are undelivered (beyond that the bounded
+//! input channel fills and the consumer pauses its partitions).
 //!
 //! Guarantees: every consumed record ends as exactly one verdict or one DLQ
 //! record (or, for a partition revoked meanwhile, is left uncommitted for its
@@ -208,6 +209,11 @@ impl<D: Deliver> Hub<D> {
         // Without state, a channel that never yields.
         let (_no_state, empty) = mpsc::channel(1);
         let mut restored = inputs.restored.take().unwrap_or(empty);
+        // The fast way's delivery reports (without one, a channel that
+        // never yields).
+        let (_no_reports, none) = mpsc::unbounded_channel();
+        let mut reports = self.stages.delivery.take_reports().unwrap_or(none);
+        let mut burst = Vec::with_capacity(ACK_BURST);
         loop {
             delivering.extend(self.stages.delivery.take_outgoing());
             let wake_at = self.next_wake();
@@ -235,6 +241,10 @@ impl<D: Deliver> Hub<D> {
                         }
                     }
                 }
+                n = reports.recv_many(&mut burst, ACK_BURST), if self.stages.delivery.awaits_reports() => {
+                    self.on_reports(burst.drain(..n));
+                }
+                _ = abort.cancelled(), if self.stages.delivery.awaits_reports() => self.abandon_reported(),
                 Some(done) = restored.recv() => self.on_restored(done),
                 Some(result) = inputs.results.recv() => self.on_inference_result(result),
                 _ = abort.cancelled(), if holding => self.give_up_held(),
@@ -253,13 +263,40 @@ impl<D: Deliver> Hub<D> {
             }
         }
         self.finish_revokes(true);
-        delivering.extend(self.stages.delivery.take_outgoing());
-        while delivering.next().await.is_some() {}
+        self.wait_out(delivering, reports).await;
         self.stages.positions.flush().await;
         (
             self.ledger.into_summary(),
             self.stages.delivery.into_fatal(),
         )
+    }
+
+    /// What is still out when the loop ends (revoked partitions' records)
+    /// is waited for, so that the producer is done with it; its answers
+    /// count for nothing any more.
+    async fn wait_out(
+        &mut self,
+        mut delivering: FuturesUnordered<futures::future::BoxFuture<'static, Ack>>,
+        mut reports: mpsc::UnboundedReceiver<crate::producer::reports::Report>,
+    ) {
+        let abort = self.shutdown.abort.clone();
+        loop {
+            delivering.extend(self.stages.delivery.take_outgoing());
+            let reported = self.stages.delivery.awaits_reports();
+            if delivering.is_empty() && !reported {
+                return;
+            }
+            tokio::select! {
+                Some(_) = delivering.next() => {}
+                Some(report) = reports.recv(), if reported => {
+                    let _ = self.stages.delivery.reported(report);
+                }
+                _ = abort.cancelled(), if reported => {
+                    let _ = self.stages.delivery.abandon_reported();
+                }
+                else => return,
+            }
+        }
     }
 
     /// The work every event of the loop may have made possible.

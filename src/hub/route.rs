@@ -296,6 +296,27 @@ impl<D: Deliver> Hub<D> {
         self.stages.delivery.hand_over(ready);
     }
 
+    /// Step 6, the fast way: a record's report is its offset's
+    /// acknowledgement, unless it failed (then its delivery goes on).
+    pub(super) fn on_reports(
+        &mut self,
+        reports: impl Iterator<Item = crate::producer::reports::Report>,
+    ) {
+        for report in reports {
+            if let Some(ack) = self.stages.delivery.reported(report) {
+                self.on_ack(ack);
+            }
+        }
+    }
+
+    /// Deliveries are given up: the offsets waiting for their reports are
+    /// abandoned, uncommitted.
+    pub(super) fn abandon_reported(&mut self) {
+        for ack in self.stages.delivery.abandon_reported() {
+            self.on_ack(ack);
+        }
+    }
+
     /// Step 6: an offset's records were answered: counted, and its position
     /// moves if they were delivered (or refused for good).
     pub(super) fn on_ack(&mut self, ack: Ack) {

@@ -96,6 +96,34 @@ impl Deliver for Sink {
     fn service_failure(&self) -> Option<crate::producer::ServiceFailure> {
         Sink::service_failure(self)
     }
+
+    fn take_reports(
+        &self,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<crate::producer::reports::Report>> {
+        Sink::take_reports(self)
+    }
+
+    fn send_reported(
+        &self,
+        record: &OutRecord,
+        source: &Source,
+    ) -> Option<crate::producer::reports::Token> {
+        Sink::send_reported(self, record, source)
+    }
+
+    fn delivered(&self, record: &OutRecord) {
+        Sink::delivered(self, record)
+    }
+
+    fn follow(
+        &self,
+        record: OutRecord,
+        source: Source,
+        error: rdkafka::error::KafkaError,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = Result<(), ProducerError>> + Send + 'static {
+        Sink::follow(self, record, source, error, cancel)
+    }
 }
 
 /// Run the pipeline until `shutdown` says stop and everything in flight is

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{DeliveryFuture, Producer};
+use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
 use tokio_util::sync::CancellationToken;
 
@@ -14,6 +14,10 @@ use super::{ProducerError, Sink, is_permanent_for_record, is_service_level};
 use crate::producer::record::OutRecord;
 use crate::telemetry::metric;
 use crate::tp::Source;
+
+/// What an attempt sent waits for: the broker's answer, or `Err` if the
+/// producer went away without one (see [`super::reports`]).
+pub(super) type Reported = tokio::sync::oneshot::Receiver<Result<(), KafkaError>>;
 
 pub(super) const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -48,7 +52,7 @@ impl Delivery {
     pub(super) async fn run(
         mut self,
         mut record: OutRecord,
-        mut attempt: Option<Result<DeliveryFuture, KafkaError>>,
+        mut attempt: Option<Result<Reported, KafkaError>>,
         cancel: CancellationToken,
     ) -> Result<(), ProducerError> {
         loop {
@@ -83,12 +87,12 @@ impl Delivery {
                         _ = cancel.cancelled() => return Err(ProducerError::Abandoned),
                     };
                     match outcome {
-                        Ok(Ok(_)) => {
+                        Ok(Ok(())) => {
                             self.sink.produced.of(record.kind).increment(1);
                             self.sink.service_failures.delivered(&record.topic);
                             return Ok(());
                         }
-                        Ok(Err((e, _))) => e,
+                        Ok(Err(e)) => e,
                         Err(_canceled) => KafkaError::Canceled,
                     }
                 }

@@ -22,6 +22,13 @@
 //! with [`ProducerError::Fatal`] and the pipeline stops. Analytics records
 //! (decisions, waves, samples) are bounded in time and given up when their
 //! topic fails ([`analytics`]).
+//!
+//! The fast way, [`Sink::send_reported`], takes a verdict or dead letter
+//! whose partition has no re-sends waiting: it is enqueued at once as
+//! `deliver` would, but no future waits for it; its delivery report comes
+//! back by token on one channel ([`reports`]) that the hub drains, and a
+//! failure goes on through [`Sink::follow`] exactly as `deliver`'s would
+//! have after that failure.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -29,12 +36,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{DeliveryFuture, Producer, PurgeConfig};
+use rdkafka::producer::{Producer, PurgeConfig, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::log::{LastError, QuietContext, QuietProducer};
+use crate::client::log::LastError;
 use crate::client::{self, ProducerRole};
 use crate::config::KafkaSettings;
 use crate::producer::record::{OutRecord, RecordKind};
@@ -44,12 +51,14 @@ use crate::tp::Source;
 mod analytics;
 mod delivery;
 pub mod record;
+pub mod reports;
 mod resends;
 pub mod topics;
 pub mod transaction;
 
 use analytics::{Gate, Pass};
-use delivery::{Delivery, FIRST_BACKOFF};
+use delivery::{Delivery, FIRST_BACKOFF, Reported};
+use reports::{Report, VerdictContext};
 use resends::Resends;
 
 #[derive(Debug, thiserror::Error)]
@@ -166,8 +175,9 @@ impl ServiceFailures {
     }
 }
 
-/// The verdict producer, its librdkafka logs without repeats.
-pub type VerdictProducer = QuietProducer;
+/// The verdict producer: its librdkafka logs without repeats, its
+/// delivery reports by token ([`reports`]).
+pub type VerdictProducer = ThreadedProducer<VerdictContext>;
 
 /// The verdict producer and what its deliveries share (one `Arc`: each
 /// record's delivery holds a clone).
@@ -185,6 +195,8 @@ impl std::ops::Deref for Sink {
 pub struct SinkShared {
     producer: VerdictProducer,
     last_error: LastError,
+    /// The fast way's reports, until the hub takes them.
+    reports: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Report>>>,
     resends: Arc<Resends>,
     service_failures: ServiceFailures,
     /// When the last purge after a delivery timeout started.
@@ -248,14 +260,15 @@ impl Sink {
             .get("message.max.bytes")
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(1_000_000);
-        let context = QuietContext::default();
-        let last_error = context.last_error.clone();
+        let (context, reports) = VerdictContext::new();
+        let last_error = context.quiet.last_error.clone();
         let producer = client::producer(kafka, ProducerRole::Verdicts)
             .create_with_context(context)
             .map_err(ProducerError::Create)?;
         Ok(Sink(Arc::new(SinkShared {
             producer,
             last_error,
+            reports: std::sync::Mutex::new(Some(reports)),
             resends: Arc::default(),
             service_failures: ServiceFailures::default(),
             purges: tokio::sync::Mutex::default(),
@@ -401,10 +414,16 @@ impl Sink {
         .await;
     }
 
-    fn enqueue(&self, record: &OutRecord) -> Result<DeliveryFuture, KafkaError> {
-        self.producer
-            .send_result(record.as_future_record())
-            .map_err(|(e, _)| e)
+    fn enqueue(&self, record: &OutRecord) -> Result<Reported, KafkaError> {
+        let context = self.producer.context();
+        let (token, reported) = context.waited_token();
+        match (self.producer).send(record.as_base_record(VerdictContext::opaque(token))) {
+            Ok(()) => Ok(reported),
+            Err((e, _)) => {
+                context.forget(token);
+                Err(e)
+            }
+        }
     }
 
     /// The delivery failure concerning the whole service that has lasted

@@ -11,7 +11,7 @@
 use std::borrow::Cow;
 
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::FutureRecord;
+use rdkafka::producer::BaseRecord;
 
 use crate::event::Rejection;
 use crate::tp::Tp;
@@ -88,9 +88,10 @@ pub struct OutRecord {
 }
 
 impl OutRecord {
-    /// The record as librdkafka takes it.
-    pub fn as_future_record(&self) -> FutureRecord<'_, [u8], [u8]> {
-        let mut record = FutureRecord::to(&self.topic);
+    /// The record as librdkafka takes it, its delivery report under
+    /// `opaque`.
+    pub fn as_base_record(&self, opaque: usize) -> BaseRecord<'_, [u8], [u8], usize> {
+        let mut record = BaseRecord::with_opaque_to(&self.topic, opaque);
         if let Some(partition) = self.partition {
             record = record.partition(partition);
         }

@@ -26,7 +26,7 @@ use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::client::log::QuietProducer as FutureProducer;
+use crate::producer::VerdictProducer;
 use crate::telemetry::metric::{self, TxnOutcome};
 use crate::tp::{Position, Positions};
 
@@ -83,7 +83,7 @@ fn classify(e: &KafkaError) -> Class {
 
 /// The verdict producer's transactions; the open one's start.
 pub struct Transactions {
-    producer: FutureProducer,
+    producer: VerdictProducer,
     timeout: Duration,
     began: Instant,
 }
@@ -95,7 +95,7 @@ impl Transactions {
     /// `transactional.id` and aborting what it left open), then begin the
     /// first transaction. Blocking.
     pub fn start(
-        producer: FutureProducer,
+        producer: VerdictProducer,
         id: &str,
         timeout: Duration,
     ) -> Result<Transactions, TransactionError> {
@@ -186,7 +186,7 @@ impl Transactions {
     fn retrying(
         &self,
         deadline: Instant,
-        step: impl Fn(&FutureProducer, Duration) -> Result<(), KafkaError>,
+        step: impl Fn(&VerdictProducer, Duration) -> Result<(), KafkaError>,
     ) -> Result<(), TransactionError> {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());

@@ -7,6 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::consumer::rebalance::{Control, Positions};
 use crate::producer::record::{OutRecord, RecordKind};
+use crate::producer::reports::{Report, Token};
 use crate::telemetry::Health;
 use crate::tp::{Generation, Source, Tp};
 
@@ -16,114 +17,7 @@ use crate::inference::{InferenceJob, ScoreError, TokenStats};
 use crate::policy::ModelId;
 use crate::tp::Position;
 use crate::verdict::Scorer;
-
-/// Stands in for the producer: records what it was handed, in order, and
-/// acknowledges at once, or fails as its [`Fates`] say.
-
-#[derive(Clone, Default)]
-struct Outbox {
-    sent: Arc<Mutex<Vec<OutRecord>>>,
-    fates: Arc<Mutex<Fates>>,
-    /// Topics whose records are acknowledged only once released.
-    held: Arc<Mutex<HashMap<String, tokio::sync::watch::Sender<bool>>>>,
-}
-
-/// How the stand-in producer fails: every record, or the records to one
-/// topic (every record's fate first).
-#[derive(Default)]
-struct Fates {
-    all: Option<Fate>,
-    by_topic: HashMap<String, Fate>,
-}
-
-/// A delivery failure the producer reports.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Fate {
-    Abandoned,
-    Fatal,
-    InTransaction,
-    Rejected,
-    GivenUp,
-}
-
-impl Fate {
-    fn error(self) -> ProducerError {
-        match self {
-            Fate::Abandoned => ProducerError::Abandoned,
-            Fate::Fatal => ProducerError::Fatal("injected".into()),
-            Fate::InTransaction => ProducerError::InTransaction("injected".into()),
-            Fate::Rejected => ProducerError::Rejected("Message size too large".into()),
-            Fate::GivenUp => ProducerError::GivenUp("topic failing".into()),
-        }
-    }
-}
-
-impl Deliver for Outbox {
-    fn deliver(
-        &self,
-        record: OutRecord,
-        _source: Source,
-        _cancel: CancellationToken,
-    ) -> impl Future<Output = Result<(), ProducerError>> + Send + 'static {
-        let fates = self.fates.lock().unwrap();
-        let fate = fates
-            .all
-            .or_else(|| fates.by_topic.get(&record.topic).copied());
-        drop(fates);
-        let held = (self.held.lock().unwrap().get(&record.topic)).map(|t| t.subscribe());
-        self.sent.lock().unwrap().push(record);
-        async move {
-            if let Some(mut released) = held {
-                let _ = released.wait_for(|r| *r).await;
-            }
-            fate.map_or(Ok(()), |f| Err(f.error()))
-        }
-    }
-}
-
-impl Outbox {
-    /// Every record fails so from now on (`None`: as the topics say).
-    fn fail_all(&self, fate: Option<Fate>) {
-        self.fates.lock().unwrap().all = fate;
-    }
-
-    /// Records to this topic fail so.
-    fn fail_topic(&self, topic: &str, fate: Fate) {
-        let mut fates = self.fates.lock().unwrap();
-        fates.by_topic.insert(topic.to_string(), fate);
-    }
-
-    /// Records to this topic are acknowledged only once released.
-    fn hold_topic(&self, topic: &str) {
-        let (tx, _) = tokio::sync::watch::channel(false);
-        self.held.lock().unwrap().insert(topic.to_string(), tx);
-    }
-
-    fn release_topic(&self, topic: &str) {
-        if let Some(tx) = self.held.lock().unwrap().get(topic) {
-            tx.send_replace(true);
-        }
-    }
-
-    fn sent(&self) -> Vec<OutRecord> {
-        self.sent.lock().unwrap().clone()
-    }
-
-    /// Source offsets of the verdicts handed over so far (to the verdict
-    /// topic: routed copies left out).
-    fn offsets(&self) -> Vec<i64> {
-        self.sent()
-            .iter()
-            .filter(|r| r.kind == crate::producer::record::RecordKind::Verdict)
-            .filter(|r| r.topic == "moderation.verdicts")
-            .map(|r| {
-                let v: serde_json::Value =
-                    serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
-                v["source"]["offset"].as_i64().unwrap()
-            })
-            .collect()
-    }
-}
+use outbox::{Fate, Outbox};
 
 struct Harness {
     hub: Hub<Outbox>,
@@ -131,6 +25,8 @@ struct Harness {
     jobs: async_channel::Receiver<InferenceJob>,
     /// The offsets the hub handed over, resolving to their acknowledgements.
     acks: futures::stream::FuturesUnordered<futures::future::BoxFuture<'static, Ack>>,
+    /// The fast way's reports, taken from the hub at the first `acks`.
+    reports: Option<mpsc::UnboundedReceiver<Report>>,
     positions: async_channel::Receiver<Positions>,
     /// What the hub reports to /readyz.
     health: Arc<Health>,
@@ -148,7 +44,14 @@ fn harness_with(kafka: &str) -> Harness {
 /// `kafka` lines added to the harness's settings, then `adjust` applied
 /// (before the hub is made: its parts take their settings then).
 fn harness_adjusted(kafka: &str, adjust: impl FnOnce(&mut Settings)) -> Harness {
-    let mut settings = Settings::from_toml(&format!(
+    let mut settings = test_settings(kafka);
+    adjust(&mut settings);
+    harness_of_settings(settings)
+}
+
+/// The harness's settings, with these `kafka` lines.
+fn test_settings(kafka: &str) -> Settings {
+    Settings::from_toml(&format!(
         r#"
         [kafka]
         {kafka}
@@ -163,9 +66,7 @@ fn harness_adjusted(kafka: &str, adjust: impl FnOnce(&mut Settings)) -> Harness 
         workers = 1
         "#
     ))
-    .unwrap();
-    adjust(&mut settings);
-    harness_of_settings(settings)
+    .unwrap()
 }
 
 /// The harness's one model under these settings, judged by `[policy]`.
@@ -175,6 +76,11 @@ fn harness_of_settings(settings: Settings) -> Harness {
 
 /// The same, its model a token model when it has a `max_length`.
 fn harness_of_model(settings: Settings, max_length: Option<usize>) -> Harness {
+    harness_of_model_on(settings, max_length, Outbox::default())
+}
+
+/// The same, delivering to this stand-in.
+fn harness_of_model_on(settings: Settings, max_length: Option<usize>, outbox: Outbox) -> Harness {
     let manifest: Manifest = serde_json::from_value(serde_json::json!({
         "name": "m", "version": "1", "input_kind": "text", "inputs": ["text"],
         "output": "p", "labels": ["offensive"], "score_label": "offensive",
@@ -190,7 +96,7 @@ fn harness_of_model(settings: Settings, max_length: Option<usize>) -> Harness {
     };
     let labels = [crate::policy::ModelLabels::of("default", &manifest)];
     let rules = Ruleset::from_config(&settings.policy, &labels).unwrap();
-    harness_of(settings, vec![lane], rules, jobs)
+    harness_on(settings, vec![lane], rules, jobs, outbox)
 }
 
 /// A hub over these models and rules; `jobs` is the first model's queue.
@@ -200,8 +106,18 @@ fn harness_of(
     rules: Ruleset,
     jobs: async_channel::Receiver<InferenceJob>,
 ) -> Harness {
+    harness_on(settings, lanes, rules, jobs, Outbox::default())
+}
+
+/// The same, delivering to this stand-in.
+fn harness_on(
+    settings: Settings,
+    lanes: Vec<ModelLane>,
+    rules: Ruleset,
+    jobs: async_channel::Receiver<InferenceJob>,
+    outbox: Outbox,
+) -> Harness {
     let (positions_tx, positions) = async_channel::bounded(64);
-    let outbox = Outbox::default();
     let health = Arc::new(Health::default());
     let hub = Hub::new(
         settings,
@@ -218,6 +134,7 @@ fn harness_of(
         outbox,
         jobs,
         acks,
+        reports: None,
         positions,
         health,
     }
@@ -291,12 +208,27 @@ impl Harness {
         self.hub.after_event();
     }
 
-    /// Feed `n` acknowledgements back to the hub.
+    /// Feed `n` acknowledgements back to the hub: the futures' and the
+    /// fast way's reports, as they come (a failed report's delivery goes
+    /// on as a future).
     async fn acks(&mut self, n: usize) {
-        for _ in 0..n {
+        if self.reports.is_none() {
+            self.reports = self.hub.stages.delivery.take_reports();
+        }
+        let mut acked = 0;
+        while acked < n {
             self.acks.extend(self.hub.stages.delivery.take_outgoing());
-            let ack = futures::StreamExt::next(&mut self.acks).await.unwrap();
-            self.hub.on_ack(ack);
+            let reports = self.reports.as_mut();
+            let ack = tokio::select! {
+                Some(ack) = futures::StreamExt::next(&mut self.acks) => Some(ack),
+                Some(report) = async { reports?.recv().await } => {
+                    self.hub.stages.delivery.reported(report)
+                }
+            };
+            if let Some(ack) = ack {
+                self.hub.on_ack(ack);
+                acked += 1;
+            }
             self.hub.after_event();
         }
     }
@@ -542,7 +474,9 @@ mod breaker;
 mod deadlines;
 mod delivery;
 mod exactly_once;
+mod fast_way;
 mod matching;
+mod outbox;
 mod policy;
 mod run_loop;
 mod sampling;

@@ -1,12 +1,17 @@
 //! Deliver: an input offset's records (its verdict or dead letter, and
 //! what goes with them) handed to the producer at once, in the order they
-//! are ready; a future the hub's loop polls waits for the broker's
-//! acknowledgement of all of them and resolves to one [`Ack`], which this
-//! stage classifies ([`Acked`]). With exactly-once, the transaction
-//! boundary ([`transaction`]) decides whether records go now or wait for
-//! the next transaction.
+//! are ready; the broker's acknowledgement of all of them becomes one
+//! [`Ack`], which this stage classifies ([`Acked`]). An offset whose one
+//! record goes the fast way waits in [`Delivery::reported`] for its report
+//! by token, which the hub's loop passes in; any other offset (copies
+//! beside its record, re-sends waiting in its partition), and a fast-way
+//! record whose report is a failure, is a future the loop polls. With
+//! exactly-once, the transaction boundary ([`transaction`]) decides
+//! whether records go now or wait for the next transaction.
 
 use futures::future::BoxFuture;
+use rdkafka::error::KafkaError;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -14,6 +19,7 @@ use super::outputs::{Outcome, Outgoing};
 use crate::config::Settings;
 use crate::consumer::rebalance::Sealed;
 use crate::producer::record::{OutRecord, RecordKind};
+use crate::producer::reports::{Report, Token};
 use crate::producer::{ProducerError, ServiceFailure};
 use crate::tp::{Generation, Positions, Source, Tp};
 
@@ -35,6 +41,33 @@ pub trait Deliver: Send + 'static {
     /// A delivery failure concerning the whole service that lasts now.
     fn service_failure(&self) -> Option<ServiceFailure> {
         None
+    }
+
+    /// The reports of records sent by [`Deliver::send_reported`], taken
+    /// once (`None`: every record goes by [`Deliver::deliver`]).
+    fn take_reports(&self) -> Option<mpsc::UnboundedReceiver<Report>> {
+        None
+    }
+
+    /// The fast way: enqueued now, its report later under the token.
+    /// `None`: nothing was sent; [`Deliver::deliver`] takes the record.
+    fn send_reported(&self, _record: &OutRecord, _source: &Source) -> Option<Token> {
+        None
+    }
+
+    /// A record sent the fast way was acknowledged.
+    fn delivered(&self, _record: &OutRecord) {}
+
+    /// A record sent the fast way failed: its delivery goes on as
+    /// [`Deliver::deliver`]'s would have after that failure.
+    fn follow(
+        &self,
+        record: OutRecord,
+        source: Source,
+        _error: KafkaError,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = Result<(), ProducerError>> + Send + 'static {
+        self.deliver(record, source, cancel)
     }
 }
 
@@ -119,6 +152,50 @@ pub(crate) struct Refused {
     pub error: String,
 }
 
+/// What an offset handed over keeps until its records are acknowledged,
+/// to make its [`Ack`].
+struct Pending {
+    at: InputOffset,
+    outcome: Outcome,
+    kind: RecordKind,
+    span: Option<crate::telemetry::traces::PostSpan>,
+    /// Its share of the byte budget, given back with the acknowledgement.
+    bytes: Option<tokio::sync::OwnedSemaphorePermit>,
+    received_at: Instant,
+    started: Instant,
+    txn: TxnEpoch,
+}
+
+impl Pending {
+    fn ack(self, delivered: Delivered) -> Ack {
+        let Delivered {
+            outcome: delivered,
+            refused_copies,
+        } = delivered;
+        if let Some(span) = self.span {
+            span.end(delivered.as_ref().map(|_| ()).map_err(ToString::to_string));
+        }
+        drop(self.bytes);
+        Ack {
+            at: self.at,
+            outcome: delivered.map(|()| self.outcome),
+            kind: self.kind,
+            refused_copies,
+            took: self.started.elapsed(),
+            received_at: self.received_at,
+            txn: self.txn,
+        }
+    }
+}
+
+/// An offset whose one record went the fast way: kept until its report.
+struct Waiting {
+    pending: Pending,
+    /// Kept for the delivery that goes on if the report is a failure.
+    record: OutRecord,
+    source: Source,
+}
+
 pub(crate) struct Delivery<D: Deliver> {
     outbox: D,
     /// Cancelled when deliveries still retrying are given up.
@@ -126,6 +203,13 @@ pub(crate) struct Delivery<D: Deliver> {
     /// Offsets handed to the producer since the loop last looked, each
     /// resolving to its acknowledgement (the loop polls them).
     outgoing: Vec<BoxFuture<'static, Ack>>,
+    /// Offsets sent the fast way, by their record's token, until its report.
+    reported: foldhash::HashMap<Token, Waiting>,
+    /// The fast way's reports, until the hub's loop takes them; `None`
+    /// after, or when the outbox has no fast way.
+    reports: Option<mpsc::UnboundedReceiver<Report>>,
+    /// Whether the outbox has a fast way (it gave its reports).
+    fast: bool,
     /// With `kafka.delivery = "exactly_once"`: the open transaction's state.
     txn: Option<TxnBoundary>,
     /// The error that stopped deliveries for good, if one did.
@@ -137,7 +221,11 @@ pub(crate) struct Delivery<D: Deliver> {
 
 impl<D: Deliver> Delivery<D> {
     pub(crate) fn new(settings: &Settings, outbox: D, abort: CancellationToken) -> Delivery<D> {
+        let reports = outbox.take_reports();
         Delivery {
+            fast: reports.is_some(),
+            reports,
+            reported: foldhash::HashMap::default(),
             outbox,
             abort,
             outgoing: Vec::new(),
@@ -179,7 +267,31 @@ impl<D: Deliver> Delivery<D> {
             tp: at.tp.clone(),
             offset: at.offset,
         };
-        let span = out.span;
+        let pending = Pending {
+            at,
+            outcome,
+            kind,
+            span: out.span,
+            bytes,
+            received_at,
+            started: Instant::now(),
+            txn: epoch,
+        };
+        // An offset with one record goes the fast way while deliveries are
+        // not given up (the outbox may still decline: then by `deliver`).
+        let fast = self.fast && out.also.is_empty() && !self.abort.is_cancelled();
+        let token = fast
+            .then(|| self.outbox.send_reported(&out.main, &source))
+            .flatten();
+        if let Some(token) = token {
+            let waiting = Waiting {
+                pending,
+                record: out.main,
+                source,
+            };
+            self.reported.insert(token, waiting);
+            return;
+        }
         let main = self
             .outbox
             .deliver(out.main, source.clone(), self.abort.clone());
@@ -194,32 +306,72 @@ impl<D: Deliver> Delivery<D> {
                 async move { (copy, acked.await) }
             }))
         });
-        let started = Instant::now();
         self.outgoing.push(Box::pin(async move {
             // The offset is done when all its records are acknowledged.
             let (main, also) = match copies {
                 None => (main.await, Vec::new()),
                 Some(copies) => futures::future::join(main, copies).await,
             };
-            let Delivered {
-                outcome: delivered,
-                refused_copies,
-            } = combine(main, also);
-            if let Some(span) = span {
-                span.end(delivered.as_ref().map(|_| ()).map_err(ToString::to_string));
-            }
-            let outcome = delivered.map(|()| outcome);
-            drop(bytes);
-            Ack {
-                at,
-                outcome,
-                kind,
-                refused_copies,
-                took: started.elapsed(),
-                received_at,
-                txn: epoch,
-            }
+            pending.ack(combine(main, also))
         }));
+    }
+
+    /// The fast way's reports, for the hub's loop to drain (once).
+    pub(crate) fn take_reports(&mut self) -> Option<mpsc::UnboundedReceiver<Report>> {
+        self.reports.take()
+    }
+
+    /// Whether offsets sent the fast way wait for their reports.
+    pub(crate) fn awaits_reports(&self) -> bool {
+        !self.reported.is_empty()
+    }
+
+    /// A fast-way record's report: its offset's acknowledgement, or, for a
+    /// failure, nothing yet: its delivery goes on as a future the loop
+    /// polls (classified, retried in line, cut down or given up). `None`
+    /// as well for a token no longer waited for (given up at abort).
+    pub(crate) fn reported(&mut self, report: Report) -> Option<Ack> {
+        let waiting = self.reported.remove(&report.token)?;
+        let Waiting {
+            pending,
+            record,
+            source,
+        } = waiting;
+        match report.result {
+            Ok(()) => {
+                self.outbox.delivered(&record);
+                Some(pending.ack(Delivered {
+                    outcome: Ok(()),
+                    refused_copies: Vec::new(),
+                }))
+            }
+            Err(error) => {
+                let more = self
+                    .outbox
+                    .follow(record, source, error, self.abort.clone());
+                self.outgoing.push(Box::pin(async move {
+                    pending.ack(Delivered {
+                        outcome: more.await,
+                        refused_copies: Vec::new(),
+                    })
+                }));
+                None
+            }
+        }
+    }
+
+    /// Deliveries are given up (abort): every offset waiting for its
+    /// report is abandoned, as a future waiting for its record is; a
+    /// report that comes later finds nothing.
+    pub(crate) fn abandon_reported(&mut self) -> Vec<Ack> {
+        (self.reported.drain())
+            .map(|(_, waiting)| {
+                waiting.pending.ack(Delivered {
+                    outcome: Err(ProducerError::Abandoned),
+                    refused_copies: Vec::new(),
+                })
+            })
+            .collect()
     }
 
     /// The deliveries handed over since the loop last looked.
