@@ -169,7 +169,11 @@ impl Sink {
     /// A record sent the fast way failed with `error`: its delivery goes on
     /// as [`Sink::deliver`]'s would have after that failure (classified,
     /// then retried in line with its partition's re-sends, cut down or
-    /// given up).
+    /// given up). Its place among the re-sends is taken now, before the
+    /// hub hands anything more over: a later record of its partition then
+    /// queues behind this one instead of going the fast way ahead of its
+    /// re-send. (A delivery that ends without a re-send leaves the place
+    /// at once.)
     pub fn follow(
         &self,
         record: OutRecord,
@@ -179,10 +183,11 @@ impl Sink {
     ) -> impl Future<Output = Result<(), ProducerError>> + Send + 'static {
         let (failed, reported) = tokio::sync::oneshot::channel();
         let _ = failed.send(Err(error));
+        let place = Some(self.resends.join(&source));
         let delivery = Delivery {
             sink: self.clone(),
             source,
-            place: None,
+            place,
             ordered: true,
             failed: false,
             backoff: FIRST_BACKOFF,
@@ -194,6 +199,62 @@ impl Sink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::producer::record::RecordKind;
+    use crate::tp::Tp;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn source(offset: i64) -> Source {
+        Source {
+            tp: Tp::new("in", 0),
+            offset,
+        }
+    }
+
+    /// The fast way skips the re-sends' line, so it is taken only while
+    /// its partition has none: once a fast-way record's failure is known,
+    /// the partition's next records go in line behind its re-send.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_failed_report_the_partition_goes_in_line_until_its_re_send_ends() {
+        let broker = crate::tools::embedded::EmbeddedBroker::start(&[("out", 1)]).unwrap();
+        let kafka = crate::config::Settings::from_toml(&format!(
+            "[kafka]\nbootstrap_servers = \"{}\"\n[input]\ntopics = [\"in\"]\n[output]\ntopic = \"out\"\ndlq_topic = \"dlq\"",
+            broker.bootstrap_servers()
+        ))
+        .unwrap()
+        .kafka;
+        let sink = Sink::new(&kafka, 1024, Duration::from_secs(10), Arc::default()).unwrap();
+        let record = OutRecord {
+            topic: "out".into(),
+            partition: None,
+            key: None,
+            payload: Some(b"v".to_vec()),
+            headers: Vec::new(),
+            timestamp_ms: None,
+            kind: RecordKind::Verdict,
+        };
+        assert!(sink.send_reported(&record, &source(0)).is_some());
+        let timed_out =
+            KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::MessageTimedOut);
+        let re_send = sink.follow(
+            record.clone(),
+            source(0),
+            timed_out,
+            CancellationToken::new(),
+        );
+        assert!(
+            sink.send_reported(&record, &source(1)).is_none(),
+            "offset 1 went the fast way ahead of offset 0's re-send"
+        );
+        tokio::time::timeout(Duration::from_secs(30), re_send)
+            .await
+            .expect("re-sent and acknowledged")
+            .expect("delivered");
+        assert!(
+            sink.send_reported(&record, &source(1)).is_some(),
+            "the fast way again once the re-send is acknowledged"
+        );
+    }
 
     #[test]
     fn fast_and_waited_tokens_never_meet() {
