@@ -501,17 +501,20 @@ impl Sink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::embedded::EmbeddedBroker;
 
-    fn source(offset: i64) -> Source {
+    /// Offset `offset` of partition 0 of the input.
+    pub(super) fn source(offset: i64) -> Source {
         Source {
             tp: crate::tp::Tp::new("in", 0),
             offset,
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_fatal_producer_error_ends_the_delivery_instead_of_retrying_forever() {
-        let broker = crate::tools::embedded::EmbeddedBroker::start(&[("out", 1)]).unwrap();
+    /// A sink on an embedded broker with the topic `out` (keep the broker
+    /// while the sink is used).
+    pub(super) fn sink_on_embedded_broker() -> (EmbeddedBroker, Sink) {
+        let broker = EmbeddedBroker::start(&[("out", 1)]).unwrap();
         let kafka = crate::config::Settings::from_toml(&format!(
             "[kafka]\nbootstrap_servers = \"{}\"\n[input]\ntopics = [\"in\"]\n[output]\ntopic = \"out\"\ndlq_topic = \"dlq\"",
             broker.bootstrap_servers()
@@ -519,7 +522,12 @@ mod tests {
         .unwrap()
         .kafka;
         let sink = Sink::new(&kafka, 1024, Duration::from_secs(10), Arc::default()).unwrap();
-        let record = OutRecord {
+        (broker, sink)
+    }
+
+    /// A small verdict to `out`.
+    pub(super) fn verdict_record() -> OutRecord {
+        OutRecord {
             topic: "out".into(),
             partition: None,
             key: None,
@@ -527,7 +535,13 @@ mod tests {
             headers: Vec::new(),
             timestamp_ms: None,
             kind: crate::producer::record::RecordKind::Verdict,
-        };
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fatal_producer_error_ends_the_delivery_instead_of_retrying_forever() {
+        let (_broker, sink) = sink_on_embedded_broker();
+        let record = verdict_record();
         sink.deliver(record.clone(), source(0), CancellationToken::new())
             .await
             .expect("delivered before the fault");

@@ -199,40 +199,16 @@ impl Sink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::producer::record::RecordKind;
-    use crate::tp::Tp;
-    use std::sync::Arc;
+    use crate::producer::tests::{sink_on_embedded_broker, source, verdict_record};
     use std::time::Duration;
-
-    fn source(offset: i64) -> Source {
-        Source {
-            tp: Tp::new("in", 0),
-            offset,
-        }
-    }
 
     /// The fast way skips the re-sends' line, so it is taken only while
     /// its partition has none: once a fast-way record's failure is known,
     /// the partition's next records go in line behind its re-send.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn after_a_failed_report_the_partition_goes_in_line_until_its_re_send_ends() {
-        let broker = crate::tools::embedded::EmbeddedBroker::start(&[("out", 1)]).unwrap();
-        let kafka = crate::config::Settings::from_toml(&format!(
-            "[kafka]\nbootstrap_servers = \"{}\"\n[input]\ntopics = [\"in\"]\n[output]\ntopic = \"out\"\ndlq_topic = \"dlq\"",
-            broker.bootstrap_servers()
-        ))
-        .unwrap()
-        .kafka;
-        let sink = Sink::new(&kafka, 1024, Duration::from_secs(10), Arc::default()).unwrap();
-        let record = OutRecord {
-            topic: "out".into(),
-            partition: None,
-            key: None,
-            payload: Some(b"v".to_vec()),
-            headers: Vec::new(),
-            timestamp_ms: None,
-            kind: RecordKind::Verdict,
-        };
+        let (_broker, sink) = sink_on_embedded_broker();
+        let record = verdict_record();
         assert!(sink.send_reported(&record, &source(0)).is_some());
         let timed_out =
             KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::MessageTimedOut);

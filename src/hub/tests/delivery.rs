@@ -23,11 +23,7 @@ struct Fared {
 /// `verdict` says, their decision records as `copy` says.
 async fn deliver(verdict: Option<Fate>, copy: Option<Fate>) -> Fared {
     let exactly_once = verdict == Some(Fate::InTransaction);
-    let kafka = if exactly_once {
-        r#"delivery = "exactly_once""#
-    } else {
-        ""
-    };
+    let kafka = delivery_mode(exactly_once);
     let mut h = harness_adjusted(kafka, |s| {
         s.output.decisions_topic = Some(DECISIONS.to_string());
     });
@@ -37,27 +33,14 @@ async fn deliver(verdict: Option<Fate>, copy: Option<Fate>) -> Fared {
     if let Some(fate) = copy {
         h.outbox.fail_topic(DECISIONS, fate);
     }
-    h.push(record(0, 0, 0));
-    h.push(record(0, 1, 0));
-    let job = h.jobs.try_recv().unwrap();
-    h.result(scored(&job));
-    h.acks(2).await;
-    assert_eq!(h.in_flight(), 0, "both offsets answered");
+    h.two_answered().await;
     let sent = h.outbox.sent();
     assert_eq!(
         sent.iter().filter(|r| r.topic == DECISIONS).count(),
         2,
         "a decision record for each verdict"
     );
-    let (committed, abort) = if exactly_once {
-        let sealed = h.seal().try_recv().expect("nothing outstanding");
-        let at = sealed.positions.iter().find(|p| p.tp == tp(0));
-        (at.map(|p| p.next), sealed.abort.is_some())
-    } else {
-        let stored = h.stored().concat();
-        let at = stored.iter().rev().find(|p| p.tp == tp(0));
-        (at.map(|p| p.next), false)
-    };
+    let (committed, abort) = h.committed_on_0(exactly_once);
     Fared {
         committed,
         abort,

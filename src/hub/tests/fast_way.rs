@@ -24,30 +24,13 @@ struct Fared {
 /// as `fate` says, delivered through `outbox`.
 async fn deliver(fate: Option<Fate>, outbox: Outbox) -> Fared {
     let exactly_once = fate == Some(Fate::InTransaction);
-    let kafka = if exactly_once {
-        r#"delivery = "exactly_once""#
-    } else {
-        ""
-    };
+    let kafka = delivery_mode(exactly_once);
     let mut h = harness_of_model_on(test_settings(kafka), None, outbox);
     if let Some(fate) = fate {
         h.outbox.fail_topic(VERDICTS, fate);
     }
-    h.push(record(0, 0, 0));
-    h.push(record(0, 1, 0));
-    let job = h.jobs.try_recv().unwrap();
-    h.result(scored(&job));
-    h.acks(2).await;
-    assert_eq!(h.in_flight(), 0, "both offsets answered");
-    let (committed, abort) = if exactly_once {
-        let sealed = h.seal().try_recv().expect("nothing outstanding");
-        let at = sealed.positions.iter().find(|p| p.tp == tp(0));
-        (at.map(|p| p.next), sealed.abort.is_some())
-    } else {
-        let stored = h.stored().concat();
-        let at = stored.iter().rev().find(|p| p.tp == tp(0));
-        (at.map(|p| p.next), false)
-    };
+    h.two_answered().await;
+    let (committed, abort) = h.committed_on_0(exactly_once);
     let summary = h.summary();
     Fared {
         committed,

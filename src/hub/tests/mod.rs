@@ -49,6 +49,15 @@ fn harness_adjusted(kafka: &str, adjust: impl FnOnce(&mut Settings)) -> Harness 
     harness_of_settings(settings)
 }
 
+/// The `kafka` line of a delivery mode.
+fn delivery_mode(exactly_once: bool) -> &'static str {
+    if exactly_once {
+        r#"delivery = "exactly_once""#
+    } else {
+        ""
+    }
+}
+
 /// The harness's settings, with these `kafka` lines.
 fn test_settings(kafka: &str) -> Settings {
     Settings::from_toml(&format!(
@@ -230,6 +239,32 @@ impl Harness {
                 acked += 1;
             }
             self.hub.after_event();
+        }
+    }
+
+    /// Two events of partition 0 scored in one batch, both their
+    /// offsets answered.
+    async fn two_answered(&mut self) {
+        self.push(record(0, 0, 0));
+        self.push(record(0, 1, 0));
+        let job = self.jobs.try_recv().unwrap();
+        self.result(scored(&job));
+        self.acks(2).await;
+        assert_eq!(self.in_flight(), 0, "both offsets answered");
+    }
+
+    /// Partition 0's position for the commit (at-least-once: the last
+    /// stored; exactly-once: the seal's answer), and whether the seal
+    /// asked for an abort.
+    fn committed_on_0(&mut self, exactly_once: bool) -> (Option<i64>, bool) {
+        if exactly_once {
+            let sealed = self.seal().try_recv().expect("nothing outstanding");
+            let at = sealed.positions.iter().find(|p| p.tp == tp(0));
+            (at.map(|p| p.next), sealed.abort.is_some())
+        } else {
+            let stored = self.stored().concat();
+            let at = stored.iter().rev().find(|p| p.tp == tp(0));
+            (at.map(|p| p.next), false)
         }
     }
 
