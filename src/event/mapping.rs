@@ -9,8 +9,12 @@ use serde_json::Value;
 
 use super::cloudevents::{self, Attributes, Carried};
 use super::fields::{Optional, OptionalField};
-use super::{Event, RejectReason, Rejection, kind, parse_json, reject};
+use super::{Event, RejectReason, Rejection, kind, parse_json, reject, utf8};
 use crate::config::{FieldSource, InputSettings, Limits, Mapping, TimeUnit};
+
+mod paths;
+
+use paths::{Captured, Paths};
 
 /// What a record offers besides its value.
 #[derive(Clone, Copy)]
@@ -33,6 +37,9 @@ struct Source {
     /// into nor out of it): nothing else reads its value, so it is moved
     /// out of the record's tree, not copied ([`Compiled::mark_exclusive`]).
     exclusive: bool,
+    /// For a pointer: the nodes of its mapping's [`Paths`] it passes
+    /// through.
+    path: Vec<usize>,
 }
 
 impl Source {
@@ -50,6 +57,7 @@ impl Source {
             from,
             tokens,
             exclusive: false,
+            path: Vec::new(),
         }
     }
 }
@@ -107,6 +115,8 @@ struct Compiled {
     priority: Option<Source>,
     tenant: Option<Source>,
     metadata: Option<Source>,
+    /// What its pointers read of a record's JSON value.
+    paths: Paths,
 }
 
 impl Compiled {
@@ -126,8 +136,16 @@ impl Compiled {
             priority: parse(&m.priority),
             tenant: parse(&m.tenant),
             metadata: parse(&m.metadata),
+            paths: Paths::new(),
         };
         compiled.mark_exclusive();
+        let mut paths = Paths::new();
+        for source in compiled.sources_mut() {
+            if matches!(source.from, FieldSource::Pointer(_)) {
+                source.path = paths.add(&source.tokens);
+            }
+        }
+        compiled.paths = paths;
         compiled
     }
 
@@ -200,9 +218,11 @@ impl Decoder {
     }
 
     /// The event of one record of `topic` whose value is JSON, or why it
-    /// has none.
+    /// has none. Only what the mapping reads is kept of the value
+    /// ([`paths`]).
     pub fn decode(&self, topic: &str, record: RecordParts<'_>) -> Result<Event, Rejection> {
-        self.decode_with(topic, record, parse_json)
+        let mapping = self.mapping(topic);
+        self.decode_as(mapping, record, |bytes| mapping.paths.parse(utf8(bytes)?))
     }
 
     /// The same, the value (or, for a binary-mode CloudEvent, its data)
@@ -213,6 +233,20 @@ impl Decoder {
         topic: &str,
         record: RecordParts<'_>,
         value: impl FnOnce(&[u8]) -> Result<Value, Rejection>,
+    ) -> Result<Event, Rejection> {
+        let mapping = self.mapping(topic);
+        self.decode_as(mapping, record, |bytes| value(bytes).map(Captured::whole))
+    }
+
+    fn mapping(&self, topic: &str) -> &Compiled {
+        self.by_topic.get(topic).unwrap_or(&self.default)
+    }
+
+    fn decode_as(
+        &self,
+        mapping: &Compiled,
+        record: RecordParts<'_>,
+        value: impl FnOnce(&[u8]) -> Result<Captured, Rejection>,
     ) -> Result<Event, Rejection> {
         let bytes = match record.payload {
             Some(b) if !b.is_empty() => b,
@@ -231,15 +265,17 @@ impl Decoder {
         let (attributes, data) = match cloudevents::carried(record.headers, bytes) {
             Carried::Plain => (Attributes::new(), value(bytes)?),
             Carried::Binary(a) => (a, value(bytes)?),
-            Carried::Structured(envelope) => cloudevents::open_envelope(parse_json(envelope)?)?,
+            Carried::Structured(envelope) => {
+                let (attributes, data) = cloudevents::open_envelope(parse_json(envelope)?)?;
+                (attributes, Captured::whole(data))
+            }
         };
-        if !data.is_object() {
+        if let Some(other) = data.not_an_object() {
             return Err(reject(
                 RejectReason::NotAnObject,
-                format!("payload is JSON {}, not an object", kind(&data)),
+                format!("payload is JSON {}, not an object", kind(other)),
             ));
         }
-        let mapping = self.by_topic.get(topic).unwrap_or(&self.default);
         let mut view = View {
             data,
             record,
@@ -251,7 +287,7 @@ impl Decoder {
 
 /// One record's sources.
 struct View<'a> {
-    data: Value,
+    data: Captured,
     record: RecordParts<'a>,
     attributes: Attributes,
 }
@@ -260,7 +296,9 @@ impl View<'_> {
     fn get(&self, source: &Source) -> Option<Cow<'_, Value>> {
         let text = |b: &[u8]| Cow::Owned(Value::String(String::from_utf8_lossy(b).into_owned()));
         match &source.from {
-            FieldSource::Pointer(_) => lookup(&self.data, &source.tokens).map(Cow::Borrowed),
+            FieldSource::Pointer(_) => (self.data)
+                .get(&source.path, &source.tokens)
+                .map(Cow::Borrowed),
             FieldSource::Key => self.record.key.map(text),
             FieldSource::Header(name) => self
                 .record
@@ -281,7 +319,9 @@ impl View<'_> {
     fn take(&mut self, source: Option<&Source>) -> Option<Value> {
         let source = source?;
         if source.exclusive {
-            return lookup_mut(&mut self.data, &source.tokens).map(std::mem::take);
+            return (self.data)
+                .get_mut(&source.path, &source.tokens)
+                .map(std::mem::take);
         }
         self.get(source).map(Cow::into_owned)
     }

@@ -12,7 +12,8 @@
 //! `{"event_id": string, "text": string, "user_id"?: string, "lang"?: string,
 //!   "created_at"?: RFC 3339 string or epoch seconds / milliseconds,
 //!   "priority"?: "normal" | "urgent", "tenant"?: string, "metadata"?: object}`.
-//! Unknown fields are ignored; for duplicate keys the last one wins.
+//! Unknown fields are ignored; for duplicate keys the last one wins. Only
+//! what the mapping reads is kept of a JSON value (`mapping::paths`).
 //! CloudEvents (binary and structured mode) are read too ([`cloudevents`]).
 
 use serde_json::{Map, Value};
@@ -147,14 +148,19 @@ pub fn event_time_ms(record_timestamp_ms: Option<i64>, event: &Event) -> Option<
         .or(event.created_at_ms)
 }
 
-/// Bytes as a JSON value.
-fn parse_json(bytes: &[u8]) -> Result<Value, Rejection> {
-    let text = std::str::from_utf8(bytes).map_err(|e| {
+/// Bytes as text, or why not.
+fn utf8(bytes: &[u8]) -> Result<&str, Rejection> {
+    std::str::from_utf8(bytes).map_err(|e| {
         reject(
             RejectReason::InvalidUtf8,
             format!("payload is not UTF-8: {e}"),
         )
-    })?;
+    })
+}
+
+/// Bytes as a JSON value.
+fn parse_json(bytes: &[u8]) -> Result<Value, Rejection> {
+    let text = utf8(bytes)?;
     // serde_json stops at 128 levels of nesting with an error, so hostile
     // deeply nested input cannot overflow the stack.
     serde_json::from_str(text).map_err(|e| {

@@ -265,3 +265,149 @@ proptest::proptest! {
         );
     }
 }
+
+/// The whole-tree decode: the record's value parsed into a `Value` first,
+/// every pointer read inside it.
+fn decode_whole(d: &Decoder, topic: &str, payload: &str) -> Result<Event, Rejection> {
+    let record = RecordParts {
+        key: Some(b"k1"),
+        payload: Some(payload.as_bytes()),
+        headers: &[],
+    };
+    d.decode_with(topic, record, parse_json)
+}
+
+#[test]
+fn a_member_no_pointer_reads_is_checked_but_not_kept() {
+    let d = Decoder::plain(&Limits::default());
+    let depth = 100_000;
+    let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    // Skipped without recursion: no overflow, and the event is read.
+    let e = decode(
+        &d,
+        "",
+        &format!(r#"{{"event_id":"e","junk":{deep},"text":"t"}}"#),
+        None,
+        &[],
+    )
+    .unwrap();
+    assert_eq!((e.event_id.as_str(), e.text.as_str()), ("e", "t"));
+    // Kept, it is nesting past serde's limit: rejected as before.
+    let kept = decode(
+        &d,
+        "",
+        &format!(r#"{{"event_id":"e","text":"t","metadata":{{"a":{deep}}}}}"#),
+        None,
+        &[],
+    );
+    assert_eq!(kept.unwrap_err().reason, RejectReason::InvalidJson);
+    // A skipped member is still JSON or the record is rejected.
+    for bad in [
+        r#"{"event_id":"e","junk":[1,,2],"text":"t"}"#,
+        r#"{"event_id":"e","junk":"\q","text":"t"}"#,
+        r#"{"event_id":"e","junk":{"a" 1},"text":"t"}"#,
+        r#"{"event_id":"e","text":"t"} trailing"#,
+    ] {
+        let got = decode(&d, "", bad, None, &[]);
+        assert_eq!(got.unwrap_err().reason, RejectReason::InvalidJson, "{bad}");
+    }
+}
+
+/// JSON text with duplicate keys where it likes (a `Value` cannot hold
+/// them): the records a spammer writes to make a reader see another member.
+#[derive(Debug, Clone)]
+enum Raw {
+    Leaf(Value),
+    List(Vec<Raw>),
+    Members(Vec<(&'static str, Raw)>),
+}
+
+impl Raw {
+    fn text(&self) -> String {
+        match self {
+            Raw::Leaf(v) => v.to_string(),
+            Raw::List(items) => {
+                let items: Vec<String> = items.iter().map(Raw::text).collect();
+                format!("[{}]", items.join(","))
+            }
+            Raw::Members(members) => {
+                let members: Vec<String> = (members.iter())
+                    .map(|(k, v)| format!("{}:{}", Value::from(*k), v.text()))
+                    .collect();
+                format!("{{{}}}", members.join(","))
+            }
+        }
+    }
+}
+
+fn raw() -> impl proptest::strategy::Strategy<Value = Raw> {
+    use proptest::prelude::*;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        (-5i64..2_000_000_000_000).prop_map(Value::from),
+        Just(Value::from(1.5)),
+        prop::sample::select(vec!["", "x", "hello", "urgent", "en", "u1"]).prop_map(Value::from),
+    ]
+    .prop_map(Raw::Leaf);
+    let keys = prop::sample::select(vec!["a", "b", "0", "id", "t", "u", "m", "x"]);
+    leaf.prop_recursive(4, 32, 5, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..3).prop_map(Raw::List),
+            prop::collection::vec((keys.clone(), inner), 0..6).prop_map(Raw::Members),
+        ]
+    })
+}
+
+proptest::proptest! {
+    /// Keeping only what the pointers read decides exactly as the whole
+    /// tree, whatever the mapping's pointers share and whatever the record
+    /// holds there, duplicate keys at any depth included.
+    #[test]
+    fn only_the_read_parts_decode_as_the_whole_tree(
+        fields in proptest::collection::vec(
+            proptest::sample::select(vec!["/id", "/a", "/a/t", "/a/0", "/a/t/0", "/b", "/t", "/u", "/m", "/m/a/b", "key"]),
+            9,
+        ),
+        joined in proptest::bool::ANY,
+        members in proptest::collection::vec(
+            (proptest::sample::select(vec!["id", "a", "b", "t", "u", "m", "x"]), raw()),
+            0..4,
+        ),
+        first in proptest::bool::ANY,
+    ) {
+        let text = match joined {
+            true => format!("[\"{}\", \"{}\"]", fields[1], fields[2]),
+            false => format!("\"{}\"", fields[1]),
+        };
+        let names = ["user_id", "lang", "created_at", "priority", "tenant", "metadata"];
+        let optional: String = (names.iter().zip(&fields[3..]))
+            .map(|(n, f)| format!("{n} = \"{f}\"\n"))
+            .collect();
+        let input = format!("topics = [\"posts\"]\n[input.mapping]\nid = \"{}\"\ntext = {text}\n{optional}", fields[0]);
+        let Ok(s) = Settings::from_toml(&format!(
+            "[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n[input]\n{input}"
+        )) else {
+            return Err(proptest::test_runner::TestCaseError::reject("settings refused"));
+        };
+        let d = Decoder::new(&s.input, &s.limits);
+        // Mostly a post that decodes, the generated members before or
+        // after its own (the last of a key wins).
+        let post = [
+            ("id", Raw::Leaf(Value::from("e1"))),
+            ("t", Raw::Leaf(Value::from("hello"))),
+            ("a", Raw::Members(vec![("t", Raw::Leaf(Value::from("x"))), ("0", Raw::Leaf(Value::from("y")))])),
+            ("u", Raw::Leaf(Value::from("u1"))),
+        ];
+        let all: Vec<(&'static str, Raw)> = match first {
+            true => members.into_iter().chain(post).collect(),
+            false => post.into_iter().chain(members).collect(),
+        };
+        let payload = Raw::Members(all).text();
+        proptest::prop_assert_eq!(
+            decode(&d, "posts", &payload, Some("k1"), &[]),
+            decode_whole(&d, "posts", &payload),
+            "{}", payload
+        );
+    }
+}
