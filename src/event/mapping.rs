@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde_json::Value;
+use smallvec::SmallVec;
 
 use super::cloudevents::{self, Attributes, Carried};
 use super::fields::{Optional, OptionalField};
@@ -405,10 +406,11 @@ impl View<'_> {
     /// The text sources that are there, joined; one of another type is
     /// the event's fault.
     fn text(&mut self, m: &Compiled) -> Result<String, Rejection> {
-        let moved: Vec<Option<Value>> = (m.text.iter())
+        // Inline for up to two text sources: no allocation per record.
+        let moved: SmallVec<[Option<Value>; 2]> = (m.text.iter())
             .map(|s| s.exclusive.then(|| self.take(Some(s))).flatten())
             .collect();
-        let mut parts: Vec<Cow<'_, str>> = Vec::with_capacity(m.text.len());
+        let mut parts: SmallVec<[Cow<'_, str>; 2]> = SmallVec::new();
         for (source, moved) in m.text.iter().zip(moved) {
             let value = match source.exclusive {
                 true => moved.map(Cow::Owned),

@@ -48,6 +48,19 @@ enum Next {
 }
 
 impl Delivery {
+    /// A record's delivery in its partition's order with the re-sends,
+    /// from `place` among them if it has one already.
+    pub(super) fn in_order(sink: &Sink, source: Source, place: Option<Place>) -> Delivery {
+        Delivery {
+            sink: sink.clone(),
+            source,
+            place,
+            ordered: true,
+            failed: false,
+            backoff: FIRST_BACKOFF,
+        }
+    }
+
     /// Send until acknowledged, cut down, given up or cancelled.
     pub(super) async fn run(
         mut self,

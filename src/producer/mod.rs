@@ -326,15 +326,7 @@ impl Sink {
             // Not even queued (queue full): later records must not overtake it.
             place = Some(resends.join(&source));
         }
-        let delivery = Delivery {
-            sink: self.clone(),
-            source,
-            place,
-            ordered: true,
-            failed: false,
-            backoff: FIRST_BACKOFF,
-        };
-        delivery.run(record, attempt, cancel)
+        Delivery::in_order(self, source, place).run(record, attempt, cancel)
     }
 
     /// An analytics record: not in its partition's order, waited for at

@@ -22,7 +22,7 @@ use rdkafka::message::DeliveryResult;
 use rdkafka::producer::{Producer, ProducerContext};
 use tokio::sync::{mpsc, oneshot};
 
-use super::delivery::{Delivery, FIRST_BACKOFF, Reported};
+use super::delivery::{Delivery, Reported};
 use super::record::OutRecord;
 use super::{ProducerError, Sink};
 use crate::client::log::QuietContext;
@@ -184,15 +184,7 @@ impl Sink {
         let (failed, reported) = tokio::sync::oneshot::channel();
         let _ = failed.send(Err(error));
         let place = Some(self.resends.join(&source));
-        let delivery = Delivery {
-            sink: self.clone(),
-            source,
-            place,
-            ordered: true,
-            failed: false,
-            backoff: FIRST_BACKOFF,
-        };
-        delivery.run(record, Some(Ok(reported)), cancel)
+        Delivery::in_order(self, source, place).run(record, Some(Ok(reported)), cancel)
     }
 }
 

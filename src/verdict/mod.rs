@@ -80,12 +80,16 @@ pub struct Judged<'a> {
     pub rules: &'a Ruleset,
     pub rule: RuleId,
     pub decision: &'a Decision,
-    pub models: Vec<ScoredBy<'a>>,
+    pub models: JudgingModels<'a>,
     /// What matching found (lists, waves), if it ran.
     pub marks: Option<&'a Marks>,
     /// The state rule that raised the verdict, if one did.
     pub state: Option<&'a crate::policy::state_rules::Fired>,
 }
+
+/// The models that judged an event: inline for up to two (no allocation
+/// per verdict for the usual one or two models).
+pub type JudgingModels<'a> = smallvec::SmallVec<[ScoredBy<'a>; 2]>;
 
 /// One model's scores of an event.
 #[derive(Debug, Clone)]
@@ -232,7 +236,7 @@ impl Scorer {
             rules: &self.alone,
             rule: RuleId(0),
             decision: &decision,
-            models: vec![ScoredBy {
+            models: smallvec::smallvec![ScoredBy {
                 model: ModelId(0),
                 scorer: self,
                 probabilities,

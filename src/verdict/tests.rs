@@ -178,7 +178,7 @@ fn fullest_verdict(
         rules: &scorer.alone,
         rule: RuleId(0),
         decision: &decision,
-        models: vec![ScoredBy {
+        models: smallvec::smallvec![ScoredBy {
             model: ModelId(0),
             scorer: &scorer,
             probabilities: &[0.9, 0.1],

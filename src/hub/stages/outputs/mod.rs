@@ -64,7 +64,8 @@ pub(crate) struct Decided {
     pub(crate) event_time_ms: Option<i64>,
     pub(crate) rules: Arc<Ruleset>,
     pub(crate) rule: RuleId,
-    pub(crate) models: Vec<ModelId>,
+    /// Inline for up to two models (no allocation per verdict).
+    pub(crate) models: smallvec::SmallVec<[ModelId; 2]>,
 }
 
 pub(crate) struct Composer {
@@ -174,6 +175,7 @@ impl Composer {
                 main
             }
             Err(e) => {
+                drop(judged);
                 tracing::error!(error = %e, "a verdict does not fit the output format; dead-lettered");
                 let rejection = event::Rejection {
                     reason: RejectReason::Undecodable,
@@ -199,6 +201,7 @@ impl Composer {
                 .map(|m| m.model)
                 .collect(),
         };
+        drop(judged);
         // Last: the shadow takes the event's text.
         self.offer_shadow(&mut pending);
         (Outgoing { main, also, span }, Outcome::Verdict(decided))
