@@ -23,7 +23,7 @@ for b in ["old", "new"]:
 print("CPU µs per verdict of `modstream run`, three own runs a round, read from each round's bench.md (rounds 1, 3, 5, 7, 9: old first)")
 for b in ["old", "new"]:
     cpu, vps, rm = out[b]
-    print(f"{b}: {len(cpu)} runs, median {st.median(cpu)}, mean {round(st.mean(cpu), 2)}, round medians {rm}, median verdicts/s {st.median(vps)}")
+    print(f"{b}: {len(cpu)} runs, median {round(st.median(cpu), 2)}, mean {round(st.mean(cpu), 2)}, round medians {rm}, median verdicts/s {st.median(vps)}")
 pairs = list(zip(out["old"][2], out["new"][2]))
 lo = sum(n < o for o, n in pairs)
 eq = sum(n == o for o, n in pairs)
