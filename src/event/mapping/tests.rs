@@ -222,6 +222,39 @@ fn json() -> impl proptest::strategy::Strategy<Value = Value> {
     })
 }
 
+/// The decoder of a generated mapping of topic "posts": `fields` are the
+/// sources of the id, the text (two joined, or the first alone), then the
+/// optional fields in order; settings that refuse it reject the case.
+fn mapped_by(
+    fields: &[&str],
+    joined: bool,
+) -> Result<Decoder, proptest::test_runner::TestCaseError> {
+    let text = match joined {
+        true => format!("[\"{}\", \"{}\"]", fields[1], fields[2]),
+        false => format!("\"{}\"", fields[1]),
+    };
+    let names = [
+        "user_id",
+        "lang",
+        "created_at",
+        "priority",
+        "tenant",
+        "metadata",
+    ];
+    let optional: String = (names.iter().zip(&fields[3..]))
+        .map(|(n, f)| format!("{n} = \"{f}\"\n"))
+        .collect();
+    let input = format!(
+        "topics = [\"posts\"]\n[input.mapping]\nid = \"{}\"\ntext = {text}\n{optional}",
+        fields[0]
+    );
+    let s = Settings::from_toml(&format!(
+        "[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n[input]\n{input}"
+    ))
+    .map_err(|_| proptest::test_runner::TestCaseError::reject("settings refused"))?;
+    Ok(Decoder::new(&s.input, &s.limits))
+}
+
 proptest::proptest! {
     /// Moving values out decides exactly as copying them, whatever the
     /// mapping's pointers share and whatever the record holds there.
@@ -237,21 +270,7 @@ proptest::proptest! {
             0..3,
         ),
     ) {
-        let text = match joined {
-            true => format!("[\"{}\", \"{}\"]", fields[1], fields[2]),
-            false => format!("\"{}\"", fields[1]),
-        };
-        let names = ["user_id", "lang", "created_at", "priority", "tenant", "metadata"];
-        let optional: String = (names.iter().zip(&fields[3..]))
-            .map(|(n, f)| format!("{n} = \"{f}\"\n"))
-            .collect();
-        let input = format!("topics = [\"posts\"]\n[input.mapping]\nid = \"{}\"\ntext = {text}\n{optional}", fields[0]);
-        let Ok(s) = Settings::from_toml(&format!(
-            "[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n[input]\n{input}"
-        )) else {
-            return Err(proptest::test_runner::TestCaseError::reject("settings refused"));
-        };
-        let moving = Decoder::new(&s.input, &s.limits);
+        let moving = mapped_by(&fields, joined)?;
         let copying = copying(moving.clone());
         // Mostly a post that decodes, some of its fields replaced.
         let mut post = serde_json::json!({"id": "e1", "t": "hello", "a": {"t": "x", "0": "y"}, "u": "u1"});
@@ -376,21 +395,7 @@ proptest::proptest! {
         ),
         first in proptest::bool::ANY,
     ) {
-        let text = match joined {
-            true => format!("[\"{}\", \"{}\"]", fields[1], fields[2]),
-            false => format!("\"{}\"", fields[1]),
-        };
-        let names = ["user_id", "lang", "created_at", "priority", "tenant", "metadata"];
-        let optional: String = (names.iter().zip(&fields[3..]))
-            .map(|(n, f)| format!("{n} = \"{f}\"\n"))
-            .collect();
-        let input = format!("topics = [\"posts\"]\n[input.mapping]\nid = \"{}\"\ntext = {text}\n{optional}", fields[0]);
-        let Ok(s) = Settings::from_toml(&format!(
-            "[kafka]\nbootstrap_servers = \"127.0.0.1:1\"\n[input]\n{input}"
-        )) else {
-            return Err(proptest::test_runner::TestCaseError::reject("settings refused"));
-        };
-        let d = Decoder::new(&s.input, &s.limits);
+        let d = mapped_by(&fields, joined)?;
         // Mostly a post that decodes, the generated members before or
         // after its own (the last of a key wins).
         let post = [
