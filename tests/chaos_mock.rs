@@ -219,6 +219,11 @@ async fn a_seeded_schedule_of_faults_loses_nothing_and_leaves_nothing_stuck() {
     .await
     .unwrap();
     v.report("chaos: a seeded schedule of faults under paced load (tests/chaos_mock.rs)");
+    let b = bootstrap.clone();
+    let (lost, sources) = (v.lost.clone(), v.sources.clone());
+    tokio::task::spawn_blocking(move || support::trace_lost(&b, &lost, &sources, GROUP))
+        .await
+        .unwrap();
     assert!(
         v.lost.is_empty(),
         "seed {seed}: lost {} events; schedule {schedule:?}",

@@ -119,6 +119,58 @@ pub fn verify(bootstrap: &str, acked: &[String], timeout: Duration) -> Verificat
     }
 }
 
+/// Where each lost id is, printed (a failure's evidence, asserts nothing):
+/// its input partition and offset (every copy the input holds), the
+/// group's committed offset there, the verdict source offsets of that
+/// partition around it, and a dead letter naming it, if one does.
+pub fn trace_lost(bootstrap: &str, lost: &[String], sources: &HashSet<(i32, i64)>, group: &str) {
+    if lost.is_empty() {
+        return;
+    }
+    let wanted: HashSet<&str> = lost.iter().map(String::as_str).collect();
+    let read = |topic: &str| {
+        TopicReader::from_beginning(bootstrap, topic, None)
+            .and_then(|r| r.read_to_end(Duration::from_secs(30)))
+            .unwrap_or_else(|e| {
+                println!("lost: {topic} not readable: {e}");
+                Vec::new()
+            })
+    };
+    let named = |r: &modstream::tools::read::ReadRecord, field: &str| {
+        let v = r.json()?;
+        let id = v.get(field)?.as_str()?.to_string();
+        wanted.contains(id.as_str()).then_some((id, v))
+    };
+    let input = read(INPUT);
+    let partitions = input.iter().map(|r| r.partition + 1).max().unwrap_or(0);
+    let committed = committed(bootstrap, group, partitions);
+    for r in &input {
+        let Some((id, _)) = named(r, "event_id") else {
+            continue;
+        };
+        let p = r.partition;
+        let near: Vec<i64> = (r.offset - 3..=r.offset + 3)
+            .filter(|o| sources.contains(&(p, *o)))
+            .collect();
+        println!(
+            "lost {id}: input {p}@{}, committed {:?}, verdicts from {p}@{near:?}",
+            r.offset,
+            committed.get(p as usize)
+        );
+    }
+    for r in read(super::DLQ) {
+        if let Some((id, _)) = named(&r, "event_id") {
+            let headers: Vec<(&String, String)> = (r.headers.iter())
+                .map(|(k, v)| (k, String::from_utf8_lossy(v).into_owned()))
+                .collect();
+            println!(
+                "lost {id}: dead letter {}@{}, headers {headers:?}",
+                r.partition, r.offset
+            );
+        }
+    }
+}
+
 /// Committed offset per input partition for `group` (-1 when none).
 pub fn committed(bootstrap: &str, group: &str, partitions: i32) -> Vec<i64> {
     committed_on(bootstrap, group, INPUT, partitions)
