@@ -7,6 +7,7 @@ mod support;
 
 use std::time::Duration;
 
+use rdkafka::mocking::MockCoordinator;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
 use modstream::shutdown::Shutdown;
@@ -152,17 +153,28 @@ async fn re_sent_verdicts_keep_offset_order() {
     finish(run, "produce errors with re-sends, order kept").await;
 }
 
-/// The only broker goes down for 10 s once verdicts flow, with events in
-/// flight: librdkafka gives up on their verdicts after 5 s
-/// (message.timeout.ms), modstream sends them again once it is back.
+/// Both brokers go down for 10 s once verdicts flow, with verdicts in
+/// flight: librdkafka gives up on them after 5 s (message.timeout.ms),
+/// modstream sends them again once the brokers are back. The verdicts'
+/// broker goes first, half a second before the input's, so that verdicts
+/// are in flight when both are down (together, they found at times a
+/// service that had delivered everything it had fetched, and no failure).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_brokers_down_for_ten_seconds_then_up() {
-    let run = start_with(1, 6000, "broker-down", |settings, _| {
+    let run = start_with(2, 6000, "broker-down", |settings, broker| {
         settings
             .kafka
             .producer
             .0
             .insert("message.timeout.ms".into(), "5000".into());
+        broker.with_cluster(|c| {
+            for p in 0..PARTITIONS {
+                c.partition_leader(VERDICTS, p, Some(2)).unwrap();
+                c.partition_leader(INPUT, p, Some(1)).unwrap();
+            }
+            c.coordinator(MockCoordinator::Group("broker-down".into()), 1)
+                .unwrap();
+        });
     })
     .await;
     let bootstrap = run.broker.bootstrap_servers().to_string();
@@ -171,6 +183,8 @@ async fn all_brokers_down_for_ten_seconds_then_up() {
         (flowing, support::verdict_count(&bootstrap))
     });
     let (flowing, verdicts_before) = before.await.unwrap();
+    run.broker.with_cluster(|c| c.broker_down(2)).unwrap();
+    after(500).await;
     run.broker.with_cluster(|c| c.broker_down(1)).unwrap();
     assert!(flowing, "verdicts flow before the broker goes down");
     assert!(
@@ -179,7 +193,9 @@ async fn all_brokers_down_for_ten_seconds_then_up() {
         run.acked.len()
     );
     after(10_000).await;
-    run.broker.with_cluster(|c| c.broker_up(1)).unwrap();
+    run.broker
+        .with_cluster(|c| c.broker_up(1).and_then(|()| c.broker_up(2)))
+        .unwrap();
     let summary = finish(run, "all brokers down 10 s").await;
     println!(
         "all brokers down: {verdicts_before} verdicts before; {:?}",

@@ -84,16 +84,17 @@ impl Delivery {
                     if self.failed {
                         self.sink.health.faults.resent();
                     }
-                    if sent.is_ok() {
-                        // Handed over in order: the next one may go, a
-                        // re-send too. librdkafka's idempotent producer keeps
-                        // a verdict partition's records in the order they
-                        // were queued, and a record that fails again joins
-                        // the line again, with everything still queued
-                        // behind it after a timeout (the purge below). Held
-                        // until acknowledged, a partition's re-sends went out
-                        // one round trip each: hundreds of them after an
-                        // outage stalled it for minutes.
+                    let in_doubt = self.failed && self.sink.resends.in_doubt(&self.source.tp);
+                    if sent.is_ok() && !in_doubt {
+                        // Handed over in order: the next one may go. After
+                        // a failure, the first re-send goes alone and keeps
+                        // its place until it is acknowledged: queued behind
+                        // it while the broker is still away, later records
+                        // could be sent while it times out, and overtake
+                        // it. Once one is through, the rest are queued
+                        // again at once, in order (one round trip each,
+                        // hundreds of them after an outage stalled a
+                        // partition for minutes).
                         self.place = None;
                     }
                     attempt = Some(sent);
@@ -106,6 +107,9 @@ impl Delivery {
                     };
                     match outcome {
                         Ok(Ok(())) => {
+                            if self.failed && self.ordered {
+                                self.sink.resends.confirmed(&self.source.tp);
+                            }
                             self.sink.produced.of(record.kind).increment(1);
                             self.sink.service_failures.delivered(&record.topic);
                             return Ok(());
@@ -184,6 +188,7 @@ impl Delivery {
         if self.place.is_none() {
             self.place = Some(self.sink.resends.join(&self.source));
         }
+        self.sink.resends.doubt(&self.source.tp);
         // librdkafka gave up on this record, but later records of its input
         // partition may still wait in its queue: delivered when the leader
         // returns, they would overtake this one's re-send. Everything queued
@@ -211,11 +216,12 @@ mod tests {
     use crate::tools::embedded::EmbeddedBroker;
     use crate::tools::read::TopicReader;
 
-    /// After an outage, a partition's failed records are queued again in
-    /// offset order without waiting for each other: with a 200 ms round
-    /// trip, 100 of them take well under half of 100 round trips (a
-    /// partition stalled for minutes after an outage that way). Their
-    /// first copies keep offset order in the topic.
+    /// After a failure, a partition's first re-send goes alone (queued behind
+    /// it while the broker was still away, records 1 to 99 overtook record 0
+    /// when it timed out); once it is acknowledged the others are queued
+    /// again at once, in offset order: with a 200 ms round trip, 100 of them
+    /// take well under half of 100 round trips (one each stalled a partition
+    /// for minutes). Their first copies keep offset order in the topic.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_partitions_re_sends_are_not_one_round_trip_each() {
         const RECORDS: i64 = 100;
@@ -229,15 +235,27 @@ mod tests {
         .kafka;
         let sink = Sink::new(&kafka, 1024, Duration::from_secs(10), Arc::default()).unwrap();
         broker.with_cluster(|c| c.broker_down(1)).unwrap();
-        let deliveries: Vec<_> = (0..RECORDS)
-            .map(|offset| {
-                let mut record = verdict_record();
-                record.payload = Some(offset.to_string().into_bytes());
-                tokio::spawn(sink.deliver(record, source(offset), CancellationToken::new()))
-            })
-            .collect();
-        // Every record times out at least once, then the broker is slow.
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let deliver = |offset: i64| {
+            let mut record = verdict_record();
+            record.payload = Some(offset.to_string().into_bytes());
+            tokio::spawn(sink.deliver(record, source(offset), CancellationToken::new()))
+        };
+        let deliveries: Vec<_> = (0..RECORDS).map(deliver).collect();
+        // Once every record has failed, while the broker is away, the
+        // partition's first re-send is all that librdkafka holds of it.
+        let failed = |sink: &Sink| sink.health.faults.counts().delivery_failures;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while failed(&sink) < RECORDS as u64 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(failed(&sink) >= RECORDS as u64, "every first send failed");
+        let mut most_held = 0;
+        for _ in 0..100 {
+            most_held = most_held.max(sink.producer.in_flight_count());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(most_held, 1, "records held by librdkafka at once");
+        // Then the broker is back, slow.
         broker
             .with_cluster(|c| {
                 c.broker_round_trip_time(1, ROUND_TRIP)?;

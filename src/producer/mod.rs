@@ -7,10 +7,11 @@
 //! cancellation token (which also ends a wait for librdkafka); the caller
 //! marks an offset delivered only on `Ok`. Re-sends keep offset order per
 //! input partition (`resends.rs`): a record that failed goes out again only
-//! when no earlier record of its partition waits to be queued (a
-//! partition's failed records are queued again in offset order, all of
-//! them at once, not one round trip each), and a new record of a
-//! partition with records waiting queues behind them. After a delivery
+//! when no earlier record of its partition waits to be queued; after a
+//! failure the partition's first re-send goes alone and keeps its place
+//! until it is acknowledged, then the others are queued again at once, in
+//! offset order (not one round trip each); a new record of a partition
+//! with records waiting queues behind them. After a delivery
 //! timeout, what librdkafka still holds queued is purged (blocking, once
 //! per timeout) so that it joins the re-sends instead of overtaking them.
 //! A record the broker can never

@@ -17,21 +17,32 @@ use crate::tp::{Source, Tp};
 #[derive(Default)]
 pub(super) struct Resends {
     /// Read per record (foldhash: see the hub's partitions).
-    waiting: std::sync::Mutex<foldhash::HashMap<Tp, BTreeMap<i64, usize>>>,
+    waiting: std::sync::Mutex<foldhash::HashMap<Tp, Line>>,
     turn: tokio::sync::Notify,
+}
+
+/// One input partition's records waiting to be sent (again).
+#[derive(Default)]
+struct Line {
+    /// Places by offset.
+    places: BTreeMap<i64, usize>,
+    /// A record of the partition failed and none sent again since was
+    /// acknowledged: the way to the broker is in doubt.
+    in_doubt: bool,
 }
 
 impl Resends {
     pub(super) fn any_waiting(&self, tp: &Tp) -> bool {
         self.waiting
             .lock()
-            .is_ok_and(|w| w.get(tp).is_some_and(|s| !s.is_empty()))
+            .is_ok_and(|w| w.get(tp).is_some_and(|line| !line.places.is_empty()))
     }
 
     pub(super) fn join(self: &Arc<Self>, source: &Source) -> Place {
         if let Ok(mut w) = self.waiting.lock() {
             *w.entry(source.tp.clone())
                 .or_default()
+                .places
                 .entry(source.offset)
                 .or_default() += 1;
         }
@@ -41,11 +52,39 @@ impl Resends {
         }
     }
 
+    /// A record of `tp` failed (it holds a place): its partition's next
+    /// re-send goes alone, and the others are queued again once it is
+    /// acknowledged.
+    pub(super) fn doubt(&self, tp: &Tp) {
+        if let Ok(mut w) = self.waiting.lock()
+            && let Some(line) = w.get_mut(tp)
+        {
+            line.in_doubt = true;
+        }
+    }
+
+    /// A record of `tp` sent again was acknowledged: the re-sends behind it
+    /// go out without waiting for each other.
+    pub(super) fn confirmed(&self, tp: &Tp) {
+        if let Ok(mut w) = self.waiting.lock()
+            && let Some(line) = w.get_mut(tp)
+        {
+            line.in_doubt = false;
+        }
+    }
+
+    /// Whether a re-send of `tp` must be acknowledged before the next goes.
+    pub(super) fn in_doubt(&self, tp: &Tp) -> bool {
+        self.waiting
+            .lock()
+            .is_ok_and(|w| w.get(tp).is_some_and(|line| line.in_doubt))
+    }
+
     /// No earlier offset of the partition waits.
     fn is_first(&self, Source { tp, offset }: &Source) -> bool {
         self.waiting.lock().map_or(true, |w| {
             w.get(tp)
-                .and_then(|waiting| waiting.keys().next())
+                .and_then(|line| line.places.keys().next())
                 .is_none_or(|first| first >= offset)
         })
     }
@@ -77,14 +116,14 @@ impl Drop for Place {
     fn drop(&mut self) {
         if let Ok(mut w) = self.resends.waiting.lock() {
             let Source { tp, offset } = &self.source;
-            if let Some(waiting) = w.get_mut(tp) {
-                if let Some(places) = waiting.get_mut(offset) {
+            if let Some(line) = w.get_mut(tp) {
+                if let Some(places) = line.places.get_mut(offset) {
                     *places -= 1;
                     if *places == 0 {
-                        waiting.remove(offset);
+                        line.places.remove(offset);
                     }
                 }
-                if waiting.is_empty() {
+                if line.places.is_empty() {
                     w.remove(tp);
                 }
             }
