@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use super::stamp::rfc3339;
 use crate::policy::Verdict;
 
 /// An event's marks; none for most events.
@@ -97,11 +98,4 @@ impl<'a> From<&'a WaveNote> for WaveRef<'a> {
             users: w.users,
         }
     }
-}
-
-/// Milliseconds since the epoch as RFC 3339 (UTC, milliseconds).
-pub fn rfc3339(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap_or_default()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }

@@ -29,6 +29,7 @@ use crate::tp::Tp;
 
 mod body;
 mod marks;
+mod stamp;
 
 use body::{
     DecisionBody, DrawnRef, DropBody, EventRef, ModelOf, ModelRef, SampleBody, Scores, SourceRef,
@@ -36,7 +37,8 @@ use body::{
 };
 
 pub use crate::policy::{Verdict, decide};
-pub use marks::{ClusterId, ListMatch, Marks, WaveNote, rfc3339};
+pub use marks::{ClusterId, ListMatch, Marks, WaveNote};
+pub use stamp::{Stamp, rfc3339};
 
 /// A new model version for the hub (from a hot reload).
 #[derive(Debug)]
@@ -299,7 +301,7 @@ pub fn verdict_record_with<E>(
             .map(|t| (now.timestamp_millis() - t).max(0)),
         Timing::Rejudged => None,
     };
-    let processed_at = now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let processed_at = Stamp::at(now);
     let first = judged.models.first();
     let model = ModelOf {
         name: first.map_or("", |m| &m.scorer.model_name),
@@ -309,7 +311,7 @@ pub fn verdict_record_with<E>(
         event_id: &answer.event.event_id,
         latency_ms,
         model,
-        processed_at: &processed_at,
+        processed_at: processed_at.as_str(),
         reason: judged.reason(),
         review_priority: priority,
         scores: Scores {
@@ -341,9 +343,9 @@ pub fn verdict_record_with<E>(
 /// The compact audit record for `output.decisions_topic`, keyed by event id
 /// (a compacted topic keeps the last decision per event).
 pub fn decision_record(topic: &str, answer: &Answer<'_>, judged: &Judged<'_>) -> OutRecord {
-    let decided_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let decided_at = Stamp::at(chrono::Utc::now());
     let body = DecisionBody {
-        decided_at: &decided_at,
+        decided_at: decided_at.as_str(),
         event_id: &answer.event.event_id,
         event_time_ms: event::event_time_ms(answer.timestamp_ms, answer.event),
         human_review: judged.decision.human_review,
